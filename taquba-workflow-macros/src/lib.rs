@@ -1,0 +1,1 @@
+//! Attribute macros of `taquba-workflow`: `#[job]` and `#[workflow]`.
