@@ -1,1 +1,79 @@
 //! Attribute macros of `taquba-workflow`: `#[job]` and `#[workflow]`.
+//!
+//! Use them through the runtime crate (`use taquba_workflow::{job,
+//! workflow};`), which re-exports them behind its default `macros` feature
+//! and hosts everything the generated code reaches (under
+//! `taquba_workflow::__private`), so the user's crate needs no serde,
+//! rmp-serde or inventory dependency of its own. The runtime crate's
+//! documentation (module `workflows` and the README) describes what the
+//! macros generate.
+//!
+//! Each macro is split into `parse` (the attribute's options), `validate`
+//! (the annotated item, producing a model) and `expand` (the generated
+//! code). Every mistake is a `compile_error!` spanned on the offending
+//! token, all of them are reported in one compile, and the user's item is
+//! emitted unchanged beside them.
+
+mod common;
+mod job;
+mod workflow;
+
+use proc_macro::TokenStream;
+
+/// Makes a typed job from an `async fn`.
+///
+/// ```ignore
+/// /// Sends one email.
+/// #[job(name = "email.send", key = "email:{to}")]
+/// async fn send_email(ctx: JobContext<'_>, to: String, subject: &str) -> Result<MessageId, EmailError> {
+///     ...
+/// }
+/// // generated: `struct SendEmail { to: String, subject: String }`, `impl Job for SendEmail`
+/// // and a registration entry found by `JobRunnerBuilder::register_all`.
+/// ```
+///
+/// Options: `name = "..."` (the job's stable name, default the fn name),
+/// `key = "template {field}"` or `idempotent` (the idempotency key),
+/// `max_attempts = N`, `classify = path::to::fn` (a
+/// `fn(&E) -> StepErrorKind`), `struct_name = Ident` (default the fn name
+/// in PascalCase), `derive(...)` (extra derives on the struct) and
+/// `crate = path` (where the runtime crate is, default `::taquba_workflow`).
+#[proc_macro_attribute]
+pub fn job(attr: TokenStream, item: TokenStream) -> TokenStream {
+    job::job(attr.into(), item.into()).into()
+}
+
+/// Makes a durable workflow from an `impl` block whose `#[step]` async
+/// fns are its states.
+///
+/// ```ignore
+/// #[workflow(name = "order", output = Receipt)]
+/// impl Order {
+///     #[step(start)]
+///     async fn charge(&self, ctx: StepContext<'_>, order_id: String) -> Result<Transition<Self>, StepError> {
+///         Ok(Transition::next(OrderStep::Ship { order_id }))
+///     }
+///     #[step]
+///     async fn ship(&self, order_id: String) -> Result<Transition<Self>, StepError> {
+///         Ok(Transition::done(Receipt { order_id }))
+///     }
+/// }
+/// ```
+///
+/// Workflow options: `name = "..."` (default the type's name),
+/// `output = Type` (default `()`), `step_enum = Ident` (default
+/// `{Type}Step`), `input = Ident` (default `{Type}Input`), `vis = ...`
+/// (the generated types' visibility, default `pub`), `derive(...)` and
+/// `crate = path`. Step options: `start` (exactly one step) and
+/// `name = "..."` (the step's stable name, default the fn name).
+#[proc_macro_attribute]
+pub fn workflow(attr: TokenStream, item: TokenStream) -> TokenStream {
+    workflow::workflow(attr.into(), item.into()).into()
+}
+
+/// Marks a step of a `#[workflow]` impl block; `#[workflow]` consumes it.
+/// Written anywhere else it is an error.
+#[proc_macro_attribute]
+pub fn step(attr: TokenStream, item: TokenStream) -> TokenStream {
+    workflow::stray_step(attr.into(), item.into()).into()
+}

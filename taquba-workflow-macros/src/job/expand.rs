@@ -1,0 +1,295 @@
+//! Writes the code of a checked `#[job]` fn: the fn unchanged, the job
+//! struct, `impl Job`, the per-parameter bound checks and the
+//! registration entry.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{quote, quote_spanned};
+use syn::Ident;
+use syn::spanned::Spanned;
+
+use super::validate::{JobModel, Slot};
+use crate::common::{Piece, cfg_attrs, crate_path, doc_attrs};
+
+/// The full expansion of one `#[job]`.
+pub(crate) fn expand(model: &JobModel<'_>) -> TokenStream {
+    let krate = crate_path(model.options.krate.as_ref());
+    let func = model.func;
+    let fn_ident = &func.sig.ident;
+    let vis = &func.vis;
+    let ident = &model.struct_ident;
+    let cfgs = cfg_attrs(&func.attrs);
+    let serde_path = format!("{}::__private::serde", krate.to_string().replace(' ', ""));
+
+    // The struct.
+    let docs = doc_attrs(&func.attrs);
+    let doc_block = if docs.is_empty() {
+        let text = format!(" The `{}` job: the parameters of `{fn_ident}`.", model.name);
+        quote!(#[doc = #text])
+    } else {
+        quote!(#(#docs)*)
+    };
+    let generated_note = format!(
+        " The fields are the parameters of `{fn_ident}`; `#[job]` generated this type, its `Job` impl and its registration."
+    );
+    let derives = &model.options.derives;
+    let fields = model.params.iter().map(|param| {
+        let field = &param.ident;
+        let ty = &param.field_ty;
+        let doc = format!(" The `{}` parameter of `{fn_ident}`.", param.name());
+        quote!(#[doc = #doc] #vis #field: #ty)
+    });
+    let body = if model.params.is_empty() {
+        quote!(;)
+    } else {
+        quote!({ #(#fields,)* })
+    };
+    let item_struct = quote! {
+        #(#cfgs)*
+        #doc_block
+        #[doc = ""]
+        #[doc = #generated_note]
+        #[derive(#krate::__private::serde::Serialize, #krate::__private::serde::Deserialize #(, #derives)*)]
+        #[serde(crate = #serde_path)]
+        #vis struct #ident #body
+    };
+
+    // impl Job.
+    let ret = &model.ret;
+    let ret_span = ret.span();
+    let output = quote_spanned!(ret_span=> <#ret as #krate::__private::JobReturn>::Ok);
+    let error = quote_spanned!(ret_span=> <#ret as #krate::__private::JobReturn>::Err);
+    let name = &model.name;
+    let ctx = Ident::new("__taquba_ctx", Span::mixed_site());
+    let uses_ctx = model.slots.iter().any(|s| matches!(s, Slot::Context));
+    let ctx_pat = if uses_ctx { quote!(#ctx) } else { quote!(_) };
+    let args = model.slots.iter().map(|slot| match slot {
+        Slot::Context => quote!(#ctx),
+        Slot::Field(index) => {
+            let param = &model.params[*index];
+            let field = &param.ident;
+            if param.by_ref {
+                quote!(&self.#field)
+            } else {
+                let span = param.ty.span();
+                quote_spanned!(span=> ::core::clone::Clone::clone(&self.#field))
+            }
+        }
+    });
+    let call = quote_spanned!(fn_ident.span()=> #fn_ident(#(#args),*));
+    let key_fn = key_fn(model, &krate);
+    let attempts_fn = model.options.max_attempts.as_ref().map(|n| {
+        quote! {
+            fn max_attempts(&self) -> ::core::option::Option<u32> {
+                ::core::option::Option::Some(#n)
+            }
+        }
+    });
+    let classify_fn = model.options.classify.as_ref().map(|path| {
+        let error_ident = Ident::new("__taquba_error", Span::mixed_site());
+        let call = quote_spanned!(path.span()=> #path(#error_ident));
+        quote! {
+            fn classify(&self, #error_ident: &Self::Error) -> #krate::StepErrorKind {
+                #call
+            }
+        }
+    });
+    let item_impl = quote! {
+        #(#cfgs)*
+        impl #krate::jobs::Job for #ident {
+            type Output = #output;
+            type Error = #error;
+            const NAME: &'static str = #name;
+
+            fn run(
+                &self,
+                #ctx_pat: #krate::jobs::JobContext<'_>,
+            ) -> impl ::core::future::Future<
+                Output = ::core::result::Result<Self::Output, Self::Error>,
+            > + ::core::marker::Send {
+                #call
+            }
+
+            #key_fn
+            #attempts_fn
+            #classify_fn
+        }
+    };
+
+    // Bound checks spanned on each parameter and on `T` / `E`, then the
+    // registration entry.
+    let mut checks = Vec::new();
+    for param in &model.params {
+        let ty = &param.field_ty;
+        let span = param.ty.span();
+        checks.push(quote_spanned!(span=> #krate::__private::assert_job_field::<#ty>();));
+        if !param.by_ref {
+            checks.push(quote_spanned!(span=> #krate::__private::assert_job_field_clone::<#ty>();));
+        }
+    }
+    checks.push(quote_spanned!(ret_span=> #krate::__private::assert_job_return::<#ret>();));
+    if let Some(ok) = &model.ok_ty {
+        let span = ok.span();
+        checks.push(quote_spanned!(span=> #krate::__private::assert_job_output::<#ok>();));
+    }
+    if let Some(err) = &model.err_ty {
+        let span = err.span();
+        checks.push(quote_spanned!(span=> #krate::__private::assert_job_error::<#err>();));
+    }
+    let type_name = ident.to_string();
+    let line_span = fn_ident.span();
+    let file = quote_spanned!(line_span=> ::core::file!());
+    let line = quote_spanned!(line_span=> ::core::line!());
+    let registration = quote! {
+        #(#cfgs)*
+        const _: () = {
+            #[allow(dead_code, clippy::all)]
+            fn __taquba_job_bounds() {
+                #(#checks)*
+            }
+
+            #krate::__private::inventory::submit! {
+                #krate::__private::JobRegistration {
+                    name: <#ident as #krate::jobs::Job>::NAME,
+                    type_name: #type_name,
+                    module_path: ::core::module_path!(),
+                    file: #file,
+                    line: #line,
+                    register: #krate::__private::register_job::<#ident>,
+                }
+            }
+        };
+    };
+
+    quote! {
+        #func
+        #item_struct
+        #item_impl
+        #registration
+    }
+}
+
+fn key_fn(model: &JobModel<'_>, krate: &TokenStream) -> Option<TokenStream> {
+    if model.options.idempotent.is_some() {
+        return Some(quote! {
+            fn idempotency_key(&self) -> ::core::option::Option<::std::string::String> {
+                #krate::jobs::payload_idempotency_key(self).ok()
+            }
+        });
+    }
+    let pieces = model.key.as_ref()?;
+    let lit = model.options.key.as_ref()?;
+    let span = lit.span();
+    let mut format = String::new();
+    let mut args = Vec::new();
+    for piece in pieces {
+        match piece {
+            Piece::Text(text) => format.push_str(&text.replace('{', "{{").replace('}', "}}")),
+            Piece::Field { name, spec } => {
+                if spec.is_empty() {
+                    format.push_str("{}");
+                } else {
+                    format.push_str(&format!("{{:{spec}}}"));
+                }
+                if let Some(param) = model.params.iter().find(|p| p.name() == *name) {
+                    let field = &param.ident;
+                    args.push(quote_spanned!(span=> self.#field));
+                }
+            }
+        }
+    }
+    let format = syn::LitStr::new(&format, span);
+    let formatted = quote_spanned!(span=> ::std::format!(#format #(, #args)*));
+    Some(quote! {
+        fn idempotency_key(&self) -> ::core::option::Option<::std::string::String> {
+            ::core::option::Option::Some(#formatted)
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use quote::quote;
+
+    use crate::common::Errors;
+    use crate::job::{parse, validate};
+
+    fn expand(attr: proc_macro2::TokenStream, item: proc_macro2::TokenStream) -> String {
+        let func: syn::ItemFn = syn::parse2(item).unwrap();
+        let mut errors = Errors::new();
+        let options = parse::parse(attr, &mut errors);
+        let model = validate::validate(&func, options, &mut errors).unwrap();
+        assert!(errors.is_empty(), "{:?}", errors.messages());
+        let file: syn::File = syn::parse2(super::expand(&model)).unwrap();
+        prettyplease_lite(&file)
+    }
+
+    /// Token text with spaces collapsed: stable enough to assert on.
+    fn prettyplease_lite(file: &syn::File) -> String {
+        quote!(#file).to_string()
+    }
+
+    #[test]
+    fn struct_fields_follow_parameters() {
+        let out = expand(
+            quote!(name = "email.send", key = "email:{to}", max_attempts = 4),
+            quote!(
+                /// Sends one email.
+                pub(crate) async fn send_email(
+                    ctx: JobContext<'_>,
+                    to: &str,
+                    mut n: u32,
+                ) -> Result<Id, E> {
+                }
+            ),
+        );
+        assert!(out.contains("pub (crate) struct SendEmail"), "{out}");
+        assert!(
+            out.contains("pub (crate) to : :: std :: string :: String"),
+            "{out}"
+        );
+        assert!(out.contains("pub (crate) n : u32"), "{out}");
+        assert!(out.contains("const NAME : & 'static str = \"email.send\""));
+        assert!(out.contains("send_email (__taquba_ctx , & self . to , :: core :: clone :: Clone :: clone (& self . n))"), "{out}");
+        assert!(out.contains("\"email:{}\""), "{out}");
+        assert!(out.contains(":: core :: option :: Option :: Some (4)"));
+        assert!(out.contains("# [doc = r\" Sends one email.\"]"), "{out}");
+        assert!(out.contains("register_job :: < SendEmail >"));
+    }
+
+    #[test]
+    fn a_job_without_parameters_is_a_unit_struct() {
+        let out = expand(
+            quote!(),
+            quote!(
+                async fn tick() -> Result<(), E> {}
+            ),
+        );
+        assert!(out.contains("struct Tick ;"), "{out}");
+        assert!(out.contains("fn run (& self , _ :"), "{out}");
+    }
+
+    #[test]
+    fn cfg_attributes_reach_every_generated_item() {
+        let out = expand(
+            quote!(),
+            quote!(
+                #[cfg(feature = "x")]
+                async fn tick() -> Result<(), E> {}
+            ),
+        );
+        assert_eq!(out.matches("# [cfg (feature = \"x\")]").count(), 4, "{out}");
+    }
+
+    #[test]
+    fn the_crate_path_is_configurable() {
+        let out = expand(
+            quote!(crate = ::other),
+            quote!(
+                async fn tick() -> Result<(), E> {}
+            ),
+        );
+        assert!(out.contains("impl :: other :: jobs :: Job for Tick"));
+        assert!(out.contains("\"::other::__private::serde\""), "{out}");
+        assert!(!out.contains("taquba_workflow"));
+    }
+}

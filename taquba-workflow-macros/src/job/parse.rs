@@ -1,0 +1,174 @@
+//! The options of `#[job(...)]`.
+
+use proc_macro2::TokenStream;
+use syn::punctuated::Punctuated;
+use syn::{Ident, LitInt, LitStr, Path, Token};
+
+use crate::common::{Errors, Seen, parse_options, unknown_option};
+
+/// Every option `#[job]` accepts, for the unknown-option message.
+pub(crate) const OPTIONS: &[&str] = &[
+    "name",
+    "key",
+    "idempotent",
+    "max_attempts",
+    "classify",
+    "struct_name",
+    "derive",
+    "crate",
+];
+
+/// The options as written; each is checked for its own shape here and
+/// against the fn in `validate`.
+#[derive(Default)]
+pub(crate) struct JobOptions {
+    /// `name = "email.send"`: the job's stable name (default: the fn name).
+    pub(crate) name: Option<LitStr>,
+    /// `key = "email:{to}"`: the idempotency key template.
+    pub(crate) key: Option<LitStr>,
+    /// `idempotent`: the payload is the idempotency key.
+    pub(crate) idempotent: Option<Ident>,
+    /// `max_attempts = 5`.
+    pub(crate) max_attempts: Option<LitInt>,
+    /// `classify = path::to::fn`.
+    pub(crate) classify: Option<Path>,
+    /// `struct_name = SendEmail`: the generated struct's name.
+    pub(crate) struct_name: Option<Ident>,
+    /// `derive(Debug, Clone)`: extra derives on the generated struct.
+    pub(crate) derives: Vec<Path>,
+    /// `crate = path`: where the runtime crate is (default
+    /// `::taquba_workflow`).
+    pub(crate) krate: Option<Path>,
+}
+
+/// Parses the attribute's tokens, reporting every malformed, unknown or
+/// duplicate option.
+pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> JobOptions {
+    let mut options = JobOptions::default();
+    let mut seen = Seen::default();
+    for arg in parse_options(attr, errors) {
+        let name = arg.name();
+        if !OPTIONS.contains(&name.as_str()) {
+            errors.spanned(&arg.key, unknown_option(&arg, "job", OPTIONS));
+            continue;
+        }
+        if !seen.first(&arg, errors) {
+            continue;
+        }
+        match name.as_str() {
+            "name" => options.name = arg.name_str("name = \"email.send\"", errors),
+            "key" => options.key = arg.lit_str("key = \"email:{to}\"", errors),
+            "idempotent" => {
+                if arg.flag(errors) {
+                    options.idempotent = Some(arg.key.clone());
+                }
+            }
+            "max_attempts" => options.max_attempts = arg.positive_u32("max_attempts = 5", errors),
+            "classify" => {
+                options.classify =
+                    arg.parse_value("a path to a fn", "classify = path::to::classify_fn", errors)
+            }
+            "struct_name" => {
+                options.struct_name =
+                    arg.parse_value("an identifier", "struct_name = SendEmail", errors)
+            }
+            "derive" => {
+                if let Some(tokens) = arg.list("derive(Debug, Clone)", errors) {
+                    match syn::parse::Parser::parse2(
+                        Punctuated::<Path, Token![,]>::parse_terminated,
+                        tokens.clone(),
+                    ) {
+                        Ok(paths) => options.derives = paths.into_iter().collect(),
+                        Err(error) => errors.push(error),
+                    }
+                }
+            }
+            "crate" => {
+                options.krate = arg.parse_value("a path", "crate = ::taquba_workflow", errors)
+            }
+            _ => {}
+        }
+    }
+    if let (Some(_), Some(idempotent)) = (&options.key, &options.idempotent) {
+        errors.spanned(
+            idempotent,
+            "`key = \"...\"` and `idempotent` both set the idempotency key: keep one of them",
+        );
+    }
+    options
+}
+
+#[cfg(test)]
+mod tests {
+    use quote::quote;
+
+    use super::*;
+
+    #[test]
+    fn every_option_parses() {
+        let mut errors = Errors::new();
+        let options = parse(
+            quote!(
+                name = "email.send",
+                key = "email:{to}",
+                max_attempts = 3,
+                classify = errors::classify,
+                struct_name = Email,
+                derive(Debug, Clone),
+                crate = ::my_runtime
+            ),
+            &mut errors,
+        );
+        assert!(errors.is_empty(), "{:?}", errors.messages());
+        assert_eq!(
+            options.name.map(|n| n.value()).as_deref(),
+            Some("email.send")
+        );
+        assert_eq!(
+            options.key.map(|n| n.value()).as_deref(),
+            Some("email:{to}")
+        );
+        assert_eq!(
+            options.max_attempts.map(|n| n.to_string()).as_deref(),
+            Some("3")
+        );
+        assert!(options.classify.is_some());
+        assert_eq!(
+            options.struct_name.map(|i| i.to_string()).as_deref(),
+            Some("Email")
+        );
+        assert_eq!(options.derives.len(), 2);
+        assert!(options.krate.is_some());
+    }
+
+    #[test]
+    fn mistakes_are_all_reported() {
+        let mut errors = Errors::new();
+        let options = parse(
+            quote!(
+                name = 3,
+                nme = "x",
+                max_attempts = 0,
+                idempotent = true,
+                key = "k",
+                key = "j"
+            ),
+            &mut errors,
+        );
+        let messages = errors.messages();
+        assert_eq!(messages.len(), 5, "{messages:?}");
+        assert!(messages[0].contains("`name` takes a string literal"));
+        assert!(messages[1].contains("did you mean `name`?"));
+        assert!(messages[2].contains("at least 1"));
+        assert!(messages[3].contains("takes no value"));
+        assert!(messages[4].contains("duplicate option `key`"));
+        assert!(options.name.is_none());
+    }
+
+    #[test]
+    fn key_and_idempotent_conflict() {
+        let mut errors = Errors::new();
+        parse(quote!(key = "k", idempotent), &mut errors);
+        assert!(errors.messages()[0].contains("keep one of them"));
+    }
+}

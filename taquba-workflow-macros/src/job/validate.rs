@@ -1,0 +1,338 @@
+//! Checks the fn under `#[job]` and builds the model `expand` writes out.
+
+use quote::{ToTokens, format_ident};
+use syn::{GenericArgument, Ident, ItemFn, PathArguments, ReturnType, Type, TypePath};
+
+use super::parse::JobOptions;
+use crate::common::{
+    Errors, Param, ParamKind, ParamRules, Piece, classify_param, parse_template, pascal_case,
+    typed_inputs,
+};
+
+/// Where each of the fn's parameters comes from in the generated call.
+pub(crate) enum Slot {
+    /// The `JobContext<'_>` the runner passes.
+    Context,
+    /// The field with this index.
+    Field(usize),
+}
+
+/// A checked `#[job]` fn.
+pub(crate) struct JobModel<'a> {
+    pub(crate) func: &'a ItemFn,
+    pub(crate) options: JobOptions,
+    /// The generated struct's name.
+    pub(crate) struct_ident: Ident,
+    /// `Job::NAME`.
+    pub(crate) name: String,
+    /// The fields, in parameter order.
+    pub(crate) params: Vec<Param>,
+    /// The fn's parameters in order.
+    pub(crate) slots: Vec<Slot>,
+    /// The return type as written.
+    pub(crate) ret: Type,
+    /// `T` and `E` of `Result<T, E>` when written out, for spanned checks.
+    pub(crate) ok_ty: Option<Type>,
+    pub(crate) err_ty: Option<Type>,
+    /// The parsed `key = "..."` template.
+    pub(crate) key: Option<Vec<Piece>>,
+}
+
+const RULES: ParamRules<'static> = ParamRules {
+    attribute: "#[job]",
+    what: "job",
+    context: "JobContext",
+    forbid_self: false,
+};
+
+/// Checks everything about the fn, reporting each mistake; `None` when the
+/// fn cannot be modelled at all.
+pub(crate) fn validate<'a>(
+    func: &'a ItemFn,
+    options: JobOptions,
+    errors: &mut Errors,
+) -> Option<JobModel<'a>> {
+    let sig = &func.sig;
+    if sig.asyncness.is_none() {
+        errors.spanned(
+            sig.fn_token,
+            format!(
+                "`#[job]` goes on an `async fn`: write `async fn {}(...)`",
+                sig.ident
+            ),
+        );
+    }
+    if let Some(constness) = &sig.constness {
+        errors.spanned(constness, "a `#[job]` fn cannot be `const`: remove `const`");
+    }
+    if let Some(unsafety) = &sig.unsafety {
+        errors.spanned(
+            unsafety,
+            "a `#[job]` fn cannot be `unsafe`: the runner calls it from safe code; make it safe and use an `unsafe` block inside",
+        );
+    }
+    if let Some(abi) = &sig.abi {
+        errors.spanned(abi, "a `#[job]` fn cannot have an ABI: remove the `extern`");
+    }
+    if let Some(variadic) = &sig.variadic {
+        errors.spanned(variadic, "a `#[job]` fn cannot be variadic");
+    }
+    if !sig.generics.params.is_empty() {
+        errors.spanned(
+            &sig.generics,
+            "a `#[job]` fn cannot be generic: its parameters become the fields of a job struct, which needs concrete types; replace the type parameters with concrete types (and `&'a T` with `&T`)",
+        );
+    }
+    if let Some(where_clause) = &sig.generics.where_clause {
+        errors.spanned(
+            where_clause,
+            "a `#[job]` fn cannot have a `where` clause: its parameters need concrete types",
+        );
+    }
+
+    let (_, typed) = typed_inputs(
+        &sig.inputs,
+        Some(
+            "a `#[job]` fn cannot take `self`: jobs are free functions whose parameters become the job's fields; move the fn out of the impl block and pass what it needs as parameters, or through `JobRunnerBuilder::state` and `ctx.state::<T>()`",
+        ),
+        errors,
+    );
+    let mut params = Vec::new();
+    let mut slots = Vec::new();
+    let mut context_seen = false;
+    for arg in typed {
+        match classify_param(arg, &RULES, errors) {
+            ParamKind::Context => {
+                if context_seen {
+                    errors.spanned(
+                        arg,
+                        "a `#[job]` fn takes at most one `JobContext<'_>` parameter: remove this one",
+                    );
+                }
+                context_seen = true;
+                slots.push(Slot::Context);
+            }
+            ParamKind::Field(param) => {
+                slots.push(Slot::Field(params.len()));
+                params.push(param);
+            }
+            ParamKind::Invalid => {}
+        }
+    }
+
+    let (ret, ok_ty, err_ty) = match &sig.output {
+        ReturnType::Default => {
+            errors.at(
+                sig.paren_token.span.close(),
+                format!(
+                    "a `#[job]` fn must return `Result<T, E>` with `E: std::error::Error + Send + Sync + 'static`: write `async fn {}(...) -> Result<(), YourError>`",
+                    sig.ident
+                ),
+            );
+            (None, None, None)
+        }
+        ReturnType::Type(_, ty) => match result_args(ty) {
+            Some((ok, err)) => (Some((**ty).clone()), ok, err),
+            None => {
+                errors.spanned(
+                    ty,
+                    format!(
+                        "a `#[job]` fn must return `Result<T, E>` with `E: std::error::Error + Send + Sync + 'static`, not `{}`: write `-> Result<{}, YourError>`",
+                        ty.to_token_stream(),
+                        ty.to_token_stream()
+                    ),
+                );
+                (None, None, None)
+            }
+        },
+    };
+
+    let key = options.key.as_ref().and_then(|lit| {
+        let pieces = match parse_template(&lit.value()) {
+            Ok(pieces) => pieces,
+            Err(message) => {
+                errors.spanned(lit, message);
+                return None;
+            }
+        };
+        let mut ok = true;
+        for piece in &pieces {
+            if let Piece::Field { name, .. } = piece
+                && !params.iter().any(|p| p.name() == *name)
+            {
+                let known = params
+                    .iter()
+                    .map(|p| format!("`{}`", p.name()))
+                    .collect::<Vec<_>>();
+                let listed = if known.is_empty() {
+                    format!("`{}` has no parameters besides the context", sig.ident)
+                } else {
+                    format!("the parameters of `{}` are {}", sig.ident, known.join(", "))
+                };
+                errors.spanned(
+                    lit,
+                    format!(
+                        "`{{{name}}}` in the key template is not a parameter of the job: {listed}"
+                    ),
+                );
+                ok = false;
+            }
+        }
+        ok.then_some(pieces)
+    });
+
+    let struct_ident = options.struct_name.clone().unwrap_or_else(|| {
+        format_ident!(
+            "{}",
+            pascal_case(&sig.ident.to_string()),
+            span = sig.ident.span()
+        )
+    });
+    let name = options
+        .name
+        .as_ref()
+        .map(|lit| lit.value())
+        .unwrap_or_else(|| syn::ext::IdentExt::unraw(&sig.ident).to_string());
+    let ret = ret?;
+    Some(JobModel {
+        func,
+        options,
+        struct_ident,
+        name,
+        params,
+        slots,
+        ret,
+        ok_ty,
+        err_ty,
+        key,
+    })
+}
+
+/// `Some` when `ty` is a path ending in `Result` (possibly an alias such as
+/// `io::Result<T>`), with its `T` and `E` when written out.
+fn result_args(ty: &Type) -> Option<(Option<Type>, Option<Type>)> {
+    let Type::Path(TypePath { qself: None, path }) = ty else {
+        return None;
+    };
+    let last = path.segments.last()?;
+    if last.ident != "Result" {
+        return None;
+    }
+    let types: Vec<&Type> = match &last.arguments {
+        PathArguments::AngleBracketed(args) => args
+            .args
+            .iter()
+            .filter_map(|a| match a {
+                GenericArgument::Type(t) => Some(t),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    let ok = types.first().map(|t| (*t).clone());
+    let err = types.get(1).map(|t| (*t).clone());
+    Some((ok, err))
+}
+
+#[cfg(test)]
+mod tests {
+    use quote::quote;
+
+    use super::*;
+    use crate::job::parse;
+
+    fn run(attr: proc_macro2::TokenStream, item: proc_macro2::TokenStream) -> (bool, Vec<String>) {
+        let func: ItemFn = syn::parse2(item).unwrap();
+        let mut errors = Errors::new();
+        let options = parse::parse(attr, &mut errors);
+        let model = validate(&func, options, &mut errors);
+        (model.is_some(), errors.messages())
+    }
+
+    #[test]
+    fn a_plain_job_validates() {
+        let func: ItemFn = syn::parse2(quote!(
+            async fn send_email(to: &str, ctx: JobContext<'_>, mut n: u32) -> Result<Id, E> {}
+        ))
+        .unwrap();
+        let mut errors = Errors::new();
+        let model = validate(&func, JobOptions::default(), &mut errors).unwrap();
+        assert!(errors.is_empty());
+        assert_eq!(model.struct_ident, "SendEmail");
+        assert_eq!(model.name, "send_email");
+        assert_eq!(model.params.len(), 2);
+        assert!(matches!(
+            model.slots[..],
+            [Slot::Field(0), Slot::Context, Slot::Field(1)]
+        ));
+        assert!(model.ok_ty.is_some() && model.err_ty.is_some());
+    }
+
+    #[test]
+    fn every_signature_mistake_is_reported_at_once() {
+        let (_, messages) = run(
+            quote!(),
+            quote!(
+                fn bad<T>(self, (a, b): (u8, u8), x: impl Display) -> u32 {}
+            ),
+        );
+        let expected = [
+            "goes on an `async fn`",
+            "cannot be generic",
+            "cannot take `self`",
+            "destructuring patterns",
+            "`impl Trait`",
+            "must return `Result<T, E>`",
+        ];
+        assert_eq!(messages.len(), expected.len(), "{messages:?}");
+        for (message, needle) in messages.iter().zip(expected) {
+            assert!(message.contains(needle), "{message} / {needle}");
+        }
+    }
+
+    #[test]
+    fn missing_return_type_is_reported() {
+        let (ok, messages) = run(
+            quote!(),
+            quote!(
+                async fn f(a: u8) {}
+            ),
+        );
+        assert!(!ok);
+        assert!(messages[0].contains("-> Result<(), YourError>"));
+    }
+
+    #[test]
+    fn key_template_fields_are_checked() {
+        let (_, messages) = run(
+            quote!(key = "email:{to}:{subjet}"),
+            quote!(
+                async fn f(to: String, subject: String) -> Result<(), E> {}
+            ),
+        );
+        assert_eq!(messages.len(), 1);
+        assert!(
+            messages[0].contains("`{subjet}` in the key template"),
+            "{messages:?}"
+        );
+        assert!(messages[0].contains("`to`, `subject`"));
+    }
+
+    #[test]
+    fn raw_identifiers_name_fields_without_the_prefix() {
+        let (ok, messages) = run(
+            quote!(key = "{type}"),
+            quote!(
+                async fn r#move(r#type: String) -> Result<(), E> {}
+            ),
+        );
+        assert!(ok && messages.is_empty(), "{messages:?}");
+    }
+
+    #[test]
+    fn result_aliases_are_accepted() {
+        assert!(result_args(&syn::parse_quote!(io::Result<u8>)).is_some());
+        assert!(result_args(&syn::parse_quote!(Option<u8>)).is_none());
+        assert!(result_args(&syn::parse_quote!((u8, u8))).is_none());
+    }
+}
