@@ -42,6 +42,14 @@ impl Errors {
         self.push(syn::Error::new(span, message));
     }
 
+    /// How many errors were pushed.
+    pub(crate) fn count(&self) -> usize {
+        self.inner
+            .iter()
+            .flat_map(|e| e.clone().into_iter())
+            .count()
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.inner.is_none()
     }

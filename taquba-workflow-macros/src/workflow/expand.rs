@@ -1,0 +1,415 @@
+//! Writes the code of a checked `#[workflow]` impl block: the impl block
+//! without its `#[step]` markers, the step enum, the input struct,
+//! `impl Workflow`, `impl StepRunner`, the bound checks and the
+//! registration entry.
+//!
+//! With `fallback`, the same types and impls are written with bodies that
+//! are never run (`unreachable!`) and without registration: the crate does
+//! not compile anyway (an error was reported), but `OrderStep::...` and
+//! `Transition<Self>` in the user's code still resolve, so the compile
+//! shows the macro's errors instead of a cascade of unresolved names.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{Ident, Visibility};
+
+use super::validate::{Slot, StepModel, WorkflowModel};
+use crate::common::crate_path;
+
+/// The full expansion of one `#[workflow]`.
+pub(crate) fn expand(model: &WorkflowModel, fallback: bool) -> TokenStream {
+    let krate = crate_path(model.options.krate.as_ref());
+    let item = &model.item;
+    let step_enum = step_enum(model, &krate);
+    let input = input_struct(model, &krate);
+    let workflow_impl = workflow_impl(model, &krate, fallback);
+    let registration = if fallback {
+        TokenStream::new()
+    } else {
+        registration(model, &krate)
+    };
+    quote! {
+        #item
+        #step_enum
+        #input
+        #workflow_impl
+        #registration
+    }
+}
+
+fn visibility(model: &WorkflowModel) -> Visibility {
+    model
+        .options
+        .vis
+        .clone()
+        .unwrap_or_else(|| syn::parse_quote!(pub))
+}
+
+fn serde_path(krate: &TokenStream) -> String {
+    format!("{}::__private::serde", krate.to_string().replace(' ', ""))
+}
+
+fn step_enum(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
+    let vis = visibility(model);
+    let ident = &model.step_enum;
+    let type_ident = &model.type_ident;
+    let derives = &model.options.derives;
+    let serde_path = serde_path(krate);
+    let doc = format!(
+        " The steps of the `{}` workflow: one variant per `#[step]` fn of `{type_ident}`, whose fields are that step's parameters.",
+        model.name
+    );
+    let doc_storage = " A variant is stored under its step's name, so runs in flight survive steps being added, removed or reordered. Move a run on with `Transition::next` and friends.";
+    let variants = model.steps.iter().map(|step| {
+        let cfgs = &step.cfgs;
+        let name = &step.name;
+        let variant = &step.variant;
+        let default_doc = format!(
+            " The `{name}` step: runs `{type_ident}::{}`.",
+            step.fn_ident
+        );
+        let docs = if step.docs.is_empty() {
+            quote!(#[doc = #default_doc])
+        } else {
+            let docs = &step.docs;
+            quote!(#(#docs)*)
+        };
+        let fields = step.params.iter().map(|param| {
+            let field = &param.ident;
+            let ty = &param.field_ty;
+            let doc = format!(" The `{}` parameter of `{}`.", param.name(), step.fn_ident);
+            quote!(#[doc = #doc] #field: #ty)
+        });
+        quote! {
+            #(#cfgs)*
+            #docs
+            #[serde(rename = #name)]
+            #variant { #(#fields,)* },
+        }
+    });
+    quote! {
+        #[doc = #doc]
+        #[doc = ""]
+        #[doc = #doc_storage]
+        #[derive(#krate::__private::serde::Serialize, #krate::__private::serde::Deserialize #(, #derives)*)]
+        #[serde(crate = #serde_path)]
+        #vis enum #ident {
+            #(#variants)*
+        }
+    }
+}
+
+fn input_struct(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
+    let vis = visibility(model);
+    let ident = &model.input;
+    let Some(start) = model.start.map(|i| &model.steps[i]) else {
+        // Only with errors: a stand-in so `Workflow::Input` resolves.
+        let step_enum = &model.step_enum;
+        let self_ty = &model.self_ty;
+        return quote! {
+            #vis struct #ident;
+            impl ::core::convert::From<#ident> for #step_enum {
+                fn from(_: #ident) -> Self {
+                    ::core::unreachable!("`#[workflow]` reported an error")
+                }
+            }
+            impl #krate::workflows::WorkflowInput for #ident {
+                type Workflow = #self_ty;
+            }
+        };
+    };
+    let step_enum = &model.step_enum;
+    let variant = &start.variant;
+    let self_ty = &model.self_ty;
+    let derives = &model.options.derives;
+    let derive = if derives.is_empty() {
+        TokenStream::new()
+    } else {
+        quote!(#[derive(#(#derives),*)])
+    };
+    let doc = format!(
+        " The input of the `{}` workflow: the parameters of its start step `{}`. Submit it with `WorkflowRuntime::start`.",
+        model.name, start.name
+    );
+    let fields = start.params.iter().map(|param| {
+        let field = &param.ident;
+        let ty = &param.field_ty;
+        let doc = format!(" The `{}` parameter of `{}`.", param.name(), start.fn_ident);
+        quote!(#[doc = #doc] #vis #field: #ty)
+    });
+    let body = if start.params.is_empty() {
+        quote!(;)
+    } else {
+        quote!({ #(#fields,)* })
+    };
+    let input = Ident::new("__taquba_input", Span::mixed_site());
+    let moves = start.params.iter().map(|param| {
+        let field = &param.ident;
+        quote!(#field: #input.#field)
+    });
+    let input_pat = if start.params.is_empty() {
+        quote!(_)
+    } else {
+        quote!(#input)
+    };
+    quote! {
+        #[doc = #doc]
+        #derive
+        #vis struct #ident #body
+
+        impl ::core::convert::From<#ident> for #step_enum {
+            fn from(#input_pat: #ident) -> Self {
+                #step_enum::#variant { #(#moves,)* }
+            }
+        }
+
+        impl #krate::workflows::WorkflowInput for #ident {
+            type Workflow = #self_ty;
+        }
+    }
+}
+
+fn workflow_impl(model: &WorkflowModel, krate: &TokenStream, fallback: bool) -> TokenStream {
+    let self_ty = &model.self_ty;
+    let step_enum = &model.step_enum;
+    let input = &model.input;
+    let name = &model.name;
+    let output = match &model.options.output {
+        Some(ty) => quote!(#ty),
+        None => quote!(()),
+    };
+    let step = Ident::new("__taquba_step", Span::mixed_site());
+    let decoded = Ident::new("__taquba_decoded", Span::mixed_site());
+    let start_name = model
+        .start
+        .map(|i| model.steps[i].name.clone())
+        .unwrap_or_default();
+    let names = model.steps.iter().map(|s| &s.name);
+    let name_arms = model.steps.iter().map(|s| {
+        let cfgs = &s.cfgs;
+        let variant = &s.variant;
+        let name = &s.name;
+        quote!(#(#cfgs)* #step_enum::#variant { .. } => #name,)
+    });
+    let (step_name_body, dispatch_body, run_step_body) = if fallback {
+        let unreachable = quote!(::core::unreachable!("`#[workflow]` reported an error"));
+        (
+            quote!({ let _ = #decoded; #unreachable }),
+            quote!({ let _ = (#step, #decoded); async { #unreachable } }),
+            quote!({ let _ = #step; async { #unreachable } }),
+        )
+    } else {
+        let arms = model
+            .steps
+            .iter()
+            .map(|s| dispatch_arm(model, s, krate, &step));
+        (
+            quote!({ match #decoded { #(#name_arms)* } }),
+            quote!({ async move { match #decoded { #(#arms)* } } }),
+            quote!({ #krate::__private::run_workflow_step::<Self>(self, #step) }),
+        )
+    };
+    quote! {
+        impl #krate::workflows::Workflow for #self_ty {
+            const NAME: &'static str = #name;
+            const START: &'static str = #start_name;
+            const STEPS: &'static [&'static str] = &[#(#names),*];
+            type Step = #step_enum;
+            type Input = #input;
+            type Output = #output;
+
+            fn step_name(#decoded: &Self::Step) -> &'static str #step_name_body
+
+            fn dispatch<'__taquba>(
+                &'__taquba self,
+                #step: &'__taquba #krate::Step,
+                #decoded: Self::Step,
+            ) -> impl ::core::future::Future<
+                Output = ::core::result::Result<#krate::StepOutcome, #krate::StepError>,
+            > + ::core::marker::Send + '__taquba #dispatch_body
+        }
+
+        impl #krate::StepRunner for #self_ty {
+            fn run_step(
+                &self,
+                #step: &#krate::Step,
+            ) -> impl ::core::future::Future<
+                Output = ::core::result::Result<#krate::StepOutcome, #krate::StepError>,
+            > + ::core::marker::Send #run_step_body
+        }
+    }
+}
+
+fn dispatch_arm(
+    model: &WorkflowModel,
+    step: &StepModel,
+    krate: &TokenStream,
+    step_ident: &Ident,
+) -> TokenStream {
+    let step_enum = &model.step_enum;
+    let variant = &step.variant;
+    let cfgs = &step.cfgs;
+    let name = &step.name;
+    let bindings: Vec<Ident> = (0..step.params.len())
+        .map(|i| format_ident!("__taquba_arg{}", i, span = Span::mixed_site()))
+        .collect();
+    let fields = step.params.iter().zip(&bindings).map(|(param, binding)| {
+        let field = &param.ident;
+        quote!(#field: #binding)
+    });
+    let receiver = step.receiver.then(|| quote!(self));
+    let args = step.slots.iter().map(|slot| match slot {
+        Slot::Context => quote! {
+            #krate::workflows::StepContext::new(
+                #step_ident,
+                <Self as #krate::workflows::Workflow>::NAME,
+                #name,
+            )
+        },
+        Slot::Field(i) => {
+            let binding = &bindings[*i];
+            if step.params[*i].by_ref {
+                quote!(&#binding)
+            } else {
+                quote!(#binding)
+            }
+        }
+    });
+    let all_args = receiver.into_iter().chain(args);
+    let fn_ident = &step.fn_ident;
+    let call = quote_spanned! {fn_ident.span()=>
+        #krate::__private::step_future(Self::#fn_ident(#(#all_args),*))
+    };
+    let ret = &step.ret;
+    let finish = quote_spanned!(ret.span()=> #krate::__private::finish_step::<Self, #ret>);
+    quote! {
+        #(#cfgs)*
+        #step_enum::#variant { #(#fields,)* } => #finish(#call.await),
+    }
+}
+
+fn registration(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
+    let self_ty = &model.self_ty;
+    let mut checks = Vec::new();
+    for step in &model.steps {
+        for param in &step.params {
+            let ty = &param.field_ty;
+            let span = param.ty.span();
+            checks.push(quote_spanned!(span=> #krate::__private::assert_step_field::<#ty>();));
+        }
+    }
+    if let Some(output) = &model.options.output {
+        let span = output.span();
+        checks.push(quote_spanned!(span=> #krate::__private::assert_workflow_output::<#output>();));
+    }
+    let type_name = model.type_ident.to_string();
+    let span = model.type_ident.span();
+    let file = quote_spanned!(span=> ::core::file!());
+    let line = quote_spanned!(span=> ::core::line!());
+    quote! {
+        const _: () = {
+            #[allow(dead_code, clippy::all)]
+            fn __taquba_workflow_bounds() {
+                #(#checks)*
+            }
+
+            fn __taquba_make() -> ::core::option::Option<
+                ::std::boxed::Box<dyn #krate::__private::ErasedWorkflow>,
+            > {
+                #[allow(unused_imports)]
+                use #krate::__private::{MakeWithDefault as _, MakeWithoutDefault as _};
+                (&#krate::__private::Maker::<#self_ty>::new()).make()
+            }
+
+            #krate::__private::inventory::submit! {
+                #krate::__private::WorkflowRegistration {
+                    name: <#self_ty as #krate::workflows::Workflow>::NAME,
+                    type_name: #type_name,
+                    module_path: ::core::module_path!(),
+                    file: #file,
+                    line: #line,
+                    make: __taquba_make,
+                }
+            }
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use quote::{ToTokens, quote};
+
+    use crate::common::Errors;
+    use crate::workflow::{parse, validate};
+
+    fn expand(attr: proc_macro2::TokenStream, item: proc_macro2::TokenStream) -> String {
+        let item: syn::ItemImpl = syn::parse2(item).unwrap();
+        let mut errors = Errors::new();
+        let options = parse::parse(attr, &mut errors);
+        let (_, model) = validate::validate(item, options, &mut errors);
+        assert!(errors.is_empty(), "{:?}", errors.messages());
+        let file: syn::File = syn::parse2(super::expand(&model.unwrap(), false)).unwrap();
+        file.to_token_stream().to_string()
+    }
+
+    const ORDER: &str = r#"
+        impl Order {
+            /// Charges the card.
+            #[step(start)]
+            async fn charge(&self, ctx: StepContext<'_>, order_id: &str, cents: u64) -> Result<Transition<Self>, StepError> {}
+            #[cfg(feature = "ship")]
+            #[step(name = "ship_it")]
+            async fn ship(order_id: String) -> Result<Transition<Self>, StepError> {}
+        }
+    "#;
+
+    #[test]
+    fn the_enum_has_one_renamed_variant_per_step() {
+        let out = expand(quote!(output = Receipt), ORDER.parse().unwrap());
+        assert!(out.contains("pub enum OrderStep"), "{out}");
+        assert!(out.contains("# [serde (rename = \"charge\")] Charge { # [doc = \" The `order_id` parameter of `charge`.\"] order_id : :: std :: string :: String"), "{out}");
+        assert!(out.contains("# [cfg (feature = \"ship\")] # [doc = \" The `ship_it` step: runs `Order::ship`.\"] # [serde (rename = \"ship_it\")] Ship"), "{out}");
+        assert!(out.contains("# [doc = \" Charges the card.\"] # [serde (rename = \"charge\")]"));
+        assert!(!out.contains("# [step"), "{out}");
+    }
+
+    #[test]
+    fn the_input_is_the_start_steps_parameters() {
+        let out = expand(quote!(vis = pub(crate)), ORDER.parse().unwrap());
+        assert!(out.contains("pub (crate) struct OrderInput { # [doc = \" The `order_id` parameter of `charge`.\"] pub (crate) order_id : :: std :: string :: String"), "{out}");
+        assert!(out.contains("impl :: core :: convert :: From < OrderInput > for OrderStep"));
+        assert!(out.contains("type Input = OrderInput"));
+        assert!(out.contains("type Output = ()"));
+    }
+
+    #[test]
+    fn dispatch_calls_each_step_with_its_fields() {
+        let out = expand(quote!(name = "order"), ORDER.parse().unwrap());
+        assert!(out.contains("const NAME : & 'static str = \"order\""));
+        assert!(
+            out.contains("const STEPS : & 'static [& 'static str] = & [\"charge\" , \"ship_it\"]"),
+            "{out}"
+        );
+        assert!(
+            out.contains("Self :: charge (self , :: taquba_workflow :: workflows :: StepContext :: new (__taquba_step , < Self as :: taquba_workflow :: workflows :: Workflow > :: NAME , \"charge\" ,) , & __taquba_arg0 , __taquba_arg1)"),
+            "{out}"
+        );
+        assert!(out.contains("Self :: ship (__taquba_arg0)"), "{out}");
+        assert!(
+            out.contains("finish_step :: < Self , Result < Transition < Self > , StepError > >")
+        );
+        assert!(out.contains("inventory :: submit !"));
+    }
+
+    #[test]
+    fn fallback_keeps_the_types_and_drops_the_registration() {
+        let item: syn::ItemImpl = syn::parse2(ORDER.parse().unwrap()).unwrap();
+        let mut errors = Errors::new();
+        let (_, model) = validate::validate(item, Default::default(), &mut errors);
+        let out = super::expand(&model.unwrap(), true).to_string();
+        assert!(out.contains("enum OrderStep"));
+        assert!(out.contains("unreachable !"));
+        assert!(!out.contains("inventory"));
+    }
+}

@@ -1,0 +1,192 @@
+//! The options of `#[workflow(...)]` and `#[step(...)]`.
+
+use proc_macro2::TokenStream;
+use syn::punctuated::Punctuated;
+use syn::{Attribute, Ident, LitStr, Meta, Path, Token, Type, Visibility};
+
+use crate::common::{Errors, Seen, parse_options, unknown_option};
+
+/// Every option `#[workflow]` accepts.
+pub(crate) const OPTIONS: &[&str] = &[
+    "name",
+    "output",
+    "step_enum",
+    "input",
+    "vis",
+    "derive",
+    "crate",
+];
+
+/// Every option `#[step]` accepts.
+pub(crate) const STEP_OPTIONS: &[&str] = &["start", "name"];
+
+/// `#[workflow(...)]` as written.
+#[derive(Default)]
+pub(crate) struct WorkflowOptions {
+    /// `name = "order"`: the workflow's stable name (default: the type's
+    /// name).
+    pub(crate) name: Option<LitStr>,
+    /// `output = Receipt`: the type a finished run returns (default `()`).
+    pub(crate) output: Option<Type>,
+    /// `step_enum = OrderStep`.
+    pub(crate) step_enum: Option<Ident>,
+    /// `input = OrderInput`.
+    pub(crate) input: Option<Ident>,
+    /// `vis = pub(crate)`: the generated types' visibility.
+    pub(crate) vis: Option<Visibility>,
+    /// `derive(Debug, Clone)`: extra derives on the generated types.
+    pub(crate) derives: Vec<Path>,
+    /// `crate = path`.
+    pub(crate) krate: Option<Path>,
+}
+
+/// Parses `#[workflow(...)]`, reporting every malformed, unknown or
+/// duplicate option.
+pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> WorkflowOptions {
+    let mut options = WorkflowOptions::default();
+    let mut seen = Seen::default();
+    for arg in parse_options(attr, errors) {
+        let name = arg.name();
+        if !OPTIONS.contains(&name.as_str()) {
+            errors.spanned(&arg.key, unknown_option(&arg, "workflow", OPTIONS));
+            continue;
+        }
+        if !seen.first(&arg, errors) {
+            continue;
+        }
+        match name.as_str() {
+            "name" => options.name = arg.name_str("name = \"order\"", errors),
+            "output" => options.output = arg.parse_value("a type", "output = Receipt", errors),
+            "step_enum" => {
+                options.step_enum =
+                    arg.parse_value("an identifier", "step_enum = OrderStep", errors)
+            }
+            "input" => {
+                options.input = arg.parse_value("an identifier", "input = OrderInput", errors)
+            }
+            "vis" => options.vis = arg.parse_value("a visibility", "vis = pub(crate)", errors),
+            "derive" => {
+                if let Some(tokens) = arg.list("derive(Debug, Clone)", errors) {
+                    match syn::parse::Parser::parse2(
+                        Punctuated::<Path, Token![,]>::parse_terminated,
+                        tokens.clone(),
+                    ) {
+                        Ok(paths) => options.derives = paths.into_iter().collect(),
+                        Err(error) => errors.push(error),
+                    }
+                }
+            }
+            "crate" => {
+                options.krate = arg.parse_value("a path", "crate = ::taquba_workflow", errors)
+            }
+            _ => {}
+        }
+    }
+    options
+}
+
+/// `#[step(...)]` as written.
+#[derive(Default)]
+pub(crate) struct StepOptions {
+    /// `start`: runs begin with this step.
+    pub(crate) start: Option<Ident>,
+    /// `name = "charge"`: the step's stable name (default: the fn name).
+    pub(crate) name: Option<LitStr>,
+}
+
+/// Whether an attribute is `#[step]` (or a path ending in `step`).
+pub(crate) fn is_step_attr(attr: &Attribute) -> bool {
+    attr.path()
+        .segments
+        .last()
+        .is_some_and(|s| s.ident == "step")
+}
+
+/// Parses one `#[step]` / `#[step(...)]` attribute.
+pub(crate) fn parse_step(attr: &Attribute, errors: &mut Errors) -> StepOptions {
+    let mut options = StepOptions::default();
+    let tokens = match &attr.meta {
+        Meta::Path(_) => return options,
+        Meta::List(list) => list.tokens.clone(),
+        Meta::NameValue(nv) => {
+            errors.spanned(
+                nv,
+                "write `#[step]`, `#[step(start)]` or `#[step(name = \"...\")]`",
+            );
+            return options;
+        }
+    };
+    let mut seen = Seen::default();
+    for arg in parse_options(tokens, errors) {
+        let name = arg.name();
+        if !STEP_OPTIONS.contains(&name.as_str()) {
+            errors.spanned(&arg.key, unknown_option(&arg, "step", STEP_OPTIONS));
+            continue;
+        }
+        if !seen.first(&arg, errors) {
+            continue;
+        }
+        match name.as_str() {
+            "start" => {
+                if arg.flag(errors) {
+                    options.start = Some(arg.key.clone());
+                }
+            }
+            "name" => options.name = arg.name_str("name = \"charge\"", errors),
+            _ => {}
+        }
+    }
+    options
+}
+
+#[cfg(test)]
+mod tests {
+    use quote::quote;
+    use syn::parse_quote;
+
+    use super::*;
+
+    #[test]
+    fn workflow_options_parse() {
+        let mut errors = Errors::new();
+        let options = parse(
+            quote!(name = "order", output = Vec<Receipt>, step_enum = S, input = I, vis = pub(crate), derive(Debug)),
+            &mut errors,
+        );
+        assert!(errors.is_empty(), "{:?}", errors.messages());
+        assert_eq!(options.name.map(|n| n.value()).as_deref(), Some("order"));
+        assert!(options.output.is_some());
+        assert!(matches!(options.vis, Some(Visibility::Restricted(_))));
+        assert_eq!(options.derives.len(), 1);
+    }
+
+    #[test]
+    fn workflow_option_mistakes_accumulate() {
+        let mut errors = Errors::new();
+        parse(
+            quote!(outptu = u8, name = "", name = "x", vis = 3),
+            &mut errors,
+        );
+        let messages = errors.messages();
+        assert_eq!(messages.len(), 4, "{messages:?}");
+        assert!(messages[0].contains("did you mean `output`?"));
+        assert!(messages[1].contains("cannot be empty"));
+        assert!(messages[2].contains("duplicate option `name`"));
+        assert!(messages[3].contains("takes a visibility"));
+    }
+
+    #[test]
+    fn step_options_parse() {
+        let mut errors = Errors::new();
+        let attr: Attribute = parse_quote!(#[step(start, name = "charge")]);
+        assert!(is_step_attr(&attr));
+        let options = parse_step(&attr, &mut errors);
+        assert!(errors.is_empty());
+        assert!(options.start.is_some());
+        assert_eq!(options.name.map(|n| n.value()).as_deref(), Some("charge"));
+
+        let attr: Attribute = parse_quote!(#[step(begin)]);
+        parse_step(&attr, &mut errors);
+        assert!(errors.messages()[0].contains("unknown `#[step]` option `begin`"));
+    }
+}

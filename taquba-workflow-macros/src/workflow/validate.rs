@@ -1,0 +1,546 @@
+//! Checks the impl block under `#[workflow]` and its `#[step]` fns, and
+//! builds the model `expand` writes out.
+
+use std::collections::HashMap;
+
+use quote::{ToTokens, format_ident};
+use syn::ext::IdentExt;
+use syn::{
+    Attribute, Ident, ImplItem, ImplItemFn, ItemImpl, LitStr, PathArguments, ReturnType, Type,
+    TypePath,
+};
+
+use super::parse::{StepOptions, WorkflowOptions, is_step_attr, parse_step};
+use crate::common::{
+    Errors, Param, ParamKind, ParamRules, classify_param, pascal_case, typed_inputs,
+};
+
+/// Where each of a step fn's parameters comes from in the generated call.
+pub(crate) enum Slot {
+    /// The `StepContext<'_>`.
+    Context,
+    /// The variant field with this index.
+    Field(usize),
+}
+
+/// One checked `#[step]` fn.
+pub(crate) struct StepModel {
+    /// The fn's name.
+    pub(crate) fn_ident: Ident,
+    /// The stable name the step is serialized under.
+    pub(crate) name: String,
+    /// The step enum's variant.
+    pub(crate) variant: Ident,
+    /// Whether the fn takes `&self`.
+    pub(crate) receiver: bool,
+    /// The variant's fields, in parameter order.
+    pub(crate) params: Vec<Param>,
+    /// The fn's parameters in order.
+    pub(crate) slots: Vec<Slot>,
+    /// The return type as written.
+    pub(crate) ret: Type,
+    /// Whether runs begin here.
+    pub(crate) start: bool,
+    /// The fn's `#[doc]` and `#[cfg]` attributes.
+    pub(crate) docs: Vec<Attribute>,
+    pub(crate) cfgs: Vec<Attribute>,
+}
+
+/// A checked `#[workflow]` impl block.
+pub(crate) struct WorkflowModel {
+    pub(crate) options: WorkflowOptions,
+    /// The impl block with the `#[step]` attributes removed.
+    pub(crate) item: ItemImpl,
+    /// The workflow type as written after `impl`.
+    pub(crate) self_ty: Type,
+    /// Its last path segment.
+    pub(crate) type_ident: Ident,
+    /// `Workflow::NAME`.
+    pub(crate) name: String,
+    pub(crate) step_enum: Ident,
+    pub(crate) input: Ident,
+    pub(crate) steps: Vec<StepModel>,
+    /// Index of the start step in `steps` (`None` only with errors).
+    pub(crate) start: Option<usize>,
+}
+
+const RULES: ParamRules<'static> = ParamRules {
+    attribute: "#[step]",
+    what: "step",
+    context: "StepContext",
+    forbid_self: true,
+};
+
+/// Removes every `#[step]` attribute (they are this macro's markers, not
+/// real attributes), returning each step fn's options in order.
+pub(crate) fn strip_step_attrs(
+    item: &mut ItemImpl,
+    errors: &mut Errors,
+) -> Vec<(usize, StepOptions)> {
+    let mut found = Vec::new();
+    for (index, impl_item) in item.items.iter_mut().enumerate() {
+        let attrs = match impl_item {
+            ImplItem::Fn(f) => &mut f.attrs,
+            ImplItem::Const(c) => &mut c.attrs,
+            ImplItem::Type(t) => &mut t.attrs,
+            ImplItem::Macro(m) => &mut m.attrs,
+            _ => continue,
+        };
+        let mut steps = Vec::new();
+        attrs.retain(|attr| {
+            if is_step_attr(attr) {
+                steps.push(attr.clone());
+                false
+            } else {
+                true
+            }
+        });
+        let is_fn = matches!(impl_item, ImplItem::Fn(_));
+        for (n, attr) in steps.iter().enumerate() {
+            if !is_fn {
+                errors.spanned(
+                    attr,
+                    "`#[step]` goes on an `async fn` of the impl block: a step is a fn",
+                );
+            } else if n > 0 {
+                errors.spanned(
+                    attr,
+                    "this fn already has a `#[step]` attribute: merge them into one, as in `#[step(start, name = \"...\")]`",
+                );
+            }
+        }
+        if is_fn && let Some(attr) = steps.first() {
+            let options = parse_step(attr, errors);
+            found.push((index, options));
+        }
+    }
+    found
+}
+
+/// Checks the impl block and its steps, reporting each mistake. The
+/// returned impl block has its `#[step]` attributes removed whatever
+/// happens, so it can be emitted beside the errors.
+pub(crate) fn validate(
+    mut item: ItemImpl,
+    options: WorkflowOptions,
+    errors: &mut Errors,
+) -> (ItemImpl, Option<WorkflowModel>) {
+    let marked = strip_step_attrs(&mut item, errors);
+    if let Some((_, path, _)) = &item.trait_ {
+        errors.spanned(
+            path,
+            "`#[workflow]` goes on an inherent impl block (`impl Order { ... }`), not on a trait impl",
+        );
+    }
+    if let Some(unsafety) = &item.unsafety {
+        errors.spanned(unsafety, "a `#[workflow]` impl block cannot be `unsafe`");
+    }
+    if !item.generics.params.is_empty() || item.generics.where_clause.is_some() {
+        errors.spanned(
+            &item.generics,
+            "a `#[workflow]` type cannot be generic: its steps are stored by name in durable payloads; use a concrete type",
+        );
+    }
+    let type_ident = match &*item.self_ty {
+        Type::Path(TypePath { qself: None, path }) => match path.segments.last() {
+            Some(last) if matches!(last.arguments, PathArguments::None) => Some(last.ident.clone()),
+            Some(last) => {
+                errors.spanned(
+                    &last.arguments,
+                    "a `#[workflow]` type cannot take generic arguments: use a concrete type",
+                );
+                None
+            }
+            None => None,
+        },
+        other => {
+            errors.spanned(
+                other,
+                "`#[workflow]` goes on the impl block of a named struct or enum: write `impl Order { ... }`",
+            );
+            None
+        }
+    };
+
+    let mut steps = Vec::new();
+    for (index, step_options) in marked {
+        let ImplItem::Fn(func) = &item.items[index] else {
+            continue;
+        };
+        if let Some(step) = validate_step(func, step_options, errors) {
+            steps.push(step);
+        }
+    }
+
+    let Some(type_ident) = type_ident else {
+        return (item, None);
+    };
+    if steps.is_empty() && errors.is_empty() {
+        errors.spanned(
+            &item.self_ty,
+            "a `#[workflow]` needs at least one step: mark its async fns with `#[step]`, and the first one with `#[step(start)]`",
+        );
+    }
+
+    // Stable names and variants must be unique; exactly one start step.
+    let mut names: HashMap<&str, &StepModel> = HashMap::new();
+    let mut variants: HashMap<String, &StepModel> = HashMap::new();
+    for step in &steps {
+        if let Some(first) = names.insert(&step.name, step) {
+            errors.spanned(
+                &step.fn_ident,
+                format!(
+                    "two steps are named `{}`: `{}` and `{}`; a step's name is how runs in flight find it, so give one of them another with `#[step(name = \"...\")]`",
+                    step.name, first.fn_ident, step.fn_ident
+                ),
+            );
+        }
+        if let Some(first) = variants.insert(step.variant.to_string(), step) {
+            errors.spanned(
+                &step.fn_ident,
+                format!(
+                    "steps `{}` and `{}` both become the variant `{}` of the step enum: rename one of the fns",
+                    first.fn_ident, step.fn_ident, step.variant
+                ),
+            );
+        }
+    }
+    let starts: Vec<usize> = steps
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.start)
+        .map(|(i, _)| i)
+        .collect();
+    let start = match starts.as_slice() {
+        [] => {
+            if !steps.is_empty() {
+                errors.spanned(
+                    &item.self_ty,
+                    format!(
+                        "`{type_ident}` has no start step: mark the step a run begins with as `#[step(start)]` (for example `{}`)",
+                        steps[0].fn_ident
+                    ),
+                );
+            }
+            None
+        }
+        [one] => Some(*one),
+        [first, rest @ ..] => {
+            for other in rest {
+                errors.spanned(
+                    &steps[*other].fn_ident,
+                    format!(
+                        "only one step can be `#[step(start)]`, and `{}` already is: remove `start` from one of them",
+                        steps[*first].fn_ident
+                    ),
+                );
+            }
+            None
+        }
+    };
+
+    let name = options
+        .name
+        .as_ref()
+        .map(LitStr::value)
+        .unwrap_or_else(|| type_ident.unraw().to_string());
+    let step_enum = options
+        .step_enum
+        .clone()
+        .unwrap_or_else(|| format_ident!("{}Step", type_ident.unraw(), span = type_ident.span()));
+    let input = options
+        .input
+        .clone()
+        .unwrap_or_else(|| format_ident!("{}Input", type_ident.unraw(), span = type_ident.span()));
+    let self_ty = (*item.self_ty).clone();
+    let model = WorkflowModel {
+        options,
+        item: item.clone(),
+        self_ty,
+        type_ident,
+        name,
+        step_enum,
+        input,
+        steps,
+        start,
+    };
+    (item, Some(model))
+}
+
+fn validate_step(
+    func: &ImplItemFn,
+    options: StepOptions,
+    errors: &mut Errors,
+) -> Option<StepModel> {
+    let sig = &func.sig;
+    let errors_before = errors.count();
+    if sig.asyncness.is_none() {
+        errors.spanned(
+            sig.fn_token,
+            format!(
+                "a `#[step]` must be an `async fn`: write `async fn {}(...)`",
+                sig.ident
+            ),
+        );
+    }
+    if let Some(constness) = &sig.constness {
+        errors.spanned(
+            constness,
+            "a `#[step]` fn cannot be `const`: remove `const`",
+        );
+    }
+    if let Some(unsafety) = &sig.unsafety {
+        errors.spanned(
+            unsafety,
+            "a `#[step]` fn cannot be `unsafe`: make it safe and use an `unsafe` block inside",
+        );
+    }
+    if let Some(abi) = &sig.abi {
+        errors.spanned(
+            abi,
+            "a `#[step]` fn cannot have an ABI: remove the `extern`",
+        );
+    }
+    if let Some(variadic) = &sig.variadic {
+        errors.spanned(variadic, "a `#[step]` fn cannot be variadic");
+    }
+    if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
+        errors.spanned(
+            &sig.generics,
+            "a `#[step]` fn cannot be generic: its parameters are stored in the step enum, which needs concrete types",
+        );
+    }
+    let (receiver, typed) = typed_inputs(&sig.inputs, None, errors);
+    if let Some(receiver) = receiver {
+        let shared_ref = receiver.reference.is_some()
+            && receiver.mutability.is_none()
+            && receiver.colon_token.is_none();
+        if !shared_ref {
+            errors.spanned(
+                receiver,
+                "a `#[step]` fn takes `&self` or no receiver: the runtime shares the workflow value between concurrent runs",
+            );
+        } else if let Some((_, Some(lifetime))) = &receiver.reference {
+            errors.spanned(lifetime, "write `&self` without a lifetime");
+        }
+    }
+    let mut params = Vec::new();
+    let mut slots = Vec::new();
+    let mut context_seen = false;
+    for arg in typed {
+        if let Type::Reference(r) = &*arg.ty
+            && crate::common::is_named(&r.elem, "Step")
+        {
+            errors.spanned(
+                &arg.ty,
+                "take `ctx: StepContext<'_>` instead of `&Step`: it dereferences to the `Step` (and its `Delivery`), and its `memo` is namespaced by step name",
+            );
+            continue;
+        }
+        match classify_param(arg, &RULES, errors) {
+            ParamKind::Context => {
+                if context_seen {
+                    errors.spanned(
+                        arg,
+                        "a `#[step]` fn takes at most one `StepContext<'_>` parameter: remove this one",
+                    );
+                }
+                context_seen = true;
+                slots.push(Slot::Context);
+            }
+            ParamKind::Field(param) => {
+                slots.push(Slot::Field(params.len()));
+                params.push(param);
+            }
+            ParamKind::Invalid => {}
+        }
+    }
+    let ret = match &sig.output {
+        ReturnType::Default => {
+            errors.at(
+                sig.paren_token.span.close(),
+                format!(
+                    "a `#[step]` fn returns its transition: write `async fn {}(...) -> Result<Transition<Self>, StepError>`",
+                    sig.ident
+                ),
+            );
+            None
+        }
+        ReturnType::Type(_, ty) => {
+            let is_result = matches!(&**ty, Type::Path(TypePath { qself: None, path })
+                if path.segments.last().is_some_and(|s| s.ident == "Result"));
+            if is_result {
+                Some((**ty).clone())
+            } else {
+                errors.spanned(
+                    ty,
+                    format!(
+                        "a `#[step]` fn must return `Result<Transition<Self>, E>` (with `E: Into<StepError>`), not `{}`",
+                        ty.to_token_stream()
+                    ),
+                );
+                None
+            }
+        }
+    };
+    let ret = ret?;
+    if errors.count() != errors_before {
+        return None;
+    }
+    let name = options
+        .name
+        .as_ref()
+        .map(LitStr::value)
+        .unwrap_or_else(|| sig.ident.unraw().to_string());
+    let variant = format_ident!(
+        "{}",
+        pascal_case(&sig.ident.to_string()),
+        span = sig.ident.span()
+    );
+    Some(StepModel {
+        fn_ident: sig.ident.clone(),
+        name,
+        variant,
+        receiver: receiver.is_some(),
+        params,
+        slots,
+        ret,
+        start: options.start.is_some(),
+        docs: func
+            .attrs
+            .iter()
+            .filter(|a| a.path().is_ident("doc"))
+            .cloned()
+            .collect(),
+        cfgs: func
+            .attrs
+            .iter()
+            .filter(|a| a.path().is_ident("cfg"))
+            .cloned()
+            .collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use quote::quote;
+
+    use super::*;
+    use crate::workflow::parse;
+
+    fn run(
+        attr: proc_macro2::TokenStream,
+        item: proc_macro2::TokenStream,
+    ) -> (Option<WorkflowModel>, Vec<String>) {
+        let item: ItemImpl = syn::parse2(item).unwrap();
+        let mut errors = Errors::new();
+        let options = parse::parse(attr, &mut errors);
+        let (stripped, model) = validate(item, options, &mut errors);
+        assert!(
+            !stripped.to_token_stream().to_string().contains("step ("),
+            "the #[step] markers are removed"
+        );
+        (model, errors.messages())
+    }
+
+    #[test]
+    fn a_workflow_validates() {
+        let (model, messages) = run(
+            quote!(name = "order"),
+            quote!(impl Order {
+                #[step(start)]
+                async fn charge(&self, ctx: StepContext<'_>, order_id: &str, cents: u64) -> Result<Transition<Self>, StepError> {}
+                #[step(name = "ship_it")]
+                async fn ship(order_id: String) -> Result<Transition<Self>, StepError> {}
+                fn helper(&self) {}
+            }),
+        );
+        assert!(messages.is_empty(), "{messages:?}");
+        let model = model.unwrap();
+        assert_eq!(model.name, "order");
+        assert_eq!(model.step_enum, "OrderStep");
+        assert_eq!(model.input, "OrderInput");
+        assert_eq!(model.steps.len(), 2);
+        assert_eq!(model.steps[1].name, "ship_it");
+        assert_eq!(model.steps[1].variant, "Ship");
+        assert!(model.steps[0].receiver && !model.steps[1].receiver);
+        assert_eq!(model.start, Some(0));
+    }
+
+    #[test]
+    fn step_mistakes_accumulate() {
+        let (model, messages) = run(
+            quote!(),
+            quote!(impl Order {
+                #[step(start)]
+                fn a(&mut self, (x, y): (u8, u8)) -> u8 {}
+                #[step]
+                async fn b(step: &Step, v: impl Trait) -> Result<Transition<Self>, StepError> {}
+                #[step]
+                async fn c(v: Self) {}
+            }),
+        );
+        assert_eq!(model.map(|m| m.steps.len()), Some(0));
+        let expected = [
+            "must be an `async fn`",
+            "takes `&self` or no receiver",
+            "destructuring patterns",
+            "must return `Result<Transition<Self>, E>`",
+            "instead of `&Step`",
+            "`impl Trait`",
+            "`Self` cannot appear",
+            "returns its transition",
+        ];
+        assert_eq!(messages.len(), expected.len(), "{messages:?}");
+        for (message, needle) in messages.iter().zip(expected) {
+            assert!(message.contains(needle), "{message} / {needle}");
+        }
+    }
+
+    #[test]
+    fn names_and_start_are_checked() {
+        let (_, messages) = run(
+            quote!(),
+            quote!(impl Order {
+                #[step]
+                async fn a() -> Result<Transition<Self>, StepError> {}
+                #[step(name = "a")]
+                async fn b() -> Result<Transition<Self>, StepError> {}
+            }),
+        );
+        assert_eq!(messages.len(), 2, "{messages:?}");
+        assert!(messages[0].contains("two steps are named `a`"));
+        assert!(messages[1].contains("has no start step"));
+
+        let (_, messages) = run(
+            quote!(),
+            quote!(impl Order {
+                #[step(start)]
+                async fn a() -> Result<Transition<Self>, StepError> {}
+                #[step(start)]
+                async fn b() -> Result<Transition<Self>, StepError> {}
+            }),
+        );
+        assert!(
+            messages[0].contains("only one step can be `#[step(start)]`"),
+            "{messages:?}"
+        );
+    }
+
+    #[test]
+    fn an_impl_without_steps_is_reported() {
+        let (_, messages) = run(quote!(), quote!(impl Order { fn helper() {} }));
+        assert!(messages[0].contains("needs at least one step"));
+    }
+
+    #[test]
+    fn trait_impls_and_generics_are_rejected() {
+        let (_, messages) = run(
+            quote!(),
+            quote!(
+                impl<T> Tr for Order<T> {}
+            ),
+        );
+        assert_eq!(messages.len(), 3, "{messages:?}");
+    }
+}
