@@ -1,0 +1,1 @@
+//! Support of the generated code (placeholder until the macros land).

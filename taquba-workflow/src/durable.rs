@@ -1,0 +1,317 @@
+//! The durable record formats: every record the runtime stores, encoded as
+//! MessagePack with named fields so fields can be added without misreading
+//! older records, and the helpers that read them back.
+
+use std::collections::HashMap;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use taquba::QueueView;
+use tracing::warn;
+
+use crate::error::Result;
+use crate::keys::RunId;
+use crate::runner::StepErrorKind;
+use crate::runtime::RunTermination;
+use crate::terminal::{RunOutcome, TerminalStatus};
+
+/// Encode `value` as MessagePack with named fields. The record types of
+/// this module cannot fail to encode (no maps with non-string keys, no
+/// unsupported types), so an error here is a programming error.
+pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    rmp_serde::to_vec_named(value).expect("durable records always encode")
+}
+
+/// Encode a caller-supplied value, reporting an encoding failure.
+pub(crate) fn try_encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>> {
+    Ok(rmp_serde::to_vec_named(value)?)
+}
+
+/// Decode a record.
+pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
+    Ok(rmp_serde::from_slice(bytes)?)
+}
+
+/// Decode a record whose readers tolerate absence: a record that fails to
+/// decode is logged (naming `what` and `whose`) and treated as absent.
+pub(crate) fn decode_or_absent<T: DeserializeOwned>(
+    bytes: &[u8],
+    what: &str,
+    whose: &dyn std::fmt::Display,
+) -> Option<T> {
+    match rmp_serde::from_slice(bytes) {
+        Ok(value) => Some(value),
+        Err(err) => {
+            warn!(%whose, error = %err, "{what} does not decode; treated as absent");
+            None
+        }
+    }
+}
+
+/// Read and decode the KV record at `key`.
+pub(crate) async fn kv_record<T: DeserializeOwned>(
+    view: &QueueView,
+    key: &[u8],
+) -> Result<Option<T>> {
+    match view.kv_get(key).await? {
+        Some(bytes) => decode(&bytes).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// The durable record of an active run, under `workflow/runs/{run_id}`:
+/// written with the step-0 enqueue, rewritten by a cancellation request,
+/// deleted by the terminating settlement.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DurableRunRecord {
+    /// SHA-256 of the run's input, for the idempotency check.
+    #[serde(with = "serde_bytes")]
+    pub(crate) input_hash: Vec<u8>,
+    /// When the run was submitted, ms since the UNIX epoch (queue clock).
+    pub(crate) submitted_at_ms: u64,
+    /// Whether a cancellation has been requested.
+    #[serde(default)]
+    pub(crate) cancel_requested: bool,
+}
+
+/// The current-step pointer of an active run, under `workflow/steps/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DurableCurrentStep {
+    /// The step number of the run's current step.
+    pub(crate) step_number: u32,
+    /// The queue job id of that step.
+    pub(crate) job_id: String,
+}
+
+/// A terminal status as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum DurableStatus {
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl From<TerminalStatus> for DurableStatus {
+    fn from(status: TerminalStatus) -> Self {
+        match status {
+            TerminalStatus::Succeeded => Self::Succeeded,
+            TerminalStatus::Failed => Self::Failed,
+            TerminalStatus::Cancelled => Self::Cancelled,
+        }
+    }
+}
+
+impl From<DurableStatus> for TerminalStatus {
+    fn from(status: DurableStatus) -> Self {
+        match status {
+            DurableStatus::Succeeded => Self::Succeeded,
+            DurableStatus::Failed => Self::Failed,
+            DurableStatus::Cancelled => Self::Cancelled,
+        }
+    }
+}
+
+/// An error kind as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum DurableErrorKind {
+    Transient,
+    Permanent,
+}
+
+impl From<StepErrorKind> for DurableErrorKind {
+    fn from(kind: StepErrorKind) -> Self {
+        match kind {
+            StepErrorKind::Transient => Self::Transient,
+            StepErrorKind::Permanent => Self::Permanent,
+        }
+    }
+}
+
+impl From<DurableErrorKind> for StepErrorKind {
+    fn from(kind: DurableErrorKind) -> Self {
+        match kind {
+            DurableErrorKind::Transient => Self::Transient,
+            DurableErrorKind::Permanent => Self::Permanent,
+        }
+    }
+}
+
+/// The terminal record of a run, under `workflow/outcomes/{run_id}`, written
+/// by the settlement that terminates it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DurableTermination {
+    pub(crate) status: DurableStatus,
+    pub(crate) error: Option<String>,
+    pub(crate) error_kind: Option<DurableErrorKind>,
+    pub(crate) final_step: u32,
+    pub(crate) terminated_at_ms: u64,
+    /// SHA-256 of the terminated run's input, so an idempotent re-submission
+    /// of a terminated job can be told apart from a different payload.
+    #[serde(with = "serde_bytes", default)]
+    pub(crate) input_hash: Vec<u8>,
+}
+
+impl From<DurableTermination> for RunTermination {
+    fn from(record: DurableTermination) -> Self {
+        RunTermination {
+            status: record.status.into(),
+            error: record.error,
+            error_kind: record.error_kind.map(Into::into),
+            final_step: record.final_step,
+            terminated_at_ms: record.terminated_at_ms,
+        }
+    }
+}
+
+/// A committed [`RunOutcome`] as stored (notification payloads, run result
+/// records).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DurableRunOutcome {
+    pub(crate) run_id: RunId,
+    pub(crate) status: DurableStatus,
+    #[serde(with = "serde_bytes")]
+    pub(crate) result: Option<Vec<u8>>,
+    pub(crate) error: Option<String>,
+    pub(crate) headers: HashMap<String, String>,
+    pub(crate) final_step: u32,
+}
+
+impl From<&RunOutcome> for DurableRunOutcome {
+    fn from(outcome: &RunOutcome) -> Self {
+        Self {
+            run_id: outcome.run_id.clone(),
+            status: outcome.status.into(),
+            result: outcome.result.clone(),
+            error: outcome.error.clone(),
+            headers: outcome.headers.clone(),
+            final_step: outcome.final_step,
+        }
+    }
+}
+
+impl From<DurableRunOutcome> for RunOutcome {
+    fn from(record: DurableRunOutcome) -> Self {
+        RunOutcome {
+            run_id: record.run_id,
+            status: record.status.into(),
+            result: record.result,
+            error: record.error,
+            headers: record.headers,
+            final_step: record.final_step,
+        }
+    }
+}
+
+/// The run result record, stored in the run memo under `workflow.outcome`
+/// before a worker's terminating settlement: the outcome and the
+/// termination it belongs to.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct DurableRunResult {
+    pub(crate) termination: DurableTermination,
+    pub(crate) outcome: DurableRunOutcome,
+}
+
+/// A group member record, under `workflow/groups/{group_id}/{key}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DurableMember {
+    pub(crate) run_id: RunId,
+    pub(crate) terminated: Option<DurableTermination>,
+}
+
+/// The waiter registered for a signal correlation key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DurableWaiter {
+    pub(crate) run_id: RunId,
+    pub(crate) step_number: u32,
+    pub(crate) job_id: String,
+}
+
+/// A step outcome as stored in a step-output replay record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub(crate) enum DurableStepOutcome {
+    Continue {
+        #[serde(with = "serde_bytes")]
+        payload: Vec<u8>,
+        trigger: DurableTrigger,
+    },
+    Succeed {
+        #[serde(with = "serde_bytes")]
+        result: Vec<u8>,
+    },
+    Fail {
+        reason: String,
+    },
+    Cancel {
+        reason: String,
+    },
+}
+
+/// A trigger as stored; delays and timeouts in milliseconds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub(crate) enum DurableTrigger {
+    Immediate,
+    After { delay_ms: u64 },
+    OnSignal { correlation_key: String, timeout_ms: u64 },
+}
+
+/// One KV write staged by a step, as stored in a replay record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DurableKvWrite {
+    #[serde(with = "serde_bytes")]
+    pub(crate) key: Vec<u8>,
+    #[serde(with = "serde_bytes")]
+    pub(crate) value: Vec<u8>,
+}
+
+/// A step-output replay record: the outcome the runner returned, the
+/// effects it staged and when it was recorded (queue clock, ms).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DurableStepOutput {
+    pub(crate) outcome: DurableStepOutcome,
+    pub(crate) writes: Vec<DurableKvWrite>,
+    pub(crate) deletes: Vec<serde_bytes::ByteBuf>,
+    pub(crate) recorded_at_ms: u64,
+}
+
+/// The input of a job run: the registered type's name and the job value.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct DurableJobInput {
+    pub(crate) name: String,
+    #[serde(with = "serde_bytes")]
+    pub(crate) payload: Vec<u8>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_garbage_is_absent() {
+        let record = DurableRunRecord {
+            input_hash: vec![7; 32],
+            submitted_at_ms: 5,
+            cancel_requested: true,
+        };
+        let back: DurableRunRecord = decode(&encode(&record)).unwrap();
+        assert_eq!(back, record);
+        let id = RunId::new("r").unwrap();
+        assert!(decode_or_absent::<DurableRunRecord>(b"\xff\x00garbage", "run record", &id).is_none());
+    }
+
+    #[test]
+    fn an_added_field_defaults_when_reading_an_older_record() {
+        #[derive(Serialize)]
+        struct Old {
+            #[serde(with = "serde_bytes")]
+            input_hash: Vec<u8>,
+            submitted_at_ms: u64,
+        }
+        let old = encode(&Old { input_hash: vec![1], submitted_at_ms: 9 });
+        let record: DurableRunRecord = decode(&old).unwrap();
+        assert!(!record.cancel_requested);
+    }
+}

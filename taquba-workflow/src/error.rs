@@ -1,0 +1,128 @@
+//! The crate's error type. Every variant names the value it rejects, so a
+//! log line is enough to find the bad input.
+
+use taquba::object_store;
+
+use crate::keys::RunId;
+
+/// The result type of the crate's fallible operations.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Errors returned by the runtime, its view, memos, groups and jobs.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A step job lacks a header the runtime sets on every step job (the
+    /// header name is given). Seen on a job enqueued on the runtime's queue
+    /// by something other than the runtime.
+    #[error("step job is missing the `{0}` header")]
+    MissingHeader(&'static str),
+    /// A step job's reserved header does not parse (for example a step
+    /// number that is not a `u32`).
+    #[error("step job header `{header}` has an invalid value {value:?}")]
+    InvalidStepHeader {
+        /// The header name.
+        header: &'static str,
+        /// The value found.
+        value: String,
+    },
+    /// A submission carries a user header under
+    /// [`RESERVED_HEADER_PREFIX`](crate::RESERVED_HEADER_PREFIX) (the
+    /// header name is given).
+    #[error("header `{0}` uses the reserved `workflow.` prefix")]
+    ReservedHeaderInSubmit(String),
+    /// A run id breaks the rules of [`RunId::new`].
+    #[error("invalid run id {run_id:?}: {reason}")]
+    InvalidRunId {
+        /// The rejected id.
+        run_id: String,
+        /// The rule it breaks.
+        reason: &'static str,
+    },
+    /// A run with this id is active (or, for a job, recorded) with a
+    /// different input: submissions are idempotent on `(run_id, input)`.
+    #[error("run `{0}` already exists with a different input")]
+    InputMismatch(RunId),
+    /// The run's durable records disagree with each other (for example a
+    /// current-step pointer whose job does not exist). The runtime never
+    /// writes such a state; it indicates outside interference.
+    #[error("run `{0}` has inconsistent durable state")]
+    InconsistentRunState(RunId),
+    /// An application KV effect names a key under the reserved
+    /// [`RESERVED_KV_PREFIX`](crate::RESERVED_KV_PREFIX) (the key is given,
+    /// lossily decoded as UTF-8).
+    #[error("kv key {0:?} is under the reserved `workflow/` prefix")]
+    ReservedKvKey(String),
+    /// One step staged both a write and a delete of the key given.
+    #[error("kv key {0:?} is both written and deleted by one step")]
+    ConflictingKvEffect(String),
+    /// An effect was staged through a handle whose step already returned;
+    /// it could not join the step's settlement, so it is rejected.
+    #[error("effects handle is sealed: the step that owns it has returned")]
+    EffectsSealed,
+    /// The queue reported an error.
+    #[error("queue error: {0}")]
+    Queue(#[from] taquba::Error),
+    /// The object store reported an error.
+    #[error("object store error: {0}")]
+    Store(#[from] object_store::Error),
+    /// A value could not be encoded as MessagePack.
+    #[error("serialization error: {0}")]
+    Serialization(#[from] rmp_serde::encode::Error),
+    /// Bytes could not be decoded as the expected MessagePack value.
+    #[error("deserialization error: {0}")]
+    Deserialization(#[from] rmp_serde::decode::Error),
+    /// No run with this id is known (never submitted, or its records were
+    /// removed by retention).
+    #[error("run `{0}` not found")]
+    RunNotFound(RunId),
+    /// A member of a group's manifest has no member record: it was never
+    /// submitted (for example the submission that wrote the manifest
+    /// stopped early). [`RunGroup::resume`](crate::RunGroup::resume)
+    /// submits it.
+    #[error("member {key:?} of group `{group_id}` was never submitted")]
+    MemberNotSubmitted {
+        /// The group.
+        group_id: RunId,
+        /// The member key.
+        key: String,
+    },
+    /// Two members of one group submission share the key given.
+    #[error("duplicate group member key {0:?}")]
+    DuplicateMemberKey(String),
+    /// A group was submitted again with a different member set.
+    #[error("group `{0}` was submitted before with a different member set")]
+    GroupMismatch(RunId),
+    /// No group with this id has a manifest.
+    #[error("group `{0}` not found")]
+    GroupNotFound(RunId),
+}
+
+impl Error {
+    /// Whether retrying the operation cannot change the outcome: bad input,
+    /// malformed records, conflicts with recorded state. Storage errors are
+    /// transient.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            Error::Queue(err) => err.is_permanent(),
+            Error::Store(_) => false,
+            _ => true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_name_the_value() {
+        let id = RunId::new("r-1").unwrap();
+        assert_eq!(
+            Error::InputMismatch(id.clone()).to_string(),
+            "run `r-1` already exists with a different input"
+        );
+        assert!(Error::ReservedKvKey("workflow/x".into()).to_string().contains("workflow/x"));
+        assert!(Error::ReservedHeaderInSubmit("workflow.a".into()).is_permanent());
+        assert!(!Error::Store(object_store::Error::NotImplemented).is_permanent());
+    }
+}

@@ -1,0 +1,1 @@
+//! Typed jobs (placeholder replaced below).

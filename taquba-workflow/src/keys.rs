@@ -1,0 +1,307 @@
+//! Identity and layout: [`RunId`], the reserved header names and every KV
+//! key and object path the runtime writes. Nothing outside this module
+//! spells a key.
+
+use std::borrow::Borrow;
+use std::fmt;
+use std::ops::Deref;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+
+/// Header naming the run a step job belongs to. Set by the runtime on every
+/// step job.
+pub const HEADER_RUN_ID: &str = "workflow.run_id";
+/// Header holding a step job's step number (decimal `u32`). Set by the
+/// runtime on every step job.
+pub const HEADER_STEP: &str = "workflow.step";
+/// Header marking a terminal-notification job: the job's payload is the
+/// committed [`RunOutcome`](crate::RunOutcome) and the worker runs the
+/// [`TerminalHook`](crate::TerminalHook) for it.
+pub const HEADER_TERMINAL: &str = "workflow.terminal";
+/// Header on a step that waits for a durable signal; its value is the
+/// correlation key.
+pub const HEADER_SIGNAL_WAIT: &str = "workflow.signal_wait";
+/// Header on a step that was enqueued with a buffered signal already
+/// consumed for it; its value is the correlation key.
+pub const HEADER_SIGNAL_DELIVERED: &str = "workflow.signal_delivered";
+/// Header holding the group id of a group member's step job.
+pub(crate) const HEADER_GROUP: &str = "workflow.group";
+/// Header holding the member key of a group member's step job.
+pub(crate) const HEADER_GROUP_KEY: &str = "workflow.group_key";
+/// Prefix of every header the runtime reserves; submissions carrying a user
+/// header with this prefix are rejected with
+/// [`Error::ReservedHeaderInSubmit`].
+pub const RESERVED_HEADER_PREFIX: &str = "workflow.";
+/// Prefix of the queue's caller KV namespace the runtime reserves for its
+/// own records; staging an application effect under it fails with
+/// [`Error::ReservedKvKey`].
+pub const RESERVED_KV_PREFIX: &str = "workflow/";
+/// The longest accepted run id, in bytes.
+pub const MAX_RUN_ID_LEN: usize = 128;
+
+/// The identity of a run: 1 to [`MAX_RUN_ID_LEN`] bytes of
+/// `[A-Za-z0-9_-]`, so it is safe in object paths, KV keys and log lines.
+///
+/// Built with [`RunId::new`] (validating) or parsed with [`str::parse`].
+/// When a [`RunSpec`](crate::RunSpec) carries no id the runtime generates a
+/// ULID. Dereferences to `str`.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RunId(String);
+
+impl RunId {
+    /// Validate `id` as a run id.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRunId`] naming the id and the rule it breaks: empty,
+    /// longer than [`MAX_RUN_ID_LEN`] bytes, or containing a byte outside
+    /// `[A-Za-z0-9_-]`.
+    pub fn new(id: impl Into<String>) -> Result<Self> {
+        let id = id.into();
+        let reason = if id.is_empty() {
+            Some("a run id must not be empty")
+        } else if id.len() > MAX_RUN_ID_LEN {
+            Some("a run id must be at most 128 bytes")
+        } else if !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            Some("a run id may contain only ASCII letters, digits, '_' and '-'")
+        } else {
+            None
+        };
+        match reason {
+            Some(reason) => Err(Error::InvalidRunId { run_id: id, reason }),
+            None => Ok(Self(id)),
+        }
+    }
+
+    /// A fresh ULID run id (26 characters, time-ordered).
+    pub(crate) fn generate() -> Self {
+        Self(ulid::Ulid::new().to_string())
+    }
+
+    /// The run id that is the lowercase hex SHA-256 digest of the
+    /// concatenated `parts` (64 characters, always valid).
+    pub(crate) fn digest(parts: &[&[u8]]) -> Self {
+        let mut hasher = Sha256::new();
+        for part in parts {
+            hasher.update(part);
+        }
+        Self(hex::encode(hasher.finalize()))
+    }
+
+    /// The id as a string slice.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The id as an owned string.
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+impl Deref for RunId {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for RunId {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Borrow<str> for RunId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for RunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RunId({:?})", self.0)
+    }
+}
+
+impl fmt::Display for RunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<RunId> for String {
+    fn from(id: RunId) -> String {
+        id.0
+    }
+}
+
+impl FromStr for RunId {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Self::new(s)
+    }
+}
+
+impl PartialEq<str> for RunId {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<&str> for RunId {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+impl PartialEq<String> for RunId {
+    fn eq(&self, other: &String) -> bool {
+        &self.0 == other
+    }
+}
+
+impl Serialize for RunId {
+    fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for RunId {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        let raw = String::deserialize(deserializer)?;
+        RunId::new(raw).map_err(serde::de::Error::custom)
+    }
+}
+
+/// The SHA-256 digest of `bytes`.
+pub(crate) fn sha256(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
+/// The dedup key of step `step` of `run_id`: no two pending or scheduled
+/// jobs exist for one step at a time.
+pub(crate) fn step_dedup_key(run_id: &RunId, step: u32) -> String {
+    format!("run:{run_id}:{step}")
+}
+
+fn kv_key(parts: &[&str]) -> Vec<u8> {
+    let mut key = String::from(RESERVED_KV_PREFIX);
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            key.push('/');
+        }
+        key.push_str(part);
+    }
+    key.into_bytes()
+}
+
+/// The durable run record of an active run.
+pub(crate) fn run_kv_key(run_id: &RunId) -> Vec<u8> {
+    kv_key(&["runs", run_id])
+}
+
+/// The current-step pointer of an active run.
+pub(crate) fn step_kv_key(run_id: &RunId) -> Vec<u8> {
+    kv_key(&["steps", run_id])
+}
+
+/// The terminal record of a terminated run.
+pub(crate) fn outcome_kv_key(run_id: &RunId) -> Vec<u8> {
+    kv_key(&["outcomes", run_id])
+}
+
+/// The expiry index of run terminal markers (memo retention).
+pub(crate) const TERMINALS_PREFIX: &str = "workflow/terminals/";
+/// The expiry index of group terminal markers (group retention).
+pub(crate) const GROUP_TERMINALS_PREFIX: &str = "workflow/group-terminals/";
+
+/// The waiter registered for a signal correlation key.
+pub(crate) fn signal_waiter_kv_key(correlation_key: &str) -> Vec<u8> {
+    let mut key = kv_key(&["signals", "waiters", ""]);
+    key.extend_from_slice(correlation_key.as_bytes());
+    key
+}
+
+/// The signal buffered for a correlation key with no waiter.
+pub(crate) fn signal_buffer_kv_key(correlation_key: &str) -> Vec<u8> {
+    let mut key = kv_key(&["signals", "buffered", ""]);
+    key.extend_from_slice(correlation_key.as_bytes());
+    key
+}
+
+/// A buffered signal consumed for step `step` of `run_id`, kept until that
+/// step settles so every redelivery observes the same value.
+pub(crate) fn signal_delivered_kv_key(run_id: &RunId, step: u32) -> Vec<u8> {
+    kv_key(&["signals", "delivered", run_id, &step.to_string()])
+}
+
+/// The prefix of the member records of `group_id`.
+pub(crate) fn group_members_kv_prefix(group_id: &RunId) -> Vec<u8> {
+    kv_key(&["groups", group_id, ""])
+}
+
+/// The member record of `key` in `group_id`. Keys are free text; the
+/// group id cannot contain `/`, so the prefix is unambiguous.
+pub(crate) fn group_member_kv_key(group_id: &RunId, key: &str) -> Vec<u8> {
+    let mut k = group_members_kv_prefix(group_id);
+    k.extend_from_slice(key.as_bytes());
+    k
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_ids_are_validated_with_the_rule_they_break() {
+        assert!(RunId::new("order-42_a").is_ok());
+        assert!(RunId::new("x".repeat(MAX_RUN_ID_LEN)).is_ok());
+        let err = RunId::new("").unwrap_err().to_string();
+        assert!(err.contains("must not be empty"), "{err}");
+        let err = RunId::new("x".repeat(129)).unwrap_err().to_string();
+        assert!(err.contains("at most 128"), "{err}");
+        let err = RunId::new("a/b").unwrap_err().to_string();
+        assert!(err.contains("a/b") && err.contains("ASCII letters"), "{err}");
+    }
+
+    #[test]
+    fn digest_ids_are_hex_sha256() {
+        let id = RunId::digest(&[b"g", b"/", b"k"]);
+        assert_eq!(id.len(), 64);
+        assert_eq!(id.as_str(), hex::encode(sha256(b"g/k")));
+    }
+
+    #[test]
+    fn run_ids_round_trip_through_serde_and_reject_bad_ids() {
+        let id = RunId::new("abc").unwrap();
+        let bytes = rmp_serde::to_vec(&id).unwrap();
+        assert_eq!(rmp_serde::from_slice::<RunId>(&bytes).unwrap(), id);
+        let bad = rmp_serde::to_vec("a b").unwrap();
+        assert!(rmp_serde::from_slice::<RunId>(&bad).is_err());
+    }
+
+    #[test]
+    fn keys_live_under_the_reserved_prefix() {
+        let id = RunId::new("r1").unwrap();
+        for key in [
+            run_kv_key(&id),
+            step_kv_key(&id),
+            outcome_kv_key(&id),
+            signal_waiter_kv_key("k"),
+            signal_buffer_kv_key("k"),
+            signal_delivered_kv_key(&id, 3),
+            group_member_kv_key(&id, "m"),
+        ] {
+            assert!(key.starts_with(RESERVED_KV_PREFIX.as_bytes()));
+        }
+        assert_eq!(run_kv_key(&id), b"workflow/runs/r1");
+        assert!(TERMINALS_PREFIX.starts_with(RESERVED_KV_PREFIX));
+    }
+}

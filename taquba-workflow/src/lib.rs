@@ -1,0 +1,126 @@
+//! Durable execution for Rust on object storage.
+//!
+//! `taquba-workflow` runs long, expensive, failure-prone work (LLM agent
+//! runs, document pipelines, payment flows) as *runs*: sequences of *steps*
+//! whose every transition is committed to object storage through the
+//! [`taquba`] durable queue. A crash, a deploy or a Ctrl-C resumes each run
+//! at its last committed step. There is no server and no database: the
+//! runtime is a library embedded in one process, with its state in a local
+//! directory or a bucket.
+//!
+//! # The model
+//!
+//! * A [`StepRunner`] turns one [`Step`] (its payload bytes, the run id, the
+//!   step number, the delivery's handles) into a [`StepOutcome`]:
+//!   [`StepOutcome::Continue`] with the next step's payload and a
+//!   [`Trigger`] (now, after a delay, on a durable signal), or a terminal
+//!   verdict ([`StepOutcome::Succeed`], [`StepOutcome::Fail`],
+//!   [`StepOutcome::Cancel`]). An `Err(`[`StepError`]`)` is retried with the
+//!   queue's backoff (transient) or dead-letters the step (permanent).
+//! * Every transition is settled in **one** queue transaction: the
+//!   acknowledgement of the claimed step, the enqueue of the next one, the
+//!   run's current-step pointer, its terminal record and any KV effects the
+//!   step staged. A crash between any two lines leaves the old state or the
+//!   new one, never a mix.
+//! * Delivery is at-least-once: a step whose lease expires is delivered
+//!   again. [`Delivery::memo`] records expensive side effects so a retry
+//!   reads the recorded value instead of paying twice, and
+//!   [`WorkflowRuntimeBuilder::step_output_replay`] replays a whole
+//!   recorded outcome.
+//!
+//! # Quick start
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use taquba::{Queue, object_store::memory::InMemory};
+//! use taquba_workflow::{
+//!     NoopTerminalHook, RunSpec, Step, StepError, StepOutcome, StepRunner, WorkflowRuntime,
+//! };
+//!
+//! struct Shout;
+//!
+//! impl StepRunner for Shout {
+//!     async fn run_step(&self, step: &Step) -> Result<StepOutcome, StepError> {
+//!         Ok(StepOutcome::Succeed { result: step.payload.to_ascii_uppercase() })
+//!     }
+//! }
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = Arc::new(InMemory::new());
+//! let queue = Arc::new(Queue::open(store.clone(), "demo").await?);
+//! let runtime = WorkflowRuntime::builder(queue, store, Shout, NoopTerminalHook).build();
+//! let worker = runtime.spawn(std::future::pending::<()>());
+//! let run = runtime.submit(RunSpec { input: b"hi".to_vec(), ..Default::default() }).await?;
+//! let end = runtime.wait(&run.run_id).await?;
+//! assert_eq!(end.outcome.and_then(|o| o.result).as_deref(), Some(&b"HI"[..]));
+//! worker.shutdown().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Where the state lives
+//!
+//! * The queue's caller KV namespace, under the reserved prefix
+//!   [`RESERVED_KV_PREFIX`] (`workflow/`): the run record (input hash,
+//!   cancellation request), the current-step pointer, the terminal record,
+//!   retention markers, signal waiters and buffers, group member records.
+//! * The object store passed to [`WorkflowRuntime::builder`], under the memo
+//!   prefix (default `"{queue_name}-memo"`): memo entries, the run result
+//!   record (`workflow.outcome` in the run memo), step-output replay
+//!   records, group manifests.
+//!
+//! Everything the runtime writes is MessagePack with named fields, so a
+//! record written by one build is read by the next.
+//!
+//! # Time
+//!
+//! Every timestamp is read through a [`taquba::Clock`], by default the
+//! queue's own, so a [`taquba::MockClock`] drives timers, replay schedules
+//! and retention in tests ([`WorkflowRuntimeBuilder::clock`] overrides it).
+
+#![warn(missing_docs)]
+
+mod blob;
+mod durable;
+mod effects;
+mod engine;
+mod error;
+mod group;
+mod inflight;
+pub mod jobs;
+mod keys;
+mod kv;
+mod loop_driver;
+mod memo;
+mod replay;
+mod runner;
+mod runtime;
+mod signal;
+mod sweep;
+mod terminal;
+mod view;
+mod worker;
+
+#[doc(hidden)]
+pub mod __private;
+pub mod workflows;
+
+pub use effects::{EffectsHandle, TerminalEffects};
+pub use error::{Error, Result};
+pub use group::{GroupMember, GroupStatus, MemberResult, RunGroup};
+pub use keys::{
+    HEADER_RUN_ID, HEADER_SIGNAL_DELIVERED, HEADER_SIGNAL_WAIT, HEADER_STEP, HEADER_TERMINAL,
+    MAX_RUN_ID_LEN, RESERVED_HEADER_PREFIX, RESERVED_KV_PREFIX, RunId,
+};
+pub use kv::KvReadHandle;
+pub use memo::{Memo, MemoStore};
+pub use runner::{Delivery, Step, StepError, StepErrorKind, StepOutcome, StepRunner, Trigger};
+pub use runtime::{
+    RunEnd, RunOptions, RunSpec, RunState, RunStatus, RunTermination, RunnerHandle, SubmitOutcome,
+    WorkflowRuntime, WorkflowRuntimeBuilder,
+};
+pub use signal::SignalOutcome;
+pub use terminal::{NoopTerminalHook, RunOutcome, TerminalHook, TerminalStatus};
+pub use view::WorkflowView;
+
+#[cfg(feature = "macros")]
+pub use taquba_workflow_macros::{job, workflow};

@@ -1,0 +1,206 @@
+//! The worker loop: claims batches of jobs from the runtime's queue as
+//! runner slots free up, runs each on its own task and settles it, and
+//! does the periodic maintenance (dead-letter reconciliation, retention
+//! sweeps). Runner calls are bounded by `max_concurrent_steps`;
+//! settlements waiting for the durable commit are bounded separately, so a
+//! slow WAL flush does not idle the runner slots.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use taquba::{Claim, EnqueueResult, Queue};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tracing::{debug, warn};
+
+use crate::durable::{self, DurableCurrentStep};
+use crate::error::Result;
+use crate::keys::step_kv_key;
+use crate::runner::StepRunner;
+use crate::runtime::RuntimeInner;
+use crate::terminal::TerminalHook;
+use crate::worker::{SettleKind, Settlement, panic_message};
+
+/// Settlements in flight per runner slot (at least [`MIN_SETTLING`]): a
+/// claimed job holds memory until it settles, so their number is bounded.
+const SETTLING_PER_SLOT: usize = 4;
+const MIN_SETTLING: usize = 64;
+/// The longest pause after a failed claim; the pause doubles from the poll
+/// interval's tenth up to this.
+const MAX_CLAIM_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Run the worker loop of `inner` until `shutdown` resolves, then drain.
+pub(crate) async fn run<R, H, F>(inner: Arc<RuntimeInner<R, H>>, shutdown: F) -> Result<()>
+where
+    R: StepRunner + 'static,
+    H: TerminalHook + 'static,
+    F: Future<Output = ()>,
+{
+    let core = inner.core.clone();
+    let queue = core.queue.clone();
+    let queue_name = core.queue_name.clone();
+    let slots = core.max_concurrent_steps;
+    let runner_slots = Arc::new(Semaphore::new(slots));
+    let settling = Arc::new(Semaphore::new((slots * SETTLING_PER_SLOT).max(MIN_SETTLING)));
+    let lease = queue.queue_lease_duration(&queue_name);
+    let mut tasks = JoinSet::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut maintenance = tokio::time::interval(core.poll_interval.max(Duration::from_millis(1)));
+    maintenance.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut claim_backoff = Duration::ZERO;
+
+    loop {
+        while let Some(done) = tasks.try_join_next() {
+            note_task(done);
+        }
+        // Maintenance at startup and every poll interval.
+        if maintenance.tick().now_or_never().is_some() {
+            core.maintain().boxed().await;
+        }
+        // Wait for a runner slot and room for its settlement.
+        let first = tokio::select! {
+            biased;
+            _ = &mut shutdown => break,
+            permits = acquire_both(runner_slots.clone(), settling.clone()) => permits,
+        };
+        let mut permits = vec![first];
+        while let (Ok(runner), Ok(settle)) = (
+            runner_slots.clone().try_acquire_owned(),
+            settling.clone().try_acquire_owned(),
+        ) {
+            permits.push((runner, settle));
+        }
+        let claims = match queue.claim_batch(&queue_name, permits.len(), lease).boxed().await {
+            Ok(claims) => {
+                claim_backoff = Duration::ZERO;
+                claims
+            }
+            Err(err) => {
+                claim_backoff = (claim_backoff * 2)
+                    .max(core.poll_interval / 10)
+                    .max(Duration::from_millis(1))
+                    .min(MAX_CLAIM_BACKOFF);
+                warn!(queue = %queue_name, "claim failed, retrying in {claim_backoff:?}: {err}");
+                drop(permits);
+                tokio::select! {
+                    biased;
+                    _ = &mut shutdown => break,
+                    _ = tokio::time::sleep(claim_backoff) => {}
+                }
+                continue;
+            }
+        };
+        if claims.is_empty() {
+            drop(permits);
+            tokio::select! {
+                biased;
+                _ = &mut shutdown => break,
+                _ = queue.wait_for_jobs_on(&queue_name, core.poll_interval).boxed() => {}
+                _ = maintenance.tick() => core.maintain().boxed().await,
+            }
+            continue;
+        }
+        for (claim, (runner_permit, settle_permit)) in claims.into_iter().zip(permits) {
+            let inner = inner.clone();
+            let queue = queue.clone();
+            tasks.spawn(async move {
+                let job_id = claim.id.clone();
+                let work = AssertUnwindSafe(process_and_settle(&inner, &queue, claim, runner_permit));
+                if let Err(panic) = work.catch_unwind().await {
+                    // The runner's own panics are caught inside; this is the
+                    // runtime's, and the claim is left to its lease.
+                    warn!(job_id = %job_id, "worker task panicked: {}", panic_message(panic.as_ref()));
+                }
+                drop(settle_permit);
+            });
+        }
+    }
+    debug!(queue = %queue_name, in_flight = tasks.len(), "worker loop draining");
+    while let Some(done) = tasks.join_next().await {
+        note_task(done);
+    }
+    Ok(())
+}
+
+async fn acquire_both(
+    runner_slots: Arc<Semaphore>,
+    settling: Arc<Semaphore>,
+) -> (tokio::sync::OwnedSemaphorePermit, tokio::sync::OwnedSemaphorePermit) {
+    // Neither semaphore is ever closed.
+    let settle = settling.acquire_owned().await.expect("semaphore open");
+    let runner = runner_slots.acquire_owned().await.expect("semaphore open");
+    (runner, settle)
+}
+
+fn note_task(done: std::result::Result<(), tokio::task::JoinError>) {
+    if let Err(err) = done {
+        warn!("worker task ended abnormally: {err}");
+    }
+}
+
+/// Process one claimed job and apply its settlement. Settlement failures
+/// affect this job only: a lost claim means a redelivery settles it, any
+/// other failure leaves the claim to the reaper.
+async fn process_and_settle<R: StepRunner, H: TerminalHook>(
+    inner: &RuntimeInner<R, H>,
+    queue: &Queue,
+    claim: Claim,
+    runner_permit: tokio::sync::OwnedSemaphorePermit,
+) {
+    let lease = queue.lease_handle(&claim);
+    let settlement = inner.process(&claim, &lease, runner_permit).await;
+    settle(inner, queue, &claim, settlement).await;
+}
+
+async fn settle<R, H>(inner: &RuntimeInner<R, H>, queue: &Queue, claim: &Claim, settlement: Settlement) {
+    let Settlement {
+        kind,
+        inflight,
+        signal_lock,
+        next_step,
+    } = settlement;
+    let result = match kind {
+        SettleKind::Ack(effects) => queue.ack_with(claim, effects).await.map(Some),
+        SettleKind::Retry(error) => queue.nack(claim, &error).await.map(|()| None),
+        SettleKind::Fail {
+            error,
+            permanent,
+            effects,
+        } => {
+            inner.core.note_own_dead_letter();
+            if permanent {
+                queue.dead_letter_with(claim, &error, effects).await.map(|_| None)
+            } else {
+                queue.nack_with(claim, &error, effects).await.map(|_| None)
+            }
+        }
+    };
+    drop(signal_lock);
+    match result {
+        Ok(Some(results)) => {
+            if let (Some((run_id, step_number)), Some(EnqueueResult::AlreadyEnqueued(existing))) =
+                (next_step, results.first())
+            {
+                // The next step was already pending (a stale job of an
+                // earlier attempt): point the run at it.
+                let pointer = DurableCurrentStep {
+                    step_number,
+                    job_id: existing.clone(),
+                };
+                if let Err(err) = queue.kv_put(&step_kv_key(&run_id), &durable::encode(&pointer)).await {
+                    warn!(run_id = %run_id, "failed to adopt the pending next step: {err}");
+                }
+            }
+        }
+        Ok(None) => {}
+        Err(taquba::Error::ClaimLost) => warn!(
+            job_id = %claim.id,
+            "step outlived its lease; the redelivered attempt settles it"
+        ),
+        Err(err) => warn!(job_id = %claim.id, "settlement failed; the lease expiry redelivers the step: {err}"),
+    }
+    drop(inflight);
+}

@@ -1,0 +1,453 @@
+//! The public face of the runtime: [`WorkflowRuntime`] and its builder, the
+//! submission types ([`RunSpec`], [`RunOptions`], [`SubmitOutcome`]) and the
+//! read-side types ([`RunStatus`], [`RunState`], [`RunTermination`],
+//! [`RunEnd`]). The work itself is in the engine (submission,
+//! cancellation, waits), the worker (steps) and the loop driver.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use taquba::object_store::ObjectStore;
+use taquba::{Clock, Queue, SettlementEffects, WorkerHandle};
+
+use crate::engine::{RuntimeCore, Settings};
+use crate::error::Result;
+use crate::group::RunGroup;
+use crate::keys::RunId;
+use crate::runner::{StepErrorKind, StepRunner};
+use crate::signal::SignalOutcome;
+use crate::terminal::{RunOutcome, TerminalHook, TerminalStatus};
+use crate::view::WorkflowView;
+
+/// The default queue name of a runtime.
+pub(crate) const DEFAULT_QUEUE_NAME: &str = "workflow-steps";
+/// The default bound on concurrent runner calls.
+pub(crate) const DEFAULT_MAX_CONCURRENT_STEPS: usize = 8;
+/// The default poll interval of the worker loop.
+pub(crate) const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Per-run options, applied to every step of the run.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Headers threaded through every step ([`Delivery::headers`](crate::Delivery::headers))
+    /// and reported to the terminal hook ([`RunOutcome::headers`]). Names
+    /// starting with `workflow.` are reserved and rejected.
+    pub headers: HashMap<String, String>,
+    /// The queue priority of every step (lower is claimed first; see
+    /// [`taquba::PRIORITY_NORMAL`]); `None` is the queue's default.
+    pub priority: Option<u32>,
+    /// The attempt limit of every step; `None` is the queue's default.
+    pub max_attempts_per_step: Option<u32>,
+    /// The first step is not claimable before this time.
+    pub run_at: Option<SystemTime>,
+}
+
+/// A run to submit.
+#[derive(Debug, Clone, Default)]
+pub struct RunSpec {
+    /// The run's id; a ULID is generated when `None`. Submission is
+    /// idempotent on `(run_id, input)`.
+    pub run_id: Option<RunId>,
+    /// The payload of step 0.
+    pub input: Vec<u8>,
+    /// Options of every step.
+    pub options: RunOptions,
+    /// Application KV effects (and enqueues) committed atomically with the
+    /// step-0 enqueue; dropped when the submission is a duplicate. Keys under
+    /// `workflow/` are rejected.
+    pub effects: SettlementEffects,
+}
+
+/// What [`WorkflowRuntime::submit`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubmitOutcome {
+    /// The run's id (generated when the spec had none).
+    pub run_id: RunId,
+    /// `false` when the run was already active with the same input: nothing
+    /// was written.
+    pub newly_submitted: bool,
+    /// The queue job currently representing the run (its current step).
+    pub job_id: String,
+}
+
+/// Where a run is in its life.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunState {
+    /// The current step is waiting to be claimed (pending, scheduled on a
+    /// timer, waiting for a signal, or backing off before a retry).
+    Pending,
+    /// The current step is claimed by a worker.
+    Running,
+    /// A cancellation was requested and the run has not terminated yet.
+    Cancelling,
+    /// The run terminated.
+    Terminated(RunTermination),
+}
+
+/// The status of a run, from its durable records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunStatus {
+    /// The run.
+    pub run_id: RunId,
+    /// Its state.
+    pub state: RunState,
+    /// The current step number (the final step for a terminated run).
+    pub current_step: u32,
+}
+
+/// How a run terminated, from its terminal record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunTermination {
+    /// How it ended.
+    pub status: TerminalStatus,
+    /// The error (or runner-issued cancel reason); `None` on success and
+    /// for an external cancellation.
+    pub error: Option<String>,
+    /// For a failure from a step error or a runner `Fail` verdict
+    /// (`Permanent`), its kind; `None` otherwise (including a dead letter
+    /// outside the worker).
+    pub error_kind: Option<StepErrorKind>,
+    /// The step the run terminated at.
+    pub final_step: u32,
+    /// When the termination committed, ms since the UNIX epoch (runtime
+    /// clock).
+    pub terminated_at_ms: u64,
+}
+
+/// A terminated run as [`WorkflowRuntime::wait`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunEnd {
+    /// The termination.
+    pub termination: RunTermination,
+    /// The committed outcome, when the worker that terminated the run
+    /// recorded one (`None` for a cancellation of a waiting step or a dead
+    /// letter outside the worker).
+    pub outcome: Option<RunOutcome>,
+}
+
+/// The handle of a spawned worker loop; [`WorkerHandle::shutdown`] stops
+/// claiming, drains the steps in flight and returns the loop's result.
+pub type RunnerHandle = WorkerHandle<Result<()>>;
+
+/// The state a runtime shares between its clones: the engine and the
+/// application's runner and hook.
+pub(crate) struct RuntimeInner<R, H> {
+    pub(crate) core: Arc<RuntimeCore>,
+    pub(crate) runner: R,
+    pub(crate) terminal_hook: Arc<H>,
+}
+
+/// A workflow runtime over one [`taquba::Queue`]: submits runs, runs their
+/// steps through a [`StepRunner`] and reports their status.
+///
+/// Cheap to clone; clones share everything. Producers and the worker live
+/// in one process (the queue is single-writer); another process observes
+/// runs through a [`WorkflowView`] over a `taquba::QueueReader`.
+pub struct WorkflowRuntime<R, H> {
+    pub(crate) inner: Arc<RuntimeInner<R, H>>,
+}
+
+impl<R, H> Clone for WorkflowRuntime<R, H> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
+    /// Start building a runtime over `queue`, storing memos and other
+    /// objects in `object_store` (usually the store the queue was opened
+    /// on), running steps with `runner` and terminations with
+    /// `terminal_hook` ([`NoopTerminalHook`](crate::NoopTerminalHook) for
+    /// none).
+    pub fn builder(
+        queue: Arc<Queue>,
+        object_store: Arc<dyn ObjectStore>,
+        runner: R,
+        terminal_hook: H,
+    ) -> WorkflowRuntimeBuilder<R, H> {
+        WorkflowRuntimeBuilder {
+            queue,
+            object_store,
+            runner,
+            terminal_hook,
+            queue_name: DEFAULT_QUEUE_NAME.to_string(),
+            memo_prefix: None,
+            max_concurrent_steps: DEFAULT_MAX_CONCURRENT_STEPS,
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            memo_retention: None,
+            group_retention: None,
+            step_output_replay: false,
+            clock: None,
+        }
+    }
+
+    /// Submit a run: enqueue step 0 with `spec.input`, writing the run
+    /// record (with the input's SHA-256), the current-step pointer and
+    /// `spec.effects` in the same transaction.
+    ///
+    /// Idempotent on `(run_id, input)`: a run id that is active with the same
+    /// input returns `newly_submitted: false` and writes nothing. A run id
+    /// whose run terminated starts a new run.
+    ///
+    /// # Errors
+    /// [`Error::InputMismatch`](crate::Error::InputMismatch) when the run is
+    /// active with a different input;
+    /// [`Error::ReservedHeaderInSubmit`](crate::Error::ReservedHeaderInSubmit)
+    /// for a `workflow.` header; [`Error::ReservedKvKey`](crate::Error::ReservedKvKey)
+    /// for an effect under `workflow/`; [`Error::Queue`](crate::Error::Queue)
+    /// when the queue rejects the enqueue (bad queue name, oversized KV
+    /// value) or the store fails.
+    pub async fn submit(&self, spec: RunSpec) -> Result<SubmitOutcome> {
+        self.inner.core.submit(spec, None).await
+    }
+
+    /// The runtime's read-only view.
+    pub fn view(&self) -> &WorkflowView {
+        &self.inner.core.view
+    }
+
+    /// The status of `run_id`; `None` for a run never submitted or whose
+    /// records retention removed. See [`WorkflowView::status`].
+    ///
+    /// # Errors
+    /// Storage errors; [`Error::InconsistentRunState`](crate::Error::InconsistentRunState)
+    /// when the records disagree.
+    pub async fn status(&self, run_id: &RunId) -> Result<Option<RunStatus>> {
+        self.inner.core.view.status(run_id).await
+    }
+
+    /// The committed outcome of a terminated run; `None` while it runs, for
+    /// an unknown run and for a run terminated without a worker. See
+    /// [`WorkflowView::outcome`].
+    ///
+    /// # Errors
+    /// Storage errors.
+    pub async fn outcome(&self, run_id: &RunId) -> Result<Option<RunOutcome>> {
+        self.inner.core.view.outcome(run_id).await
+    }
+
+    /// Wait until `run_id` terminates, following it from step to step, and
+    /// report its termination and outcome. A terminated run is reported at
+    /// once. The wait is woken in-process by the queue's completion
+    /// notifications, so it belongs in the process that runs the worker.
+    ///
+    /// # Errors
+    /// [`Error::RunNotFound`](crate::Error::RunNotFound) for a run that is
+    /// neither active nor recorded as terminated; storage errors.
+    pub async fn wait(&self, run_id: &RunId) -> Result<RunEnd> {
+        self.inner.core.wait_run(run_id).await
+    }
+
+    /// [`wait`](Self::wait) bounded by `timeout`: `Ok(None)` when the run
+    /// has not terminated by then.
+    ///
+    /// # Errors
+    /// As [`wait`](Self::wait).
+    pub async fn wait_timeout(&self, run_id: &RunId, timeout: Duration) -> Result<Option<RunEnd>> {
+        match tokio::time::timeout(timeout, self.wait(run_id)).await {
+            Ok(end) => end.map(Some),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// Cancel a run from outside the runner. The request is recorded on the
+    /// run's durable record. A waiting (pending, scheduled, signal-waiting)
+    /// step is removed and the run ends `Cancelled` before this returns; a
+    /// running step's [`Delivery::cancel_token`](crate::Delivery::cancel_token)
+    /// fires and the run ends `Cancelled` when the step returns, whatever it
+    /// returned. `Ok(true)` means the run ends `Cancelled`.
+    ///
+    /// # Errors
+    /// Storage errors. Returns `Ok(false)` for an unknown or already
+    /// terminated run, and when the run's terminating settlement was already
+    /// committing.
+    pub async fn cancel(&self, run_id: &RunId) -> Result<bool> {
+        self.inner.core.cancel(run_id).await
+    }
+
+    /// The run group `id` of this runtime (nothing is written until it is
+    /// submitted).
+    pub fn group(&self, id: RunId) -> RunGroup {
+        RunGroup::new(self.inner.core.clone(), id)
+    }
+
+    /// A run group with a fresh ULID id.
+    pub fn new_group(&self) -> RunGroup {
+        self.group(RunId::generate())
+    }
+
+    /// Spawn the worker loop as a Tokio task; it stops when `shutdown`
+    /// resolves or [`RunnerHandle::shutdown`] is called, after the steps in
+    /// flight settle.
+    pub fn spawn<F>(&self, shutdown: F) -> RunnerHandle
+    where
+        F: Future<Output = ()> + Send + 'static,
+        R: 'static,
+        H: 'static,
+    {
+        let inner = self.inner.clone();
+        WorkerHandle::spawn(shutdown, move |stop| async move {
+            crate::loop_driver::run(inner, stop.cancelled_owned()).await
+        })
+    }
+
+    /// Run the worker loop on the current task until `shutdown` resolves:
+    /// claim steps and notification jobs, run them, settle them; reconcile
+    /// runs whose step was dead-lettered outside the worker; sweep expired
+    /// retention markers at startup and every poll interval.
+    ///
+    /// # Errors
+    /// None in practice: storage errors are logged and retried at the poll
+    /// interval, so the loop keeps serving runs through an outage.
+    pub async fn run<F>(&self, shutdown: F) -> Result<()>
+    where
+        F: Future<Output = ()>,
+        R: 'static,
+        H: 'static,
+    {
+        crate::loop_driver::run(self.inner.clone(), shutdown).await
+    }
+
+    /// Deliver a durable signal under `correlation_key`. A run waiting on
+    /// the key ([`Trigger::OnSignal`](crate::Trigger::OnSignal)) is woken:
+    /// its next step becomes claimable at once with
+    /// [`Step::signal`](crate::Step::signal) `Some(payload)`
+    /// ([`SignalOutcome::Delivered`]). With no waiter the signal is held
+    /// durably and consumed by the next waiter ([`SignalOutcome::Buffered`]);
+    /// a later signal replaces a buffered one.
+    ///
+    /// # Errors
+    /// [`Error::Queue`](crate::Error::Queue) with `KvValueTooLarge` for a
+    /// payload over [`taquba::MAX_KV_VALUE_SIZE`]; storage errors.
+    pub async fn signal(&self, correlation_key: &str, payload: Vec<u8>) -> Result<SignalOutcome> {
+        self.inner.core.signal(correlation_key, payload).await
+    }
+
+    /// Discard the signal buffered under `correlation_key`; `Ok(true)` when
+    /// there was one.
+    ///
+    /// # Errors
+    /// Storage errors.
+    pub async fn clear_signal(&self, correlation_key: &str) -> Result<bool> {
+        self.inner.core.clear_signal(correlation_key).await
+    }
+}
+
+/// Configures a [`WorkflowRuntime`]; from [`WorkflowRuntime::builder`].
+pub struct WorkflowRuntimeBuilder<R, H> {
+    queue: Arc<Queue>,
+    object_store: Arc<dyn ObjectStore>,
+    runner: R,
+    terminal_hook: H,
+    queue_name: String,
+    memo_prefix: Option<String>,
+    max_concurrent_steps: usize,
+    poll_interval: Duration,
+    memo_retention: Option<Duration>,
+    group_retention: Option<Duration>,
+    step_output_replay: bool,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
+    /// The queue the runtime's step and notification jobs go to (default
+    /// `"workflow-steps"`). Per-queue settings (lease, attempts, backoff)
+    /// are [`taquba::OpenOptions::queue_configs`] under this name.
+    pub fn queue_name(mut self, name: impl Into<String>) -> Self {
+        self.queue_name = name.into();
+        self
+    }
+
+    /// The object-store path prefix of memos, run result records, replay
+    /// records and group manifests (default `"{queue_name}-memo"`).
+    pub fn memo_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.memo_prefix = Some(prefix.into());
+        self
+    }
+
+    /// The most runner (and terminal hook) calls in flight at once (default
+    /// 8; at least 1). Size it for the APIs your steps call. Settlements
+    /// waiting for the durable commit do not hold a slot, so the queue
+    /// stays busy without raising it.
+    pub fn max_concurrent_steps(mut self, n: usize) -> Self {
+        self.max_concurrent_steps = n.max(1);
+        self
+    }
+
+    /// How long an idle worker waits before re-checking the queue (default
+    /// 500 ms), and the period of retention sweeps and dead-letter
+    /// reconciliation. New work wakes the worker at once regardless.
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// Remove each terminated run's memo entries, run result record, replay
+    /// records and terminal record `retention` after it terminated (default:
+    /// kept forever). A zero window removes them at the next sweep.
+    pub fn memo_retention(mut self, retention: Duration) -> Self {
+        self.memo_retention = Some(retention);
+        self
+    }
+
+    /// Record every step outcome (with its staged effects) before settling
+    /// it, and replay a recorded outcome instead of calling the runner when
+    /// the same step is delivered again. Costs one object read per delivery
+    /// and one write per outcome.
+    pub fn step_output_replay(mut self) -> Self {
+        self.step_output_replay = true;
+        self
+    }
+
+    /// The clock of every timestamp and timer (default: the queue's).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Remove a run group's state `retention` after a
+    /// [`RunGroup::results`] consumer observed its last termination
+    /// (default: kept until [`RunGroup::forget`]).
+    pub fn group_retention(mut self, retention: Duration) -> Self {
+        self.group_retention = Some(retention);
+        self
+    }
+
+    /// Build the runtime. Nothing is written until the first submission or
+    /// the first worker loop.
+    pub fn build(self) -> WorkflowRuntime<R, H>
+    where
+        H: 'static,
+    {
+        let hook = Arc::new(self.terminal_hook);
+        let observer = hook.clone();
+        let memo_prefix = self
+            .memo_prefix
+            .unwrap_or_else(|| format!("{}-memo", self.queue_name));
+        let clock = self.clock.unwrap_or_else(|| self.queue.clock());
+        let core = RuntimeCore::new(Settings {
+            queue: self.queue,
+            object_store: self.object_store,
+            queue_name: self.queue_name,
+            memo_prefix,
+            clock,
+            max_concurrent_steps: self.max_concurrent_steps,
+            poll_interval: self.poll_interval,
+            memo_retention: self.memo_retention,
+            group_retention: self.group_retention,
+            step_output_replay: self.step_output_replay,
+            observes: Arc::new(move |outcome: &RunOutcome| observer.observes(outcome)),
+        });
+        WorkflowRuntime {
+            inner: Arc::new(RuntimeInner {
+                core: Arc::new(core),
+                runner: self.runner,
+                terminal_hook: hook,
+            }),
+        }
+    }
+}

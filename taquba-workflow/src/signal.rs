@@ -1,0 +1,267 @@
+//! Durable signals: a step that continues on a signal registers a waiter
+//! under its correlation key and its next step is scheduled at the timeout;
+//! [`WorkflowRuntime::signal`](crate::WorkflowRuntime::signal) wakes that
+//! step early with the payload attached to its queue record, or buffers the
+//! signal for the next waiter. Registration, delivery and buffering of one
+//! key are serialised by an in-process lock (the store has one writer), and
+//! each change commits in one transaction.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use taquba::{JobRecord, JobStatus, MAX_KV_VALUE_SIZE, SettlementEffects, WakeOutcome};
+use tokio::sync::{Mutex, OwnedMutexGuard};
+use tracing::debug;
+
+use crate::durable::{self, DurableWaiter};
+use crate::engine::{RuntimeCore, StepEnqueueOpts};
+use crate::error::{Error, Result};
+use crate::keys::{
+    HEADER_SIGNAL_DELIVERED, HEADER_SIGNAL_WAIT, RunId, sha256, signal_buffer_kv_key,
+    signal_delivered_kv_key, signal_waiter_kv_key,
+};
+use crate::runner::StepErrorKind;
+use crate::terminal::TerminalStatus;
+use crate::worker::{ClaimedStep, SettleKind, Settlement};
+
+/// Lock stripes of correlation keys.
+const STRIPES: usize = 64;
+
+/// What [`WorkflowRuntime::signal`](crate::WorkflowRuntime::signal) did with
+/// a signal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SignalOutcome {
+    /// A waiting run was woken; its next step sees the payload.
+    Delivered,
+    /// No run was waiting: the signal is held durably for the next waiter
+    /// (replacing any signal buffered before under the key).
+    Buffered,
+}
+
+/// The in-process locks of correlation keys, striped by key digest.
+pub(crate) struct SignalLocks {
+    stripes: Vec<Arc<Mutex<()>>>,
+}
+
+impl Default for SignalLocks {
+    fn default() -> Self {
+        Self {
+            stripes: (0..STRIPES).map(|_| Arc::new(Mutex::new(()))).collect(),
+        }
+    }
+}
+
+impl SignalLocks {
+    pub(crate) async fn lock(&self, correlation_key: &str) -> OwnedMutexGuard<()> {
+        let digest = sha256(correlation_key.as_bytes());
+        let stripe = usize::from(digest[0]) % self.stripes.len();
+        self.stripes[stripe].clone().lock_owned().await
+    }
+}
+
+/// The signal state a waiting (or woken) step leaves behind, deleted when
+/// the step ends outside a runner call (cancellation, dead letter).
+pub(crate) fn waiter_cleanup(job: &JobRecord) -> Vec<Vec<u8>> {
+    let mut keys = Vec::new();
+    if let Some(key) = job.headers.get(HEADER_SIGNAL_WAIT) {
+        keys.push(signal_waiter_kv_key(key));
+    }
+    if job.headers.contains_key(HEADER_SIGNAL_DELIVERED)
+        && let (Some(run_id), Some(step)) = (
+            job.headers.get(crate::keys::HEADER_RUN_ID),
+            job.headers.get(crate::keys::HEADER_STEP),
+        )
+        && let (Ok(run_id), Ok(step)) = (RunId::new(run_id.as_str()), step.parse::<u32>())
+    {
+        keys.push(signal_delivered_kv_key(&run_id, step));
+    }
+    keys
+}
+
+fn check_payload(payload: &[u8]) -> Result<()> {
+    if payload.len() > MAX_KV_VALUE_SIZE {
+        return Err(Error::Queue(taquba::Error::KvValueTooLarge {
+            size: payload.len(),
+            max: MAX_KV_VALUE_SIZE,
+        }));
+    }
+    Ok(())
+}
+
+impl RuntimeCore {
+    /// Deliver or buffer a signal.
+    pub(crate) async fn signal(&self, correlation_key: &str, payload: Vec<u8>) -> Result<SignalOutcome> {
+        check_payload(&payload)?;
+        let _lock = self.signal_locks.lock(correlation_key).await;
+        let waiter_key = signal_waiter_kv_key(correlation_key);
+        if let Some(bytes) = self.queue.view().kv_get(&waiter_key).await? {
+            if let Some(waiter) =
+                durable::decode_or_absent::<DurableWaiter>(&bytes, "signal waiter", &correlation_key)
+            {
+                // Only a wait that has not timed out yet is woken: a step
+                // that already ran (attempts > 0) observed the timeout, and
+                // its redeliveries must observe it too.
+                let waiting = self
+                    .queue
+                    .view()
+                    .job_record(&waiter.job_id)
+                    .await?
+                    .is_some_and(|job| job.status == JobStatus::Scheduled && job.attempts == 0);
+                if waiting
+                    && self
+                        .queue
+                        .wake_scheduled(&waiter.job_id, Some(payload.clone()))
+                        .await?
+                        == WakeOutcome::Woken
+                {
+                    self.queue.kv_compare_delete(&waiter_key, &bytes).await?;
+                    debug!(correlation_key, run_id = %waiter.run_id, "signal delivered");
+                    return Ok(SignalOutcome::Delivered);
+                }
+            }
+            // A stale waiter (timed out, or unreadable): forget it.
+            self.queue.kv_compare_delete(&waiter_key, &bytes).await?;
+        }
+        self.queue
+            .kv_put(&signal_buffer_kv_key(correlation_key), &payload)
+            .await?;
+        debug!(correlation_key, "signal buffered");
+        Ok(SignalOutcome::Buffered)
+    }
+
+    /// Discard a buffered signal.
+    pub(crate) async fn clear_signal(&self, correlation_key: &str) -> Result<bool> {
+        let _lock = self.signal_locks.lock(correlation_key).await;
+        let key = signal_buffer_kv_key(correlation_key);
+        match self.queue.view().kv_get(&key).await? {
+            Some(bytes) => Ok(self.queue.kv_compare_delete(&key, &bytes).await?),
+            None => Ok(false),
+        }
+    }
+
+    /// The signal a claimed step observes and the signal state its
+    /// settlement deletes.
+    pub(crate) async fn resolve_step_signal(
+        &self,
+        job: &JobRecord,
+        run_id: &RunId,
+        step_number: u32,
+    ) -> Result<(Option<Vec<u8>>, Vec<Vec<u8>>)> {
+        if job.headers.contains_key(HEADER_SIGNAL_DELIVERED) {
+            let key = signal_delivered_kv_key(run_id, step_number);
+            let signal = self.queue.view().kv_get(&key).await?.map(|b| b.to_vec());
+            return Ok((signal, vec![key]));
+        }
+        let Some(correlation_key) = job.headers.get(HEADER_SIGNAL_WAIT) else {
+            return Ok((None, Vec::new()));
+        };
+        let signal = job.woken_at.and(job.wake_payload.clone());
+        let waiter_key = signal_waiter_kv_key(correlation_key);
+        let mut deletes = Vec::new();
+        if let Some(bytes) = self.queue.view().kv_get(&waiter_key).await?
+            && durable::decode_or_absent::<DurableWaiter>(&bytes, "signal waiter", correlation_key)
+                .is_none_or(|w| w.run_id == *run_id && w.step_number == step_number)
+        {
+            deletes.push(waiter_key);
+        }
+        Ok((signal, deletes))
+    }
+
+    /// The settlement of a step continuing on a signal: consume a buffered
+    /// signal (the next step runs at once and sees it) or register the
+    /// waiter (the next step is scheduled at the timeout). A key with a
+    /// waiter of another run fails this run. The key's lock is held until
+    /// the settlement commits.
+    pub(crate) async fn advance_on_signal(
+        &self,
+        claimed: &ClaimedStep<'_>,
+        payload: Vec<u8>,
+        correlation_key: &str,
+        timeout: Duration,
+        input_hash: &[u8],
+    ) -> Settlement {
+        let lock = self.signal_locks.lock(correlation_key).await;
+        match self.signal_settlement(claimed, payload, correlation_key, timeout, input_hash).await {
+            Ok(mut settlement) => {
+                settlement.signal_lock = Some(lock);
+                settlement
+            }
+            Err(err) => {
+                let error = crate::runner::StepError::from(err);
+                match error.kind {
+                    StepErrorKind::Permanent => Settlement::of(SettleKind::Fail {
+                        error: error.message,
+                        permanent: true,
+                        effects: SettlementEffects::default(),
+                    }),
+                    StepErrorKind::Transient => Settlement::of(SettleKind::Retry(error.message)),
+                }
+            }
+        }
+    }
+
+    async fn signal_settlement(
+        &self,
+        claimed: &ClaimedStep<'_>,
+        payload: Vec<u8>,
+        correlation_key: &str,
+        timeout: Duration,
+        input_hash: &[u8],
+    ) -> Result<Settlement> {
+        let run_id = &claimed.run_id;
+        let next = claimed.step_number + 1;
+        let waiter_key = signal_waiter_kv_key(correlation_key);
+        if let Some(bytes) = self.queue.view().kv_get(&waiter_key).await?
+            && let Some(waiter) =
+                durable::decode_or_absent::<DurableWaiter>(&bytes, "signal waiter", &correlation_key)
+            && waiter.run_id != *run_id
+        {
+            let reason = format!(
+                "correlation key {correlation_key:?} already has a waiting run `{}`; only one run may wait on a key",
+                waiter.run_id
+            );
+            let outcome = crate::terminal::RunOutcome {
+                run_id: run_id.clone(),
+                status: TerminalStatus::Failed,
+                result: None,
+                error: Some(reason),
+                headers: claimed.headers.clone(),
+                final_step: claimed.step_number,
+            };
+            let termination = self.termination(&outcome, Some(StepErrorKind::Permanent), input_hash);
+            self.store_run_result(&outcome, &termination).await?;
+            let effects =
+                self.terminate_effects(&outcome, termination, claimed.membership.as_ref(), claimed.job.max_attempts);
+            return Ok(Settlement::of(SettleKind::Ack(effects)));
+        }
+        let buffer_key = signal_buffer_kv_key(correlation_key);
+        let mut opts: StepEnqueueOpts = claimed.next_step_opts();
+        let effects = match self.queue.view().kv_get(&buffer_key).await? {
+            Some(signal) => {
+                opts.reserved_headers
+                    .push((HEADER_SIGNAL_DELIVERED, correlation_key.to_string()));
+                self.advance(claimed, payload, opts)
+                    .kv_put(signal_delivered_kv_key(run_id, next), signal.to_vec())
+                    .kv_delete(buffer_key)
+            }
+            None => {
+                opts.run_at = Some(self.run_at_after(timeout));
+                opts.reserved_headers
+                    .push((HEADER_SIGNAL_WAIT, correlation_key.to_string()));
+                let effects = self.advance(claimed, payload, opts);
+                let job_id = effects
+                    .enqueues
+                    .first()
+                    .and_then(|request| request.options.id_override.clone())
+                    .unwrap_or_default();
+                let waiter = DurableWaiter {
+                    run_id: run_id.clone(),
+                    step_number: next,
+                    job_id,
+                };
+                effects.kv_put(waiter_key, durable::encode(&waiter))
+            }
+        };
+        Ok(Settlement::of(SettleKind::Ack(effects)))
+    }
+}

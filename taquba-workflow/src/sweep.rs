@@ -1,0 +1,209 @@
+//! Periodic maintenance of a runtime: reconciliation of runs whose step job
+//! was dead-lettered outside the worker (the reaper, crash recovery at
+//! open), and the retention sweeps of terminated runs and groups.
+
+use std::sync::atomic::Ordering;
+
+use taquba::{Expired, JobRecord, SettlementEffects};
+use tracing::{debug, warn};
+
+use crate::durable::{self, DurableCurrentStep, DurableRunRecord, DurableTermination};
+use crate::engine::RuntimeCore;
+use crate::error::Result;
+use crate::group::Membership;
+use crate::keys::{HEADER_RUN_ID, HEADER_STEP, HEADER_TERMINAL, RunId, outcome_kv_key, run_kv_key, step_kv_key};
+use crate::terminal::TerminalStatus;
+
+/// The future of one expired entry, boxed so the sweep stays `Send` for
+/// every lifetime the worker loop is spawned with.
+type ExpiryFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Expired> + Send + 'a>>;
+
+/// Dead jobs read per page by a reconciliation pass.
+const DEAD_PAGE: usize = 256;
+
+impl RuntimeCore {
+    /// One round of maintenance; failures are logged and retried next round.
+    pub(crate) async fn maintain(&self) {
+        if let Err(err) = self.reconcile_if_dead_count_changed().await {
+            warn!(queue = %self.queue_name, "dead-letter reconciliation failed: {err}");
+        }
+        if let Err(err) = self.sweep_once().await {
+            warn!(queue = %self.queue_name, "retention sweep failed: {err}");
+        }
+    }
+
+    /// Count a dead letter the worker itself performs (its run was
+    /// terminated in the same transaction), so it does not trigger a scan.
+    pub(crate) fn note_own_dead_letter(&self) {
+        self.own_dead_letters.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Reconcile when the queue's dead count grew by more than the worker's
+    /// own dead letters since the last look (always on the first look).
+    async fn reconcile_if_dead_count_changed(&self) -> Result<()> {
+        let dead = self.queue.view().stats(&self.queue_name).await?.dead;
+        let own = self.own_dead_letters.swap(0, Ordering::Relaxed);
+        let last = self.last_dead_count.swap(dead, Ordering::Relaxed);
+        let unexplained = last < 0 || dead > last.saturating_add(i64::try_from(own).unwrap_or(i64::MAX));
+        if unexplained {
+            let reconciled = self.reconcile_dead_steps().await?;
+            if reconciled > 0 {
+                debug!(queue = %self.queue_name, reconciled, "terminated runs of dead-lettered steps");
+            }
+        }
+        Ok(())
+    }
+
+    /// Terminate every run whose current step job is dead-lettered while the
+    /// run is still active: `Failed` with the job's last error (`Cancelled`
+    /// when a cancellation was requested), in one transaction with the
+    /// notification. Returns how many runs were terminated.
+    pub(crate) async fn reconcile_dead_steps(&self) -> Result<usize> {
+        let mut reconciled = 0;
+        let mut after: Option<String> = None;
+        loop {
+            let page = self
+                .queue
+                .view()
+                .dead_jobs(&self.queue_name, after.as_deref(), DEAD_PAGE)
+                .await?;
+            let full = page.len() == DEAD_PAGE;
+            after = page.last().map(|last| last.id.clone());
+            for job in page {
+                reconciled += reconcile_job(self, &job).await?;
+            }
+            if !full {
+                return Ok(reconciled);
+            }
+        }
+    }
+
+    /// One pass of both retention sweeps; returns the markers removed.
+    pub(crate) async fn sweep_once(&self) -> Result<usize> {
+        let mut removed = 0;
+        let now = self.now_ms();
+        if let Some(retention) = self.memo_retention {
+            removed += self
+                .terminals
+                .pass(&self.queue, now, retention, |at_ms, suffix| -> ExpiryFuture<'_> {
+                    Box::pin(self.expire_run(at_ms, suffix))
+                })
+                .await?;
+        }
+        if let Some(retention) = self.group_retention {
+            removed += self
+                .group_terminals
+                .pass(&self.queue, now, retention, |_, suffix| -> ExpiryFuture<'_> {
+                    Box::pin(self.expire_group(suffix))
+                })
+                .await?;
+        }
+        Ok(removed)
+    }
+
+    /// Clear the state of the run whose terminal marker expired: its memo
+    /// entries (run result and replay records included) and its terminal
+    /// record, unless the run id is active again under a new submission,
+    /// whose state is left alone.
+    async fn expire_run(&self, at_ms: u64, suffix: Vec<u8>) -> Expired {
+        let Some(run_id) = std::str::from_utf8(&suffix).ok().and_then(|s| RunId::new(s).ok()) else {
+            warn!("terminal marker with an invalid run id; removed");
+            return Expired::Delete(SettlementEffects::default());
+        };
+        match self.queue.view().kv_get(&run_kv_key(&run_id)).await {
+            Ok(Some(_)) => return Expired::Delete(SettlementEffects::default()),
+            Ok(None) => {}
+            Err(err) => {
+                warn!(run_id = %run_id, "retention sweep deferred: {err}");
+                return Expired::Keep;
+            }
+        }
+        if let Err(err) = self.memo_store.clear_memos_for_run(&run_id).await {
+            warn!(run_id = %run_id, "retention sweep deferred: {err}");
+            return Expired::Keep;
+        }
+        let outcome_key = outcome_kv_key(&run_id);
+        match self.queue.view().kv_get(&outcome_key).await {
+            Ok(Some(bytes)) => {
+                let same_termination = durable::decode::<DurableTermination>(&bytes)
+                    .map(|t| t.terminated_at_ms == at_ms)
+                    .unwrap_or(true);
+                if same_termination {
+                    Expired::DeleteIf {
+                        key: outcome_key.clone(),
+                        expected: Some(bytes.to_vec()),
+                        effects: SettlementEffects::default().kv_delete(outcome_key),
+                    }
+                } else {
+                    Expired::Delete(SettlementEffects::default())
+                }
+            }
+            Ok(None) => Expired::Delete(SettlementEffects::default()),
+            Err(err) => {
+                warn!(run_id = %run_id, "retention sweep deferred: {err}");
+                Expired::Keep
+            }
+        }
+    }
+
+    async fn expire_group(&self, suffix: Vec<u8>) -> Expired {
+        let Some(group_id) = std::str::from_utf8(&suffix).ok().and_then(|s| RunId::new(s).ok()) else {
+            warn!("group terminal marker with an invalid group id; removed");
+            return Expired::Delete(SettlementEffects::default());
+        };
+        match self.group_store.forget(&group_id).await {
+            Ok(()) => Expired::Delete(SettlementEffects::default()),
+            Err(err) => {
+                warn!(group_id = %group_id, "group retention sweep deferred: {err}");
+                Expired::Keep
+            }
+        }
+    }
+}
+
+/// Terminate the run of the dead step job `job` when it is still the run's
+/// current step; returns 1 when this call terminated it, else 0.
+pub(crate) async fn reconcile_job(core: &RuntimeCore, job: &JobRecord) -> Result<usize> {
+    if job.headers.contains_key(HEADER_TERMINAL) {
+        return Ok(0);
+    }
+    let (Some(run_id), Some(step)) = (job.headers.get(HEADER_RUN_ID), job.headers.get(HEADER_STEP)) else {
+        return Ok(0);
+    };
+    let (Ok(run_id), Ok(step_number)) = (RunId::new(run_id.as_str()), step.parse::<u32>()) else {
+        return Ok(0);
+    };
+    let pointer_key = step_kv_key(&run_id);
+    let Some(pointer_bytes) = core.queue.view().kv_get(&pointer_key).await? else {
+        return Ok(0);
+    };
+    let Some(pointer) = durable::decode_or_absent::<DurableCurrentStep>(&pointer_bytes, "step pointer", &run_id) else {
+        return Ok(0);
+    };
+    if pointer.job_id != job.id {
+        return Ok(0);
+    }
+    let Some(record) = durable::kv_record::<DurableRunRecord>(core.queue.view(), &run_kv_key(&run_id)).await? else {
+        return Ok(0);
+    };
+    let (status, error) = if record.cancel_requested {
+        (TerminalStatus::Cancelled, None)
+    } else {
+        (
+            TerminalStatus::Failed,
+            Some(job.last_error.clone().unwrap_or_else(|| "step dead-lettered".to_string())),
+        )
+    };
+    let outcome = RuntimeCore::detached_outcome(&run_id, job, step_number, status, error);
+    let termination = core.termination(&outcome, None, &record.input_hash);
+    let membership = Membership::from_headers(&job.headers)?;
+    let mut effects = core.terminate_effects(&outcome, termination, membership.as_ref(), job.max_attempts);
+    effects.kv_deletes.extend(crate::signal::waiter_cleanup(job));
+    // Only while the pointer still names this job: a concurrent settlement
+    // or reconciliation wins otherwise.
+    let committed = core
+        .queue
+        .kv_compare_commit(&pointer_key, Some(&pointer_bytes), effects)
+        .await?;
+    Ok(usize::from(committed.is_some()))
+}

@@ -1,0 +1,478 @@
+//! The worker path: a claimed job is identified ([`ClaimedStep`]), run
+//! through the [`StepRunner`] (or its recorded outcome replayed) and turned
+//! into a [`Settlement`]: the one queue transaction that acknowledges,
+//! retries or dead-letters it together with the run's transition. A
+//! notification job runs the [`TerminalHook`] instead.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+
+use futures_util::FutureExt;
+use taquba::{Claim, JobRecord, LeaseHandle, SettlementEffects};
+use tokio::sync::{OwnedMutexGuard, OwnedSemaphorePermit};
+use tracing::{debug, warn};
+
+use crate::durable::{self, DurableRunOutcome};
+use crate::effects::{EffectsHandle, StagedKv, TerminalEffects};
+use crate::engine::{RuntimeCore, StepEnqueueOpts, user_headers};
+use crate::error::{Error, Result};
+use crate::group::Membership;
+use crate::inflight::InFlightGuard;
+use crate::keys::{HEADER_RUN_ID, HEADER_STEP, HEADER_TERMINAL, RunId};
+use crate::kv::KvReadHandle;
+use crate::runner::{Delivery, Step, StepError, StepErrorKind, StepOutcome, StepRunner, Trigger};
+use crate::runtime::RuntimeInner;
+use crate::terminal::{RunOutcome, TerminalHook, TerminalStatus};
+
+/// How a claimed job is settled.
+pub(crate) enum SettleKind {
+    /// Acknowledge with these effects.
+    Ack(SettlementEffects),
+    /// Report a transient failure while attempts remain: the job is retried
+    /// with backoff and nothing else changes.
+    Retry(String),
+    /// A failure that ends the job: dead-letter at once (`permanent`) or
+    /// through the attempts-exhausting nack, applying `effects` (the run's
+    /// termination) with the dead letter.
+    Fail {
+        error: String,
+        permanent: bool,
+        effects: SettlementEffects,
+    },
+}
+
+/// A settlement and what must be held until it commits.
+pub(crate) struct Settlement {
+    pub(crate) kind: SettleKind,
+    /// The step's in-flight registration; released once the settlement
+    /// finished, so a cancellation racing it waits for the outcome.
+    pub(crate) inflight: Option<InFlightGuard>,
+    /// The signal lock of a correlation key whose waiter this settlement
+    /// registers.
+    pub(crate) signal_lock: Option<OwnedMutexGuard<()>>,
+    /// The run and step whose pointer the acknowledgement moves, to adopt
+    /// an already pending job of that step on a dedup hit.
+    pub(crate) next_step: Option<(RunId, u32)>,
+}
+
+impl Settlement {
+    pub(crate) fn of(kind: SettleKind) -> Self {
+        Self {
+            kind,
+            inflight: None,
+            signal_lock: None,
+            next_step: None,
+        }
+    }
+
+    fn failure(error: &StepError, effects: SettlementEffects) -> Self {
+        Self::of(SettleKind::Fail {
+            error: error.message.clone(),
+            permanent: error.kind == StepErrorKind::Permanent,
+            effects,
+        })
+    }
+
+    /// The settlement of an error of the runtime itself (a store read
+    /// failed, a record does not decode): storage errors retry, the rest
+    /// dead-letter.
+    fn infrastructure(err: Error) -> Self {
+        let error = StepError::from(err);
+        if error.kind == StepErrorKind::Permanent {
+            Self::failure(&error, SettlementEffects::default())
+        } else {
+            Self::of(SettleKind::Retry(error.message))
+        }
+    }
+}
+
+/// A claimed step job as the worker identifies it from its reserved headers.
+pub(crate) struct ClaimedStep<'a> {
+    pub(crate) run_id: RunId,
+    pub(crate) step_number: u32,
+    pub(crate) membership: Option<Membership>,
+    /// The submitter's headers, without the reserved ones.
+    pub(crate) headers: HashMap<String, String>,
+    pub(crate) job: &'a JobRecord,
+}
+
+impl<'a> ClaimedStep<'a> {
+    /// Identify the step; fails for a job without a valid run id or step
+    /// header (a job the runtime did not enqueue).
+    pub(crate) fn parse(job: &'a JobRecord) -> Result<Self> {
+        let run_id = RunId::new(
+            job.headers
+                .get(HEADER_RUN_ID)
+                .ok_or(Error::MissingHeader(HEADER_RUN_ID))?
+                .as_str(),
+        )?;
+        let step = job
+            .headers
+            .get(HEADER_STEP)
+            .ok_or(Error::MissingHeader(HEADER_STEP))?;
+        let step_number = step.parse().map_err(|_| Error::InvalidStepHeader {
+            header: HEADER_STEP,
+            value: step.clone(),
+        })?;
+        Ok(Self {
+            run_id,
+            step_number,
+            membership: Membership::from_headers(&job.headers)?,
+            headers: user_headers(&job.headers),
+            job,
+        })
+    }
+
+    /// The options of the run's next step: this step's priority, attempt
+    /// limit and membership carry over.
+    pub(crate) fn next_step_opts(&self) -> StepEnqueueOpts {
+        StepEnqueueOpts {
+            run_at: None,
+            priority: Some(self.job.priority),
+            max_attempts: Some(self.job.max_attempts),
+            reserved_headers: self
+                .membership
+                .as_ref()
+                .map(Membership::reserved_headers)
+                .unwrap_or_default(),
+        }
+    }
+
+    fn outcome(&self, status: TerminalStatus, result: Option<Vec<u8>>, error: Option<String>) -> RunOutcome {
+        RunOutcome {
+            run_id: self.run_id.clone(),
+            status,
+            result,
+            error,
+            headers: self.headers.clone(),
+            final_step: self.step_number,
+        }
+    }
+}
+
+/// The message of a caught panic.
+pub(crate) fn panic_message(panic: &(dyn Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with a non-string payload".to_string()
+    }
+}
+
+impl RuntimeCore {
+    /// Terminate the run of `claimed` with `outcome` from an acknowledging
+    /// settlement: record the run result, then build the effects. A failed
+    /// record write retries the step.
+    async fn terminate_recorded(
+        &self,
+        claimed: &ClaimedStep<'_>,
+        outcome: RunOutcome,
+        error_kind: Option<StepErrorKind>,
+        input_hash: &[u8],
+    ) -> std::result::Result<SettlementEffects, Settlement> {
+        let termination = self.termination(&outcome, error_kind, input_hash);
+        self.store_run_result(&outcome, &termination)
+            .await
+            .map_err(Settlement::infrastructure)?;
+        Ok(self.terminate_effects(
+            &outcome,
+            termination,
+            claimed.membership.as_ref(),
+            claimed.job.max_attempts,
+        ))
+    }
+
+    /// The settlement of a step error that ends the run (permanent, or
+    /// transient on the last attempt): the run's `Failed` termination rides
+    /// on the dead letter. The run result record is written first; a failed
+    /// write is logged, the termination still commits.
+    async fn terminating_failure(
+        &self,
+        claimed: &ClaimedStep<'_>,
+        error: &StepError,
+        input_hash: &[u8],
+    ) -> Settlement {
+        let outcome = claimed.outcome(TerminalStatus::Failed, None, Some(error.message.clone()));
+        let termination = self.termination(&outcome, Some(error.kind), input_hash);
+        if let Err(err) = self.store_run_result(&outcome, &termination).await {
+            warn!(run_id = %claimed.run_id, "failed to write the run result record: {err}");
+        }
+        let effects = self.terminate_effects(
+            &outcome,
+            termination,
+            claimed.membership.as_ref(),
+            claimed.job.max_attempts,
+        );
+        Settlement::failure(error, effects)
+    }
+
+    /// The effects that make `payload` the run's next step.
+    pub(crate) fn advance(
+        &self,
+        claimed: &ClaimedStep<'_>,
+        payload: Vec<u8>,
+        opts: StepEnqueueOpts,
+    ) -> SettlementEffects {
+        let next = claimed.step_number + 1;
+        let step = self.prepare_step(&claimed.run_id, next, payload, &claimed.headers, opts);
+        Self::step_effects(&claimed.run_id, next, step, SettlementEffects::default())
+    }
+}
+
+impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
+    /// Process one claimed job into its settlement. `permit` is the runner
+    /// slot, released as soon as the runner (or hook) returns.
+    pub(crate) async fn process(&self, claim: &Claim, lease: &LeaseHandle, permit: OwnedSemaphorePermit) -> Settlement {
+        let job = claim.job();
+        if job.headers.contains_key(HEADER_TERMINAL) {
+            return self.process_notification(job, permit).await;
+        }
+        let claimed = match ClaimedStep::parse(job) {
+            Ok(claimed) => claimed,
+            Err(err) => {
+                warn!(job_id = %job.id, error = %err, "step job with malformed headers; dead-lettered");
+                return Settlement::failure(&StepError::permanent(err.to_string()), SettlementEffects::default());
+            }
+        };
+        let core = &self.core;
+        // Register before reading the run record: a cancellation either
+        // finds this registration or wrote the record before the read.
+        let claim_cancel = lease.cancel_token().clone();
+        let guard = core.inflight.begin(&claimed.run_id, claim_cancel.clone());
+        let mut settlement = self.process_step(&claimed, lease, claim_cancel, &guard, permit).await;
+        settlement.inflight = Some(guard);
+        settlement
+    }
+
+    async fn process_step(
+        &self,
+        claimed: &ClaimedStep<'_>,
+        lease: &LeaseHandle,
+        claim_cancel: tokio_util::sync::CancellationToken,
+        guard: &InFlightGuard,
+        permit: OwnedSemaphorePermit,
+    ) -> Settlement {
+        let core = &self.core;
+        let run_id = &claimed.run_id;
+        let step_number = claimed.step_number;
+        let job = claimed.job;
+
+        let record = match core.view.run_record(run_id).await {
+            Ok(Some(record)) => record,
+            Ok(None) => {
+                warn!(run_id = %run_id, step_number, job_id = %job.id, "step job of a run without a run record; dead-lettered");
+                return Settlement::infrastructure(Error::InconsistentRunState(run_id.clone()));
+            }
+            Err(err) => return Settlement::infrastructure(err),
+        };
+        let (signal, signal_deletes) = match core.resolve_step_signal(job, run_id, step_number).await {
+            Ok(resolved) => resolved,
+            Err(err) => return Settlement::infrastructure(err),
+        };
+
+        // A cancellation requested before this claim: settle as cancelled
+        // without running.
+        if record.cancel_requested {
+            drop(permit);
+            let _ = guard.decide();
+            let outcome = claimed.outcome(TerminalStatus::Cancelled, None, None);
+            return match core.terminate_recorded(claimed, outcome, None, &record.input_hash).await {
+                Ok(mut effects) => {
+                    effects.kv_deletes.extend(signal_deletes);
+                    Settlement::of(SettleKind::Ack(effects))
+                }
+                Err(settlement) => settlement,
+            };
+        }
+
+        let effects_handle = EffectsHandle::default();
+        let step = Step {
+            delivery: Delivery {
+                run_id: run_id.clone(),
+                headers: claimed.headers.clone(),
+                job_id: job.id.clone(),
+                attempts: job.attempts,
+                max_attempts: job.max_attempts,
+                cancel_token: claim_cancel.child_token(),
+                lease: lease.clone(),
+                memo: core.memo_store.new_memo(run_id, step_number),
+                run_memo: core.memo_store.new_run_memo(run_id),
+                effects: effects_handle.clone(),
+                kv: KvReadHandle::for_queue(core.queue.clone()),
+            },
+            step_number,
+            payload: job.payload.clone(),
+            signal,
+        };
+
+        let replayed = if core.step_output_replay {
+            match core.load_step_output(run_id, step_number, &job.payload).await {
+                Ok(found) => found,
+                Err(err) => return Settlement::infrastructure(err),
+            }
+        } else {
+            None
+        };
+        let (outcome, replayed_effects) = match replayed {
+            Some((outcome, effects)) => {
+                debug!(run_id = %run_id, step_number, "replaying the recorded step outcome");
+                (Ok(outcome), Some(effects))
+            }
+            None => {
+                let ran = AssertUnwindSafe(self.runner.run_step(&step)).catch_unwind().await;
+                let outcome = ran.unwrap_or_else(|panic| {
+                    let message = panic_message(panic.as_ref());
+                    warn!(run_id = %run_id, step_number, "step runner panicked: {message}");
+                    Err(StepError::transient(format!("step runner panicked: {message}")))
+                });
+                (outcome, None)
+            }
+        };
+        drop(permit);
+
+        // Sealed as soon as the runner returned: an effect staged later
+        // through a kept handle could not join the settlement.
+        let staged = effects_handle.seal_and_take();
+        let was_replayed = replayed_effects.is_some();
+        let staged = replayed_effects.unwrap_or(staged);
+        let external_cancel = guard.decide() || claim_cancel.is_cancelled();
+
+        if core.step_output_replay
+            && !was_replayed
+            && !external_cancel
+            && let Ok(outcome) = &outcome
+            && let Err(err) = core.store_step_output(run_id, step_number, &job.payload, outcome, &staged).await
+        {
+            return Settlement::infrastructure(err);
+        }
+
+        let runner_cancelled = matches!(outcome, Ok(StepOutcome::Cancel { .. }));
+        let mut settlement = self
+            .settle_outcome(claimed, outcome, external_cancel, &record.input_hash)
+            .await;
+        // The external-cancel override discards the effects staged for the
+        // outcome it replaces; a runner-issued Cancel keeps them.
+        let keep_staged = runner_cancelled || !external_cancel;
+        match &mut settlement.kind {
+            SettleKind::Ack(effects) => {
+                // A step that waits again on the key it was woken by writes
+                // that key's waiter anew; its delete must not conflict.
+                let kept: Vec<_> = signal_deletes
+                    .into_iter()
+                    .filter(|key| !effects.kv_writes.contains_key(key))
+                    .collect();
+                effects.kv_deletes.extend(kept);
+                if keep_staged {
+                    merge_staged(effects, staged);
+                }
+            }
+            SettleKind::Fail { effects, .. } => effects.kv_deletes.extend(signal_deletes),
+            SettleKind::Retry(_) => {}
+        }
+        settlement
+    }
+
+    /// The settlement of the runner's `outcome` (cancellation precedence: a
+    /// runner-issued `Cancel` keeps its reason; otherwise an external
+    /// cancellation overrides any outcome, with no error).
+    async fn settle_outcome(
+        &self,
+        claimed: &ClaimedStep<'_>,
+        outcome: std::result::Result<StepOutcome, StepError>,
+        external_cancel: bool,
+        input_hash: &[u8],
+    ) -> Settlement {
+        let core = &self.core;
+        let terminate = |outcome, kind| async move {
+            match core.terminate_recorded(claimed, outcome, kind, input_hash).await {
+                Ok(effects) => Settlement::of(SettleKind::Ack(effects)),
+                Err(settlement) => settlement,
+            }
+        };
+        match outcome {
+            Ok(StepOutcome::Cancel { reason }) => {
+                terminate(claimed.outcome(TerminalStatus::Cancelled, None, Some(reason)), None).await
+            }
+            _ if external_cancel => terminate(claimed.outcome(TerminalStatus::Cancelled, None, None), None).await,
+            Ok(StepOutcome::Continue { payload, when }) => {
+                let next = Some((claimed.run_id.clone(), claimed.step_number + 1));
+                let settlement = match when {
+                    Trigger::Immediate => {
+                        Settlement::of(SettleKind::Ack(core.advance(claimed, payload, claimed.next_step_opts())))
+                    }
+                    Trigger::After(delay) => {
+                        let opts = StepEnqueueOpts {
+                            run_at: Some(core.run_at_after(delay)),
+                            ..claimed.next_step_opts()
+                        };
+                        Settlement::of(SettleKind::Ack(core.advance(claimed, payload, opts)))
+                    }
+                    Trigger::OnSignal {
+                        correlation_key,
+                        timeout,
+                    } => core.advance_on_signal(claimed, payload, &correlation_key, timeout, input_hash).await,
+                };
+                Settlement { next_step: next, ..settlement }
+            }
+            Ok(StepOutcome::Succeed { result }) => {
+                terminate(claimed.outcome(TerminalStatus::Succeeded, Some(result), None), None).await
+            }
+            Ok(StepOutcome::Fail { reason }) => {
+                terminate(
+                    claimed.outcome(TerminalStatus::Failed, None, Some(reason)),
+                    Some(StepErrorKind::Permanent),
+                )
+                .await
+            }
+            Err(err) if err.kind == StepErrorKind::Permanent || claimed.job.is_last_attempt() => {
+                core.terminating_failure(claimed, &err, input_hash).await
+            }
+            Err(err) => Settlement::of(SettleKind::Retry(err.message)),
+        }
+    }
+
+    /// Run the terminal hook for a notification job.
+    async fn process_notification(&self, job: &JobRecord, permit: OwnedSemaphorePermit) -> Settlement {
+        let outcome: RunOutcome = match durable::decode::<DurableRunOutcome>(&job.payload) {
+            Ok(record) => record.into(),
+            Err(err) => {
+                warn!(job_id = %job.id, error = %err, "terminal notification with a malformed payload; dead-lettered");
+                return Settlement::failure(
+                    &StepError::permanent(format!("malformed terminal notification: {err}")),
+                    SettlementEffects::default(),
+                );
+            }
+        };
+        let effects = TerminalEffects::default();
+        let ran = AssertUnwindSafe(self.terminal_hook.on_termination(&outcome, &effects))
+            .catch_unwind()
+            .await;
+        drop(permit);
+        let (staged, enqueues) = effects.seal_and_take();
+        let result = ran.unwrap_or_else(|panic| {
+            let message = panic_message(panic.as_ref());
+            warn!(run_id = %outcome.run_id, "terminal hook panicked: {message}");
+            Err(StepError::transient(format!("terminal hook panicked: {message}")))
+        });
+        match result {
+            Ok(()) => {
+                let mut settlement = SettlementEffects::default().enqueues(enqueues);
+                merge_staged(&mut settlement, staged);
+                Settlement::of(SettleKind::Ack(settlement))
+            }
+            Err(err) if err.kind == StepErrorKind::Permanent || job.is_last_attempt() => {
+                Settlement::failure(&err, SettlementEffects::default())
+            }
+            Err(err) => Settlement::of(SettleKind::Retry(err.message)),
+        }
+    }
+}
+
+/// Add a step's staged KV effects to a settlement.
+pub(crate) fn merge_staged(effects: &mut SettlementEffects, staged: StagedKv) {
+    effects.kv_writes.extend(staged.writes);
+    effects.kv_deletes.extend(staged.deletes);
+}

@@ -1,0 +1,1 @@
+//! Typed workflows (placeholder until the macros land).
