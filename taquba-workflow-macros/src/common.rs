@@ -439,7 +439,7 @@ pub(crate) enum ParamKind {
     /// The context parameter (`JobContext<'_>` / `StepContext<'_>`).
     Context,
     /// A field of the generated type.
-    Field(Param),
+    Field(Box<Param>),
     /// An error was reported.
     Invalid,
 }
@@ -556,12 +556,12 @@ pub(crate) fn classify_param(
     if !ok {
         return ParamKind::Invalid;
     }
-    ParamKind::Field(Param {
+    ParamKind::Field(Box::new(Param {
         ident,
         ty: (*arg.ty).clone(),
         field_ty,
         by_ref,
-    })
+    }))
 }
 
 fn check_context_pat(pat: &Pat, rules: &ParamRules<'_>, errors: &mut Errors) -> bool {

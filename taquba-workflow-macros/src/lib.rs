@@ -14,6 +14,8 @@
 //! token, all of them are reported in one compile, and the user's item is
 //! emitted unchanged beside them.
 
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
 mod common;
 mod job;
 mod workflow;

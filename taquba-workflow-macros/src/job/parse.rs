@@ -58,11 +58,7 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> JobOptions {
         match name.as_str() {
             "name" => options.name = arg.name_str("name = \"email.send\"", errors),
             "key" => options.key = arg.lit_str("key = \"email:{to}\"", errors),
-            "idempotent" => {
-                if arg.flag(errors) {
-                    options.idempotent = Some(arg.key.clone());
-                }
-            }
+            "idempotent" if arg.flag(errors) => options.idempotent = Some(arg.key.clone()),
             "max_attempts" => options.max_attempts = arg.positive_u32("max_attempts = 5", errors),
             "classify" => {
                 options.classify =

@@ -114,7 +114,7 @@ pub(crate) fn validate<'a>(
             }
             ParamKind::Field(param) => {
                 slots.push(Slot::Field(params.len()));
-                params.push(param);
+                params.push(*param);
             }
             ParamKind::Invalid => {}
         }

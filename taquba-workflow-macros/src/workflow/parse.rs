@@ -127,11 +127,7 @@ pub(crate) fn parse_step(attr: &Attribute, errors: &mut Errors) -> StepOptions {
             continue;
         }
         match name.as_str() {
-            "start" => {
-                if arg.flag(errors) {
-                    options.start = Some(arg.key.clone());
-                }
-            }
+            "start" if arg.flag(errors) => options.start = Some(arg.key.clone()),
             "name" => options.name = arg.name_str("name = \"charge\"", errors),
             _ => {}
         }

@@ -350,7 +350,7 @@ fn validate_step(
             }
             ParamKind::Field(param) => {
                 slots.push(Slot::Field(params.len()));
-                params.push(param);
+                params.push(*param);
             }
             ParamKind::Invalid => {}
         }
