@@ -42,10 +42,6 @@ impl ObjectPrefix {
         }
     }
 
-    pub(crate) fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
     /// The path of `segments` under the prefix. Each segment is one path
     /// part: a `/` inside it is escaped, not a separator, and an overlong
     /// segment is replaced by `h-{sha256 hex}`.

@@ -123,6 +123,6 @@ mod tests {
         );
         assert!(Error::ReservedKvKey("workflow/x".into()).to_string().contains("workflow/x"));
         assert!(Error::ReservedHeaderInSubmit("workflow.a".into()).is_permanent());
-        assert!(!Error::Store(object_store::Error::NotImplemented).is_permanent());
+        assert!(!Error::Store(object_store::Error::NotFound { path: "p".into(), source: "gone".into() }).is_permanent());
     }
 }

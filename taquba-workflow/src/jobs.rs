@@ -1,1 +1,801 @@
-//! Typed jobs (placeholder replaced below).
+//! Typed jobs: one typed async function run as a single-step run whose
+//! result an awaiting caller receives.
+//!
+//! Define a [`Job`] (a serde type with an `Output`, an `Error` and a
+//! `NAME`), register it on a [`JobRunner`], submit values and await the
+//! [`JobHandle`]:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use taquba::{Queue, object_store::memory::InMemory};
+//! use taquba_workflow::jobs::{Job, JobContext, JobRunner};
+//!
+//! #[derive(serde::Serialize, serde::Deserialize)]
+//! struct Add { a: i64, b: i64 }
+//!
+//! impl Job for Add {
+//!     const NAME: &'static str = "math.add";
+//!     type Output = i64;
+//!     type Error = std::convert::Infallible;
+//!     async fn run(&self, _ctx: JobContext<'_>) -> Result<i64, Self::Error> {
+//!         Ok(self.a + self.b)
+//!     }
+//! }
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = Arc::new(InMemory::new());
+//! let queue = Arc::new(Queue::open(store.clone(), "jobs-demo").await?);
+//! let runner = JobRunner::builder(queue, store).register::<Add>().build();
+//! let worker = runner.spawn(std::future::pending::<()>());
+//! assert_eq!(runner.submit(Add { a: 2, b: 3 }).await?.await?, 5);
+//! worker.shutdown().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Model
+//! A job run's input is the type's [`Job::NAME`] and the job value as
+//! MessagePack with named fields; its single step looks the name up among
+//! the registered types and runs [`Job::run`]. The output is the run's
+//! result; an error is classified by [`Job::classify`] (transient errors
+//! retry with backoff up to the attempt limit, permanent ones end the job
+//! at once).
+//!
+//! # Idempotent submission
+//! With [`Job::idempotency_key`] the job's run id is the hex SHA-256 of the
+//! key: a second submission while the job runs returns a handle to it
+//! (`newly_submitted() == false`), and one after it terminated returns the
+//! recorded result without running again, until retention removes the
+//! record. A different payload under the same key is
+//! [`Error::InputMismatch`].
+
+use std::any::{Any, TypeId, type_name};
+use std::collections::HashMap;
+use std::fmt;
+use std::future::{Future, IntoFuture};
+use std::marker::PhantomData;
+use std::ops::Deref;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::stream::{Stream, StreamExt, TryStreamExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use taquba::object_store::ObjectStore;
+use taquba::{Clock, Queue};
+
+use crate::durable::{self, DurableJobInput};
+use crate::error::{Error, Result};
+use crate::group::{GroupMember, GroupStatus, MemberResult, RunGroup};
+use crate::keys::{RunId, sha256};
+use crate::runner::{Delivery, Step, StepError, StepErrorKind, StepOutcome, StepRunner};
+use crate::runtime::{RunEnd, RunOptions, RunSpec, RunStatus, RunTermination, RunnerHandle, WorkflowRuntime};
+use crate::terminal::{NoopTerminalHook, RunOutcome, TerminalStatus};
+
+/// The default queue name of a [`JobRunner`].
+pub const DEFAULT_JOB_QUEUE: &str = "jobs";
+
+/// A typed job: its fields are its input, [`run`](Self::run) its work.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a job",
+    label = "implement `taquba_workflow::jobs::Job` for `{Self}` (or annotate an async fn with `#[job]`)",
+    note = "a job is `Serialize + DeserializeOwned + Send + Sync + 'static` with `NAME`, `Output`, `Error` and `run`"
+)]
+pub trait Job: Serialize + DeserializeOwned + Send + Sync + 'static {
+    /// The success value, stored as MessagePack with named fields.
+    type Output: Serialize + DeserializeOwned + Send + 'static;
+    /// The failure; its `Display` is the job's error message.
+    type Error: std::error::Error + Send + Sync + 'static;
+    /// The registered name, unique in a runner; stored in every submission,
+    /// so keep it stable across releases.
+    const NAME: &'static str;
+
+    /// Do the work. `ctx` gives the delivery (memo, effects, lease, cancel
+    /// token) and the runner's registered state.
+    fn run(&self, ctx: JobContext<'_>) -> impl Future<Output = std::result::Result<Self::Output, Self::Error>> + Send;
+
+    /// The idempotency key: submissions with equal keys are one job.
+    /// Default `None`: every submission is a new job.
+    fn idempotency_key(&self) -> Option<String> {
+        None
+    }
+
+    /// The attempt limit of this job; `None` is the queue's.
+    fn max_attempts(&self) -> Option<u32> {
+        None
+    }
+
+    /// Whether `error` may be retried. Default: transient.
+    fn classify(&self, _error: &Self::Error) -> StepErrorKind {
+        StepErrorKind::Transient
+    }
+}
+
+/// A key derived from the job's type name and serialized payload (hex
+/// SHA-256, 64 characters): "same input, same job".
+///
+/// # Errors
+/// [`Error::Serialization`] when the job cannot be encoded.
+pub fn payload_idempotency_key<J: Job>(job: &J) -> Result<String> {
+    let payload = durable::try_encode(job)?;
+    let mut bytes = Vec::with_capacity(J::NAME.len() + 1 + payload.len());
+    bytes.extend_from_slice(J::NAME.as_bytes());
+    bytes.push(0);
+    bytes.extend_from_slice(&payload);
+    Ok(hex::encode(sha256(&bytes)))
+}
+
+/// Application state registered on a runner, by type.
+#[derive(Default)]
+struct StateMap(HashMap<TypeId, Box<dyn Any + Send + Sync>>);
+
+/// What a job's [`Job::run`] receives: the delivery (through `Deref`) and
+/// the runner's state.
+pub struct JobContext<'a> {
+    delivery: &'a Delivery,
+    state: &'a StateMap,
+}
+
+impl fmt::Debug for JobContext<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobContext").field("delivery", self.delivery).finish_non_exhaustive()
+    }
+}
+
+impl<'a> JobContext<'a> {
+    /// The state of type `T` registered with [`JobRunnerBuilder::state`].
+    ///
+    /// # Panics
+    /// When no `T` was registered; the message names the type.
+    pub fn state<T: Any + Send + Sync>(&self) -> &T {
+        self.try_state::<T>().unwrap_or_else(|| {
+            panic!(
+                "no state of type `{}` is registered on this JobRunner; add it with JobRunnerBuilder::state",
+                type_name::<T>()
+            )
+        })
+    }
+
+    /// The state of type `T`, or `None`.
+    pub fn try_state<T: Any + Send + Sync>(&self) -> Option<&T> {
+        self.state.0.get(&TypeId::of::<T>()).and_then(|value| value.downcast_ref())
+    }
+
+    /// Whether a transient error now ends the job.
+    pub fn is_last_attempt(&self) -> bool {
+        self.delivery.is_last_attempt()
+    }
+}
+
+impl Deref for JobContext<'_> {
+    type Target = Delivery;
+    fn deref(&self) -> &Delivery {
+        self.delivery
+    }
+}
+
+/// A job that terminated without success.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct JobError {
+    /// Its classification; `Transient` for a job cancelled or ended
+    /// outside its handler.
+    pub kind: StepErrorKind,
+    /// The `Display` of the job's error (or what ended it).
+    pub message: String,
+}
+
+/// Why awaiting a job gave no output.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    /// Submission, storage or decoding failed.
+    #[error(transparent)]
+    Infra(#[from] Error),
+    /// The job terminated without success.
+    #[error("job failed: {0}")]
+    Job(#[from] JobError),
+}
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A registered job type, erased.
+trait Handler: Send + Sync {
+    fn run<'a>(&'a self, payload: &'a [u8], step: &'a Step, state: &'a StateMap) -> BoxFuture<'a, std::result::Result<StepOutcome, StepError>>;
+}
+
+struct TypedHandler<J>(PhantomData<fn() -> J>);
+
+impl<J: Job> Handler for TypedHandler<J> {
+    fn run<'a>(&'a self, payload: &'a [u8], step: &'a Step, state: &'a StateMap) -> BoxFuture<'a, std::result::Result<StepOutcome, StepError>> {
+        Box::pin(async move {
+            let job: J = rmp_serde::from_slice(payload).map_err(|err| {
+                StepError::permanent(format!(
+                    "job `{}`: payload does not decode as `{}`: {err}",
+                    J::NAME,
+                    type_name::<J>()
+                ))
+            })?;
+            let ctx = JobContext {
+                delivery: &step.delivery,
+                state,
+            };
+            match job.run(ctx).await {
+                Ok(output) => {
+                    let result = durable::try_encode(&output).map_err(|err| {
+                        StepError::permanent(format!("job `{}`: output does not encode: {err}", J::NAME))
+                    })?;
+                    Ok(StepOutcome::Succeed { result })
+                }
+                Err(err) => Err(StepError {
+                    message: err.to_string(),
+                    kind: job.classify(&err),
+                }),
+            }
+        })
+    }
+}
+
+/// The step runner of a job runner: decode the input, dispatch by name.
+pub(crate) struct JobDispatch {
+    handlers: HashMap<&'static str, Arc<dyn Handler>>,
+    state: StateMap,
+}
+
+impl StepRunner for JobDispatch {
+    async fn run_step(&self, step: &Step) -> std::result::Result<StepOutcome, StepError> {
+        let input: DurableJobInput = durable::decode(&step.payload)
+            .map_err(|err| StepError::permanent(format!("job input does not decode: {err}")))?;
+        let Some(handler) = self.handlers.get(input.name.as_str()) else {
+            return Err(StepError::permanent(format!(
+                "no job type named {:?} is registered on this JobRunner",
+                input.name
+            )));
+        };
+        handler.run(&input.payload, step, &self.state).await
+    }
+}
+
+type JobRuntime = WorkflowRuntime<JobDispatch, NoopTerminalHook>;
+
+/// Runs typed jobs over one [`taquba::Queue`] (queue name `"jobs"` by
+/// default): submit, await, fetch results, group. Cheap to clone.
+#[derive(Clone)]
+pub struct JobRunner {
+    runtime: JobRuntime,
+}
+
+impl fmt::Debug for JobRunner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobRunner").finish_non_exhaustive()
+    }
+}
+
+/// Configures a [`JobRunner`]; from [`JobRunner::builder`].
+pub struct JobRunnerBuilder {
+    queue: Arc<Queue>,
+    object_store: Arc<dyn ObjectStore>,
+    handlers: HashMap<&'static str, (&'static str, Arc<dyn Handler>)>,
+    state: StateMap,
+    queue_name: String,
+    memo_prefix: Option<String>,
+    max_concurrent_jobs: Option<usize>,
+    poll_interval: Option<Duration>,
+    retention: Option<Duration>,
+    group_retention: Option<Duration>,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl fmt::Debug for JobRunnerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut names: Vec<_> = self.handlers.keys().collect();
+        names.sort();
+        f.debug_struct("JobRunnerBuilder")
+            .field("jobs", &names)
+            .field("queue_name", &self.queue_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JobRunnerBuilder {
+    /// Register job type `J`.
+    ///
+    /// # Panics
+    /// When another type is registered under `J::NAME`; the message names
+    /// both types.
+    pub fn register<J: Job>(mut self) -> Self {
+        if let Some((other, _)) = self.handlers.get(J::NAME) {
+            if *other != type_name::<J>() {
+                panic!(
+                    "job name {:?} is registered twice: by `{other}` and by `{}`",
+                    J::NAME,
+                    type_name::<J>()
+                );
+            }
+            return self;
+        }
+        self.handlers
+            .insert(J::NAME, (type_name::<J>(), Arc::new(TypedHandler::<J>(PhantomData))));
+        self
+    }
+
+    /// Whether a job type is registered under `name`.
+    pub fn is_registered(&self, name: &str) -> bool {
+        self.handlers.contains_key(name)
+    }
+
+    /// The queue of the job runs (default `"jobs"`).
+    pub fn queue_name(mut self, name: impl Into<String>) -> Self {
+        self.queue_name = name.into();
+        self
+    }
+
+    /// The memo prefix (default `"{queue_name}-memo"`).
+    pub fn memo_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.memo_prefix = Some(prefix.into());
+        self
+    }
+
+    /// Register application state, read in jobs with
+    /// [`JobContext::state`]; one value per type (a later one replaces).
+    pub fn state<T: Any + Send + Sync>(mut self, value: T) -> Self {
+        self.state.0.insert(TypeId::of::<T>(), Box::new(value));
+        self
+    }
+
+    /// The most jobs running at once (the runtime's
+    /// [`max_concurrent_steps`](crate::WorkflowRuntimeBuilder::max_concurrent_steps)).
+    pub fn max_concurrent_jobs(mut self, max: usize) -> Self {
+        self.max_concurrent_jobs = Some(max);
+        self
+    }
+
+    /// The worker's poll interval (the runtime's).
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = Some(interval);
+        self
+    }
+
+    /// Remove each job's records this long after it terminated (the
+    /// runtime's [`memo_retention`](crate::WorkflowRuntimeBuilder::memo_retention));
+    /// afterwards its idempotency key runs the job again.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = Some(retention);
+        self
+    }
+
+    /// The runtime's [`group_retention`](crate::WorkflowRuntimeBuilder::group_retention).
+    pub fn group_retention(mut self, retention: Duration) -> Self {
+        self.group_retention = Some(retention);
+        self
+    }
+
+    /// The clock (default: the queue's).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Build the runner.
+    pub fn build(self) -> JobRunner {
+        let dispatch = JobDispatch {
+            handlers: self.handlers.into_iter().map(|(name, (_, handler))| (name, handler)).collect(),
+            state: self.state,
+        };
+        let mut builder = WorkflowRuntime::builder(self.queue, self.object_store, dispatch, NoopTerminalHook)
+            .queue_name(self.queue_name);
+        if let Some(prefix) = self.memo_prefix {
+            builder = builder.memo_prefix(prefix);
+        }
+        if let Some(max) = self.max_concurrent_jobs {
+            builder = builder.max_concurrent_steps(max);
+        }
+        if let Some(interval) = self.poll_interval {
+            builder = builder.poll_interval(interval);
+        }
+        if let Some(retention) = self.retention {
+            builder = builder.memo_retention(retention);
+        }
+        if let Some(retention) = self.group_retention {
+            builder = builder.group_retention(retention);
+        }
+        if let Some(clock) = self.clock {
+            builder = builder.clock(clock);
+        }
+        JobRunner {
+            runtime: builder.build(),
+        }
+    }
+}
+
+/// The encoded run input of `job`.
+fn job_input<J: Job>(job: &J) -> Result<Vec<u8>> {
+    let payload = durable::try_encode(job)?;
+    Ok(durable::encode(&DurableJobInput {
+        name: J::NAME.to_string(),
+        payload,
+    }))
+}
+
+/// A job's result from its termination and recorded outcome; `None` when a
+/// success has no recorded output (removed by retention).
+fn job_result<J: Job>(
+    termination: &RunTermination,
+    outcome: Option<&RunOutcome>,
+) -> Result<Option<std::result::Result<J::Output, JobError>>> {
+    match termination.status {
+        TerminalStatus::Succeeded => match outcome.and_then(|o| o.result.as_deref()) {
+            Some(bytes) => Ok(Some(Ok(durable::decode(bytes)?))),
+            None => Ok(None),
+        },
+        TerminalStatus::Failed | TerminalStatus::Cancelled => Ok(Some(Err(JobError {
+            kind: termination.error_kind.unwrap_or(StepErrorKind::Transient),
+            message: termination
+                .error
+                .clone()
+                .unwrap_or_else(|| format!("job {}", termination.status)),
+        }))),
+    }
+}
+
+impl JobRunner {
+    /// Start building a runner over `queue`, with memos and results in
+    /// `object_store`.
+    pub fn builder(queue: impl Into<Arc<Queue>>, object_store: Arc<dyn ObjectStore>) -> JobRunnerBuilder {
+        JobRunnerBuilder {
+            queue: queue.into(),
+            object_store,
+            handlers: HashMap::new(),
+            state: StateMap::default(),
+            queue_name: DEFAULT_JOB_QUEUE.to_string(),
+            memo_prefix: None,
+            max_concurrent_jobs: None,
+            poll_interval: None,
+            retention: None,
+            group_retention: None,
+            clock: None,
+        }
+    }
+
+    /// Submit `job` with default options.
+    ///
+    /// # Errors
+    /// As [`submit_with`](Self::submit_with).
+    pub async fn submit<J: Job>(&self, job: J) -> Result<JobHandle<J>> {
+        self.submit_with(job, RunOptions::default()).await
+    }
+
+    /// Submit `job` with `options` (headers, priority, attempts, start
+    /// time). [`Job::max_attempts`] applies when `options` sets none.
+    ///
+    /// # Errors
+    /// [`Error::InputMismatch`] when the job's idempotency key names a job
+    /// (running or recorded) with a different payload;
+    /// [`Error::Serialization`]; the errors of
+    /// [`WorkflowRuntime::submit`].
+    pub async fn submit_with<J: Job>(&self, job: J, mut options: RunOptions) -> Result<JobHandle<J>> {
+        let input = job_input(&job)?;
+        options.max_attempts_per_step = options.max_attempts_per_step.or(job.max_attempts());
+        let run_id = job.idempotency_key().map(|key| RunId::digest(&[key.as_bytes()]));
+        if let Some(run_id) = &run_id {
+            let core = &self.runtime.inner.core;
+            if core.view.run_record(run_id).await?.is_none()
+                && let Some(termination) = core.view.terminal_record(run_id).await?
+            {
+                if termination.input_hash != sha256(&input) {
+                    return Err(Error::InputMismatch(run_id.clone()));
+                }
+                return Ok(self.handle(run_id.clone(), false));
+            }
+        }
+        let outcome = self
+            .runtime
+            .submit(RunSpec {
+                run_id,
+                input,
+                options,
+                ..Default::default()
+            })
+            .await?;
+        Ok(self.handle(outcome.run_id, outcome.newly_submitted))
+    }
+
+    fn handle<J: Job>(&self, id: RunId, newly_submitted: bool) -> JobHandle<J> {
+        JobHandle {
+            runtime: self.runtime.clone(),
+            id,
+            newly_submitted,
+            job: PhantomData,
+        }
+    }
+
+    /// The job group `id` of jobs of type `J`.
+    pub fn group<J: Job>(&self, id: RunId) -> JobGroup<J> {
+        JobGroup {
+            group: self.runtime.group(id),
+            job: PhantomData,
+        }
+    }
+
+    /// A job group with a fresh ULID id.
+    pub fn new_group<J: Job>(&self) -> JobGroup<J> {
+        JobGroup {
+            group: self.runtime.new_group(),
+            job: PhantomData,
+        }
+    }
+
+    /// Spawn the worker loop; see [`WorkflowRuntime::spawn`].
+    pub fn spawn<F>(&self, shutdown: F) -> RunnerHandle
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.runtime.spawn(shutdown)
+    }
+}
+
+/// A submitted job. Await it (`handle.await`) for its output, or use
+/// [`join`](Self::join) / [`fetch_result`](Self::fetch_result). Cheap to
+/// clone.
+pub struct JobHandle<J: Job> {
+    runtime: JobRuntime,
+    id: RunId,
+    newly_submitted: bool,
+    job: PhantomData<fn() -> J>,
+}
+
+impl<J: Job> Clone for JobHandle<J> {
+    fn clone(&self) -> Self {
+        Self {
+            runtime: self.runtime.clone(),
+            id: self.id.clone(),
+            newly_submitted: self.newly_submitted,
+            job: PhantomData,
+        }
+    }
+}
+
+impl<J: Job> fmt::Debug for JobHandle<J> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobHandle")
+            .field("job", &J::NAME)
+            .field("id", &self.id)
+            .field("newly_submitted", &self.newly_submitted)
+            .finish()
+    }
+}
+
+impl<J: Job> JobHandle<J> {
+    /// The job's id (its run id).
+    pub fn id(&self) -> &RunId {
+        &self.id
+    }
+
+    /// `false` when the submission matched a job already running or
+    /// recorded under the same idempotency key.
+    pub fn newly_submitted(&self) -> bool {
+        self.newly_submitted
+    }
+
+    /// The job's run status.
+    ///
+    /// # Errors
+    /// Storage errors.
+    pub async fn status(&self) -> Result<Option<RunStatus>> {
+        self.runtime.status(&self.id).await
+    }
+
+    /// The recorded result, read from the store (works after a restart);
+    /// `Ok(None)` while the job runs, for an unknown job and after
+    /// retention removed the record.
+    ///
+    /// # Errors
+    /// Storage errors; [`Error::Deserialization`] when the output does not
+    /// decode as `J::Output`.
+    pub async fn fetch_result(&self) -> Result<Option<std::result::Result<J::Output, JobError>>> {
+        let view = self.runtime.view();
+        if view.current_step_if_active(&self.id).await?.is_some() {
+            return Ok(None);
+        }
+        let Some(termination) = view.terminal_record(&self.id).await? else {
+            return Ok(None);
+        };
+        let termination: RunTermination = termination.into();
+        let outcome = view.run_result_of(&self.id, &termination).await?.map(|r| r.outcome);
+        job_result::<J>(&termination, outcome.as_ref())
+    }
+
+    /// Wait in-process until the job terminates; its output or failure.
+    ///
+    /// # Errors
+    /// [`Error::RunNotFound`] for a job whose records are gone; storage and
+    /// decoding errors.
+    pub async fn join(&self) -> Result<std::result::Result<J::Output, JobError>> {
+        let end = self.runtime.wait(&self.id).await?;
+        Self::from_end(&self.id, end)
+    }
+
+    fn from_end(id: &RunId, end: RunEnd) -> Result<std::result::Result<J::Output, JobError>> {
+        job_result::<J>(&end.termination, end.outcome.as_ref())?.ok_or_else(|| Error::RunNotFound(id.clone()))
+    }
+
+    /// [`join`](Self::join) bounded by `timeout`; `Ok(None)` when the job
+    /// has not terminated by then.
+    ///
+    /// # Errors
+    /// As [`join`](Self::join).
+    pub async fn join_timeout(&self, timeout: Duration) -> Result<Option<std::result::Result<J::Output, JobError>>> {
+        match self.runtime.wait_timeout(&self.id, timeout).await? {
+            Some(end) => Self::from_end(&self.id, end).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+impl<J: Job> IntoFuture for JobHandle<J> {
+    type Output = std::result::Result<J::Output, JoinError>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            match self.join().await {
+                Ok(Ok(output)) => Ok(output),
+                Ok(Err(failure)) => Err(JoinError::Job(failure)),
+                Err(err) => Err(JoinError::Infra(err)),
+            }
+        })
+    }
+}
+
+/// One member's result in a [`JobGroup`].
+pub struct GroupResult<J: Job> {
+    /// The member's key (its idempotency key, or `item-{i}`).
+    pub key: String,
+    /// Its output or failure.
+    pub result: std::result::Result<J::Output, JobError>,
+}
+
+impl<J: Job + fmt::Debug> fmt::Debug for GroupResult<J>
+where
+    J::Output: fmt::Debug,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GroupResult")
+            .field("key", &self.key)
+            .field("result", &self.result)
+            .finish()
+    }
+}
+
+/// A [`RunGroup`] of jobs of one type, from [`JobRunner::group`]. Members
+/// are keyed by their idempotency key, else `item-{i}` by position.
+pub struct JobGroup<J: Job> {
+    group: RunGroup,
+    job: PhantomData<fn() -> J>,
+}
+
+impl<J: Job> Clone for JobGroup<J> {
+    fn clone(&self) -> Self {
+        Self {
+            group: self.group.clone(),
+            job: PhantomData,
+        }
+    }
+}
+
+impl<J: Job> fmt::Debug for JobGroup<J> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobGroup").field("job", &J::NAME).field("id", self.group.id()).finish()
+    }
+}
+
+impl<J: Job> JobGroup<J> {
+    /// The group id.
+    pub fn id(&self) -> &RunId {
+        self.group.id()
+    }
+
+    /// Submit `jobs` as the group's members; see [`RunGroup::submit`].
+    ///
+    /// # Errors
+    /// As [`RunGroup::submit`], plus encoding errors.
+    pub async fn submit(&self, jobs: impl IntoIterator<Item = J>) -> Result<()> {
+        self.submit_with(jobs, RunOptions::default()).await
+    }
+
+    /// [`submit`](Self::submit) with `options` for every member (the first
+    /// job's [`Job::max_attempts`] applies when `options` sets none).
+    ///
+    /// # Errors
+    /// As [`RunGroup::submit`], plus encoding errors.
+    pub async fn submit_with(&self, jobs: impl IntoIterator<Item = J>, mut options: RunOptions) -> Result<()> {
+        let mut members = Vec::new();
+        for (i, job) in jobs.into_iter().enumerate() {
+            if i == 0 {
+                options.max_attempts_per_step = options.max_attempts_per_step.or(job.max_attempts());
+            }
+            members.push(GroupMember {
+                key: job.idempotency_key().unwrap_or_else(|| format!("item-{i}")),
+                input: job_input(&job)?,
+            });
+        }
+        self.group.submit(members, &options).await
+    }
+
+    /// Run again the members that did not succeed; see [`RunGroup::resume`].
+    ///
+    /// # Errors
+    /// As [`RunGroup::resume`].
+    pub async fn resume(&self) -> Result<()> {
+        self.group.resume(&RunOptions::default()).await
+    }
+
+    /// [`resume`](Self::resume) with `options`.
+    ///
+    /// # Errors
+    /// As [`RunGroup::resume`].
+    pub async fn resume_with(&self, options: RunOptions) -> Result<()> {
+        self.group.resume(&options).await
+    }
+
+    /// Each member's typed result as it terminates; see
+    /// [`RunGroup::results`].
+    ///
+    /// # Errors
+    /// As [`RunGroup::results`]; in the stream, decoding errors of outputs.
+    pub async fn results(&self) -> Result<impl Stream<Item = Result<GroupResult<J>>> + use<J>> {
+        let results = self.group.results().await?;
+        Ok(results.map(|member| member.and_then(typed_member::<J>)))
+    }
+
+    /// Every member's result, in submission order, once all terminated.
+    ///
+    /// # Errors
+    /// As [`results`](Self::results).
+    pub async fn join(&self) -> Result<Vec<GroupResult<J>>> {
+        let order: HashMap<String, usize> = self
+            .group
+            .manifest()
+            .await?
+            .members
+            .into_iter()
+            .enumerate()
+            .map(|(i, member)| (member.key, i))
+            .collect();
+        let mut results: Vec<GroupResult<J>> = self.results().await?.try_collect().await?;
+        results.sort_by_key(|result| order.get(&result.key).copied().unwrap_or(usize::MAX));
+        Ok(results)
+    }
+
+    /// Member counts; see [`RunGroup::status`].
+    ///
+    /// # Errors
+    /// As [`RunGroup::status`].
+    pub async fn status(&self) -> Result<GroupStatus> {
+        self.group.status().await
+    }
+
+    /// Cancel the active members; see [`RunGroup::cancel`].
+    ///
+    /// # Errors
+    /// As [`RunGroup::cancel`].
+    pub async fn cancel(&self) -> Result<usize> {
+        self.group.cancel().await
+    }
+
+    /// Remove the group's state; see [`RunGroup::forget`].
+    ///
+    /// # Errors
+    /// As [`RunGroup::forget`].
+    pub async fn forget(&self) -> Result<()> {
+        self.group.forget().await
+    }
+}
+
+fn typed_member<J: Job>(member: MemberResult) -> Result<GroupResult<J>> {
+    let result = job_result::<J>(&member.termination, member.outcome.as_ref())?
+        .ok_or_else(|| Error::RunNotFound(member.run_id.clone()))?;
+    Ok(GroupResult {
+        key: member.key,
+        result,
+    })
+}
