@@ -1,0 +1,195 @@
+//! Submission, the step loop, status and waits at the public API.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use common::*;
+use taquba_workflow::{
+    Error, NoopTerminalHook, RunOptions, RunSpec, RunState, Step, StepError, StepErrorKind,
+    StepOutcome, StepRunner, TerminalStatus, WorkflowRuntime,
+};
+
+/// Counts down: a payload `n` continues with `n - 1`, and `0` succeeds with
+/// the step number.
+#[derive(Default)]
+struct Countdown {
+    calls: AtomicU32,
+}
+
+impl StepRunner for Countdown {
+    async fn run_step(&self, step: &Step) -> Result<StepOutcome, StepError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let n: u32 = std::str::from_utf8(&step.payload)
+            .map_err(|e| StepError::permanent(e.to_string()))?
+            .parse()
+            .map_err(|e: std::num::ParseIntError| StepError::permanent(e.to_string()))?;
+        if n == 0 {
+            Ok(StepOutcome::Succeed {
+                result: step.step_number.to_string().into_bytes(),
+            })
+        } else {
+            Ok(StepOutcome::continue_now((n - 1).to_string().into_bytes()))
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_goes_through_its_steps_and_reports_its_outcome() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runner = Arc::new(Countdown::default());
+    let runtime = WorkflowRuntime::builder(queue, store, Countdown::default(), NoopTerminalHook).build();
+    let _ = runner;
+    let submitted = runtime
+        .submit(RunSpec {
+            run_id: Some(rid("count-3")),
+            input: b"3".to_vec(),
+            options: RunOptions {
+                headers: HashMap::from([("tenant".to_string(), "acme".to_string())]),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(submitted.newly_submitted);
+    let status = runtime.status(&rid("count-3")).await.unwrap().unwrap();
+    assert_eq!(status.state, RunState::Pending);
+    assert_eq!(status.current_step, 0);
+
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let end = within(30, runtime.wait(&rid("count-3"))).await.unwrap();
+    assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+    assert_eq!(end.termination.final_step, 3);
+    let outcome = end.outcome.expect("the worker recorded the outcome");
+    assert_eq!(outcome.result.as_deref(), Some(b"3".as_slice()));
+    assert_eq!(outcome.headers.get("tenant").map(String::as_str), Some("acme"));
+    assert_eq!(runtime.outcome(&rid("count-3")).await.unwrap().unwrap().final_step, 3);
+    let status = runtime.status(&rid("count-3")).await.unwrap().unwrap();
+    assert!(matches!(status.state, RunState::Terminated(ref t) if t.status == TerminalStatus::Succeeded));
+    worker.shutdown().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn submission_is_idempotent_on_run_id_and_input() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runtime = WorkflowRuntime::builder(queue, store, Countdown::default(), NoopTerminalHook).build();
+    let spec = RunSpec {
+        run_id: Some(rid("r")),
+        input: b"1".to_vec(),
+        ..Default::default()
+    };
+    let first = runtime.submit(spec.clone()).await.unwrap();
+    let again = runtime.submit(spec.clone()).await.unwrap();
+    assert!(first.newly_submitted);
+    assert!(!again.newly_submitted);
+    assert_eq!(first.job_id, again.job_id);
+    let other = runtime
+        .submit(RunSpec {
+            input: b"2".to_vec(),
+            ..spec.clone()
+        })
+        .await;
+    assert!(matches!(other, Err(Error::InputMismatch(id)) if id == "r"));
+
+    let reserved = runtime
+        .submit(RunSpec {
+            options: RunOptions {
+                headers: HashMap::from([("workflow.step".to_string(), "9".to_string())]),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+        .await;
+    assert!(matches!(reserved, Err(Error::ReservedHeaderInSubmit(h)) if h == "workflow.step"));
+}
+
+/// Fails transiently `failures` times, then succeeds.
+struct Flaky {
+    failures: u32,
+    calls: AtomicU32,
+}
+
+impl StepRunner for Flaky {
+    async fn run_step(&self, _step: &Step) -> Result<StepOutcome, StepError> {
+        let call = self.calls.fetch_add(1, Ordering::SeqCst);
+        if call < self.failures {
+            Err(StepError::transient(format!("flake {call}")))
+        } else {
+            Ok(StepOutcome::Succeed { result: b"ok".to_vec() })
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn transient_errors_retry_and_exhaustion_fails_the_run() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runtime = WorkflowRuntime::builder(
+        queue.clone(),
+        store.clone(),
+        Flaky {
+            failures: 2,
+            calls: AtomicU32::new(0),
+        },
+        NoopTerminalHook,
+    )
+    .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let run = runtime.submit(RunSpec::default()).await.unwrap();
+    let end = within(30, runtime.wait(&run.run_id)).await.unwrap();
+    assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+    worker.shutdown().await.unwrap();
+
+    let runtime = WorkflowRuntime::builder(
+        queue,
+        store,
+        Flaky {
+            failures: 100,
+            calls: AtomicU32::new(0),
+        },
+        NoopTerminalHook,
+    )
+    .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let run = runtime.submit(RunSpec::default()).await.unwrap();
+    let end = within(30, runtime.wait(&run.run_id)).await.unwrap();
+    assert_eq!(end.termination.status, TerminalStatus::Failed);
+    assert_eq!(end.termination.error.as_deref(), Some("flake 2"));
+    assert_eq!(end.termination.error_kind, Some(StepErrorKind::Transient));
+    worker.shutdown().await.unwrap();
+}
+
+struct Panics;
+
+impl StepRunner for Panics {
+    async fn run_step(&self, step: &Step) -> Result<StepOutcome, StepError> {
+        if step.payload == b"panic" {
+            panic!("the runner fell over");
+        }
+        Ok(StepOutcome::Succeed { result: vec![] })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_runner_fails_its_run_and_the_worker_serves_others() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runtime = WorkflowRuntime::builder(queue, store, Panics, NoopTerminalHook).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let bad = runtime
+        .submit(RunSpec {
+            input: b"panic".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let good = runtime.submit(RunSpec::default()).await.unwrap();
+    let end = within(30, runtime.wait(&bad.run_id)).await.unwrap();
+    assert_eq!(end.termination.status, TerminalStatus::Failed);
+    let error = end.termination.error.unwrap();
+    assert!(error.contains("the runner fell over"), "{error}");
+    let end = within(30, runtime.wait(&good.run_id)).await.unwrap();
+    assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+    worker.shutdown().await.unwrap();
+}
