@@ -1,1 +1,1012 @@
-//! Typed workflows (placeholder until the macros land).
+//! Typed workflows: the surface `#[workflow]` implements.
+//!
+//! A workflow is a state machine whose states are its steps. With the
+//! `macros` feature (on by default) one annotation on an impl block makes
+//! each `#[step]` async fn a step:
+//!
+//! ```ignore
+//! use std::time::Duration;
+//! use taquba_workflow::workflows::{StepContext, Transition};
+//! use taquba_workflow::{StepError, workflow};
+//!
+//! #[derive(Default)]
+//! pub struct Order;
+//!
+//! #[workflow(name = "order", output = String)]
+//! impl Order {
+//!     /// Charges the card once, even if the step is retried.
+//!     #[step(start)]
+//!     async fn charge(ctx: StepContext<'_>, order_id: String, cents: u64) -> Result<Transition<Self>, StepError> {
+//!         let receipt: String = ctx.memo.memoized("charge", async { Ok::<_, StepError>(format!("paid {cents}")) }).await?;
+//!         // Wait up to a day for the warehouse to confirm.
+//!         Ok(Transition::on_signal(
+//!             OrderStep::Ship { order_id: order_id.clone(), receipt },
+//!             format!("shipped:{order_id}"),
+//!             Duration::from_secs(24 * 3600),
+//!         ))
+//!     }
+//!
+//!     #[step]
+//!     async fn ship(ctx: StepContext<'_>, order_id: String, receipt: String) -> Result<Transition<Self>, StepError> {
+//!         match ctx.signal_value::<String>()? {
+//!             Some(tracking) => Ok(Transition::done(format!("{order_id}: {receipt}, {tracking}"))),
+//!             None => Ok(Transition::fail("the warehouse never confirmed")),
+//!         }
+//!     }
+//! }
+//!
+//! // One runtime for this workflow (`Order` is the runner) ...
+//! let runtime = WorkflowRuntime::builder(queue, store, Order, NoopTerminalHook).build();
+//! // ... or for every `#[workflow]` in the binary.
+//! let runtime = WorkflowRuntime::builder(queue, store, Workflows::registered(), NoopTerminalHook).build();
+//!
+//! let run = runtime.start(OrderInput { order_id: "o-1".into(), cents: 500 }).await?;
+//! runtime.signal_value("shipped:o-1", &"track-9").await?;
+//! let summary: String = run.wait().await??;
+//! ```
+//!
+//! `#[workflow]` generates:
+//!
+//! - the step enum (`OrderStep`, or `step_enum = Name`): one variant per
+//!   step whose fields are the step's parameters (a reference parameter
+//!   such as `&str` is stored owned and lent back), serialized as
+//!   MessagePack under the step's stable name (the fn name, or
+//!   `#[step(name = "...")]`), so adding, removing or reordering steps
+//!   never misreads a run in flight;
+//! - the input struct (`OrderInput`, or `input = Name`): the parameters
+//!   of the `#[step(start)]` step, submitted with
+//!   [`WorkflowRuntime::start`];
+//! - `impl` [`Workflow`] and `impl` [`StepRunner`]: decode the payload,
+//!   dispatch to the step fn, encode the [`Transition`] it returns;
+//! - a registration entry, so [`Workflows::registered`] hosts every
+//!   workflow linked into the binary.
+//!
+//! A step fn takes `&self` or no receiver, an optional [`StepContext`] in
+//! any position (the [`Step`] and its [`Delivery`](crate::Delivery), with a
+//! [`StepContext::memo`] namespaced by step name) and its fields, and
+//! returns `Result<Transition<Self>, E>` with `E: Into<StepError>`: an
+//! `Err` is a step error (transient: retried; permanent: dead-lettered),
+//! a [`Transition`] moves the run on.
+//!
+//! A payload names its workflow and its step. A step whose name the
+//! workflow does not know (a run written by another version of the code)
+//! fails the run permanently with an error naming the workflow and the
+//! step, as does a step of another workflow reaching a runtime that does
+//! not host it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::{Future, IntoFuture};
+use std::marker::PhantomData;
+use std::ops::Deref;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::__private::ErasedWorkflow;
+use crate::{
+    Error, Memo, Result, RunEnd, RunId, RunOptions, RunOutcome, RunSpec, RunState, RunStatus,
+    SignalOutcome, Step, StepError, StepErrorKind, StepOutcome, StepRunner, TerminalHook,
+    TerminalStatus, Trigger, WorkflowRuntime,
+};
+
+#[cfg(feature = "macros")]
+pub use taquba_workflow_macros::step;
+
+/// A typed workflow: a step enum, an input, an output and the dispatch
+/// from a decoded step to its fn. `#[workflow]` implements it (and
+/// [`StepRunner`]); implementing it by hand is possible but unusual.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a workflow",
+    label = "`{Self}` has no `#[workflow]` impl block",
+    note = "put `#[workflow]` on an `impl {Self} {{ ... }}` block whose `#[step]` async fns are the steps"
+)]
+pub trait Workflow: StepRunner + Sized + 'static {
+    /// The workflow's stable name, stored in every payload.
+    const NAME: &'static str;
+    /// The name of the step runs begin with.
+    const START: &'static str;
+    /// The names of every step, in declaration order.
+    const STEPS: &'static [&'static str];
+    /// The step enum: one variant per step.
+    type Step: Serialize + DeserializeOwned + Send + 'static;
+    /// The start step's parameters.
+    type Input: WorkflowInput<Workflow = Self>;
+    /// What a run that succeeds returns ([`Transition::done`]).
+    type Output: Serialize + DeserializeOwned + Send + 'static;
+
+    /// The stable name of `step`'s variant.
+    fn step_name(step: &Self::Step) -> &'static str;
+
+    /// Runs the step fn of `decoded`. Generated; called by the
+    /// [`StepRunner`] impl after decoding the payload.
+    #[doc(hidden)]
+    fn dispatch<'a>(
+        &'a self,
+        step: &'a Step,
+        decoded: Self::Step,
+    ) -> impl Future<Output = std::result::Result<StepOutcome, StepError>> + Send + 'a;
+}
+
+/// The input of a workflow's start step (the generated `{Type}Input`
+/// struct), which names its workflow so [`WorkflowRuntime::start`] needs
+/// no type annotation.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not the input of a workflow",
+    label = "expected the generated input struct of a `#[workflow]` (such as `OrderInput`)",
+    note = "`#[workflow]` generates `{{Type}}Input` with the fields of the `#[step(start)]` fn"
+)]
+pub trait WorkflowInput: Into<<Self::Workflow as Workflow>::Step> + Send + 'static {
+    /// The workflow this input starts.
+    type Workflow: Workflow;
+}
+
+/// What a step decides: the next step (now, after a delay, or on a
+/// signal), or the end of the run (done with the output, failed,
+/// cancelled).
+#[must_use = "a transition does nothing until the step returns it"]
+pub struct Transition<W: Workflow> {
+    kind: TransitionKind<W>,
+}
+
+enum TransitionKind<W: Workflow> {
+    Continue { step: W::Step, when: Trigger },
+    Done(W::Output),
+    Fail(String),
+    Cancel(String),
+}
+
+impl<W: Workflow> Transition<W> {
+    /// Run `step` next, as soon as a worker claims it.
+    pub fn next(step: W::Step) -> Self {
+        Self::continue_with(step, Trigger::Immediate)
+    }
+
+    /// Run `step` next, once `delay` has passed (a durable timer: no worker
+    /// is held while it runs, and it survives restarts).
+    pub fn after(step: W::Step, delay: Duration) -> Self {
+        Self::continue_with(step, Trigger::After(delay))
+    }
+
+    /// Run `step` next when a signal arrives under `correlation_key`
+    /// ([`WorkflowRuntime::signal`], [`WorkflowRuntime::signal_value`]), or
+    /// when `timeout` passes without one. The step reads the signal through
+    /// [`StepContext::signal_value`] (`None` after a timeout).
+    pub fn on_signal(step: W::Step, correlation_key: impl Into<String>, timeout: Duration) -> Self {
+        Self::continue_with(
+            step,
+            Trigger::OnSignal {
+                correlation_key: correlation_key.into(),
+                timeout,
+            },
+        )
+    }
+
+    /// Run `step` next with an explicit [`Trigger`].
+    pub fn continue_with(step: W::Step, when: Trigger) -> Self {
+        Self {
+            kind: TransitionKind::Continue { step, when },
+        }
+    }
+
+    /// End the run successfully with `output`.
+    pub fn done(output: W::Output) -> Self {
+        Self {
+            kind: TransitionKind::Done(output),
+        }
+    }
+
+    /// End the run as failed (a verdict: nothing is retried or
+    /// dead-lettered).
+    pub fn fail(reason: impl Into<String>) -> Self {
+        Self {
+            kind: TransitionKind::Fail(reason.into()),
+        }
+    }
+
+    /// End the run as cancelled.
+    pub fn cancel(reason: impl Into<String>) -> Self {
+        Self {
+            kind: TransitionKind::Cancel(reason.into()),
+        }
+    }
+
+    /// The untyped outcome: the next step's payload encoded, or the output
+    /// encoded.
+    ///
+    /// # Errors
+    /// A permanent [`StepError`] when the next step or the output cannot be
+    /// encoded as MessagePack.
+    pub fn into_outcome(self) -> std::result::Result<StepOutcome, StepError> {
+        match self.kind {
+            TransitionKind::Continue { step, when } => {
+                let name = W::step_name(&step);
+                let payload = encode_step::<W>(&step).map_err(|e| {
+                    StepError::permanent(format!(
+                        "workflow `{}`: cannot encode the parameters of step `{name}`: {e}",
+                        W::NAME
+                    ))
+                })?;
+                Ok(StepOutcome::Continue { payload, when })
+            }
+            TransitionKind::Done(output) => {
+                let result = rmp_serde::to_vec_named(&output).map_err(|e| {
+                    StepError::permanent(format!(
+                        "workflow `{}`: cannot encode the output: {e}",
+                        W::NAME
+                    ))
+                })?;
+                Ok(StepOutcome::Succeed { result })
+            }
+            TransitionKind::Fail(reason) => Ok(StepOutcome::Fail { reason }),
+            TransitionKind::Cancel(reason) => Ok(StepOutcome::Cancel { reason }),
+        }
+    }
+}
+
+impl<W: Workflow> fmt::Debug for Transition<W>
+where
+    W::Step: fmt::Debug,
+    W::Output: fmt::Debug,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            TransitionKind::Continue { step, when } => f
+                .debug_struct("Continue")
+                .field("step", step)
+                .field("when", when)
+                .finish(),
+            TransitionKind::Done(output) => f.debug_tuple("Done").field(output).finish(),
+            TransitionKind::Fail(reason) => f.debug_tuple("Fail").field(reason).finish(),
+            TransitionKind::Cancel(reason) => f.debug_tuple("Cancel").field(reason).finish(),
+        }
+    }
+}
+
+/// What a step fn sees of its delivery: dereferences to the [`Step`] (and
+/// through it to the [`Delivery`](crate::Delivery): run id, headers,
+/// attempts, cancel token, lease, run memo, effects, KV reads, signal),
+/// with a [`memo`](Self::memo) namespaced by step name.
+pub struct StepContext<'a> {
+    /// The step's memo, with keys namespaced by the step's name: a value
+    /// memoized by one step is never read by another, even where step
+    /// numbers shift. The run-wide memo is `ctx.run_memo`, the raw per-step
+    /// memo `ctx.step().memo`.
+    pub memo: StepMemo<'a>,
+    step: &'a Step,
+    workflow: &'static str,
+    name: &'static str,
+}
+
+impl<'a> StepContext<'a> {
+    /// The context of `step`, run as step `name` of `workflow`. Generated
+    /// code builds it; tests can too (with [`Step::detached`]).
+    pub fn new(step: &'a Step, workflow: &'static str, name: &'static str) -> Self {
+        Self {
+            memo: StepMemo {
+                memo: &step.delivery.memo,
+                namespace: name,
+            },
+            step,
+            workflow,
+            name,
+        }
+    }
+
+    /// The raw step.
+    pub fn step(&self) -> &'a Step {
+        self.step
+    }
+
+    /// The stable name of the running step.
+    pub fn step_name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The name of the running workflow.
+    pub fn workflow_name(&self) -> &'static str {
+        self.workflow
+    }
+
+    /// The signal this step was woken by, decoded from MessagePack (as
+    /// [`WorkflowRuntime::signal_value`] encodes it): `Ok(None)` when the
+    /// previous step's [`Transition::on_signal`] timed out, or when the
+    /// step did not follow a signal wait.
+    ///
+    /// # Errors
+    /// A permanent [`StepError`] when the signal does not decode as `T`.
+    pub fn signal_value<T: DeserializeOwned>(&self) -> std::result::Result<Option<T>, StepError> {
+        let Some(bytes) = &self.step.signal else {
+            return Ok(None);
+        };
+        rmp_serde::from_slice(bytes).map(Some).map_err(|e| {
+            StepError::permanent(format!(
+                "step `{}` of workflow `{}`: the signal does not decode as `{}`: {e}",
+                self.name,
+                self.workflow,
+                std::any::type_name::<T>()
+            ))
+        })
+    }
+}
+
+impl Deref for StepContext<'_> {
+    type Target = Step;
+    fn deref(&self) -> &Step {
+        self.step
+    }
+}
+
+impl fmt::Debug for StepContext<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StepContext")
+            .field("workflow", &self.workflow)
+            .field("step", &self.name)
+            .field("run_id", &self.step.run_id)
+            .field("step_number", &self.step.step_number)
+            .finish()
+    }
+}
+
+/// A step's [`Memo`] with every key prefixed by the step's name
+/// (`"{step}/{key}"`).
+#[derive(Clone, Copy)]
+pub struct StepMemo<'a> {
+    memo: &'a Memo,
+    namespace: &'static str,
+}
+
+impl<'a> StepMemo<'a> {
+    /// The key `key` is stored under.
+    pub fn key(&self, key: &str) -> String {
+        format!("{}/{key}", self.namespace)
+    }
+
+    /// The memo without the namespace.
+    pub fn raw(&self) -> &'a Memo {
+        self.memo
+    }
+
+    /// See [`Memo::get`].
+    ///
+    /// # Errors
+    /// As [`Memo::get`].
+    pub async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.memo.get(&self.key(key)).await
+    }
+
+    /// See [`Memo::put`].
+    ///
+    /// # Errors
+    /// As [`Memo::put`].
+    pub async fn put(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.memo.put(&self.key(key), value).await
+    }
+
+    /// See [`Memo::memoized`]: the value recorded under `key` by this step,
+    /// or else `compute`'s, recorded.
+    ///
+    /// # Errors
+    /// As [`Memo::memoized`].
+    pub async fn memoized<R, F, E>(&self, key: &str, compute: F) -> std::result::Result<R, E>
+    where
+        R: Serialize + DeserializeOwned,
+        F: Future<Output = std::result::Result<R, E>>,
+        E: From<Error>,
+    {
+        self.memo.memoized(&self.key(key), compute).await
+    }
+
+    /// See [`Memo::memoized_by_content`], under this step's namespace.
+    ///
+    /// # Errors
+    /// As [`Memo::memoized_by_content`].
+    pub async fn memoized_by_content<K, R, F, E>(
+        &self,
+        input: &K,
+        compute: F,
+    ) -> std::result::Result<R, E>
+    where
+        K: Serialize + ?Sized,
+        R: Serialize + DeserializeOwned,
+        F: Future<Output = std::result::Result<R, E>>,
+        E: From<Error>,
+    {
+        let key = Memo::content_key(input)?;
+        self.memoized(&key, compute).await
+    }
+}
+
+impl fmt::Debug for StepMemo<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StepMemo")
+            .field("namespace", &self.namespace)
+            .field("memo", self.memo)
+            .finish()
+    }
+}
+
+/// A run payload: the workflow's name and its step.
+#[derive(Serialize)]
+struct EnvelopeOut<'a, S> {
+    workflow: &'a str,
+    step: &'a S,
+}
+
+#[derive(Deserialize)]
+struct EnvelopeIn<S> {
+    step: S,
+}
+
+/// The names in a payload, read without decoding the step's fields.
+#[derive(Deserialize)]
+pub(crate) struct EnvelopeHead {
+    pub(crate) workflow: String,
+    pub(crate) step: StepTag,
+}
+
+/// The variant name of an externally tagged enum value.
+pub(crate) struct StepTag(pub(crate) String);
+
+impl<'de> Deserialize<'de> for StepTag {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = StepTag;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a step: a map from the step's name to its parameters")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<StepTag, E> {
+                Ok(StepTag(v.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<StepTag, A::Error> {
+                let Some(name) = map.next_key::<String>()? else {
+                    return Err(serde::de::Error::custom("an empty map names no step"));
+                };
+                map.next_value::<serde::de::IgnoredAny>()?;
+                while map
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(StepTag(name))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+/// The payload of `step` of workflow `W`: MessagePack (named fields) of
+/// `{ workflow: W::NAME, step: { "<step name>": { <fields> } } }`. Use it
+/// to submit a run through [`WorkflowRuntime::submit`] or a
+/// [`RunGroup`](crate::RunGroup) directly.
+///
+/// # Errors
+/// [`Error::Serialization`] when a field cannot be encoded.
+pub fn encode_step<W: Workflow>(step: &W::Step) -> Result<Vec<u8>> {
+    Ok(rmp_serde::to_vec_named(&EnvelopeOut {
+        workflow: W::NAME,
+        step,
+    })?)
+}
+
+/// The payload of a run started with `input` ([`encode_step`] of the start
+/// step).
+///
+/// # Errors
+/// [`Error::Serialization`] when a field cannot be encoded.
+pub fn encode_input<I: WorkflowInput>(input: I) -> Result<Vec<u8>> {
+    let step: <I::Workflow as Workflow>::Step = input.into();
+    encode_step::<I::Workflow>(&step)
+}
+
+/// Decodes a step payload of workflow `W`.
+///
+/// # Errors
+/// A permanent [`StepError`] naming the workflow and the step when the
+/// payload is not a step of `W`, names a step `W` does not have, or its
+/// fields do not decode.
+pub fn decode_step<W: Workflow>(payload: &[u8]) -> std::result::Result<W::Step, StepError> {
+    let head: EnvelopeHead = rmp_serde::from_slice(payload).map_err(|e| {
+        StepError::permanent(format!(
+            "workflow `{}`: the step payload is not a `#[workflow]` step: {e}",
+            W::NAME
+        ))
+    })?;
+    if head.workflow != W::NAME {
+        return Err(StepError::permanent(format!(
+            "workflow `{}` received a step of workflow `{}`: host both in one `Workflows` router",
+            W::NAME,
+            head.workflow
+        )));
+    }
+    let name = head.step.0;
+    if !W::STEPS.contains(&name.as_str()) {
+        return Err(StepError::permanent(format!(
+            "workflow `{}` has no step named `{name}` (its steps are {}): the run was written by another version of the workflow",
+            W::NAME,
+            list(W::STEPS.iter().copied())
+        )));
+    }
+    let envelope: EnvelopeIn<W::Step> = rmp_serde::from_slice(payload).map_err(|e| {
+        StepError::permanent(format!(
+            "workflow `{}`: the parameters of step `{name}` do not decode: {e}",
+            W::NAME
+        ))
+    })?;
+    Ok(envelope.step)
+}
+
+/// Decodes the result of a run of `W` that succeeded.
+///
+/// # Errors
+/// [`Error::Deserialization`] when the bytes are not a `W::Output`.
+pub fn decode_output<W: Workflow>(result: &[u8]) -> Result<W::Output> {
+    Ok(rmp_serde::from_slice(result)?)
+}
+
+fn list<'a>(names: impl Iterator<Item = &'a str>) -> String {
+    names.map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+}
+
+/// A run of a workflow that did not succeed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkflowError {
+    /// The run.
+    pub run_id: RunId,
+    /// [`TerminalStatus::Failed`] or [`TerminalStatus::Cancelled`].
+    pub status: TerminalStatus,
+    /// For a failure from a step error or a [`Transition::fail`], its
+    /// kind, when recorded.
+    pub kind: Option<StepErrorKind>,
+    /// The error, the reason of a [`Transition::fail`] or
+    /// [`Transition::cancel`]; `None` for an external cancellation.
+    pub message: Option<String>,
+}
+
+impl fmt::Display for WorkflowError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "run `{}` {}", self.run_id, self.status)?;
+        if let Some(message) = &self.message {
+            write!(f, ": {message}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for WorkflowError {}
+
+/// The typed result of a run: the output, or how it did not succeed.
+pub type WorkflowResult<W> = std::result::Result<<W as Workflow>::Output, WorkflowError>;
+
+fn missing_result(run_id: &RunId) -> Error {
+    Error::Deserialization(rmp_serde::decode::Error::Uncategorized(format!(
+        "run `{run_id}` succeeded but its result record is gone (removed by retention?)"
+    )))
+}
+
+fn from_outcome<W: Workflow>(
+    outcome: RunOutcome,
+    kind: Option<StepErrorKind>,
+) -> Result<WorkflowResult<W>> {
+    match outcome.status {
+        TerminalStatus::Succeeded => match &outcome.result {
+            Some(bytes) => Ok(Ok(decode_output::<W>(bytes)?)),
+            None => Err(missing_result(&outcome.run_id)),
+        },
+        status => Ok(Err(WorkflowError {
+            run_id: outcome.run_id,
+            status,
+            kind,
+            message: outcome.error,
+        })),
+    }
+}
+
+fn from_end<W: Workflow>(run_id: &RunId, end: RunEnd) -> Result<WorkflowResult<W>> {
+    let kind = end.termination.error_kind;
+    match end.outcome {
+        Some(outcome) => from_outcome::<W>(outcome, kind),
+        None => match end.termination.status {
+            TerminalStatus::Succeeded => Err(missing_result(run_id)),
+            status => Ok(Err(WorkflowError {
+                run_id: run_id.clone(),
+                status,
+                kind,
+                message: end.termination.error,
+            })),
+        },
+    }
+}
+
+/// A typed handle on one run of workflow `W` on a runtime; from
+/// [`WorkflowRuntime::start`] or [`WorkflowRuntime::workflow_run`]. Awaiting
+/// it is [`wait`](Self::wait).
+pub struct WorkflowRun<W: Workflow, R, H> {
+    runtime: WorkflowRuntime<R, H>,
+    run_id: RunId,
+    newly_submitted: bool,
+    workflow: PhantomData<fn() -> W>,
+}
+
+impl<W: Workflow, R, H> Clone for WorkflowRun<W, R, H> {
+    fn clone(&self) -> Self {
+        Self {
+            runtime: self.runtime.clone(),
+            run_id: self.run_id.clone(),
+            newly_submitted: self.newly_submitted,
+            workflow: PhantomData,
+        }
+    }
+}
+
+impl<W: Workflow, R, H> fmt::Debug for WorkflowRun<W, R, H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkflowRun")
+            .field("workflow", &W::NAME)
+            .field("run_id", &self.run_id)
+            .field("newly_submitted", &self.newly_submitted)
+            .finish()
+    }
+}
+
+impl<W: Workflow, R: StepRunner, H: TerminalHook> WorkflowRun<W, R, H> {
+    /// The run's id.
+    pub fn id(&self) -> &RunId {
+        &self.run_id
+    }
+
+    /// `false` when the submission found the run already active with the
+    /// same input (nothing was written).
+    pub fn newly_submitted(&self) -> bool {
+        self.newly_submitted
+    }
+
+    /// The run's status ([`WorkflowRuntime::status`]).
+    ///
+    /// # Errors
+    /// As [`WorkflowRuntime::status`].
+    pub async fn status(&self) -> Result<Option<RunStatus>> {
+        self.runtime.status(&self.run_id).await
+    }
+
+    /// The run's typed result from its durable record: `Ok(None)` while it
+    /// runs (or when it terminated without a worker, or retention removed
+    /// the record). Works from any process over the same store.
+    ///
+    /// # Errors
+    /// Storage errors; [`Error::Deserialization`] when the result is not a
+    /// `W::Output`.
+    pub async fn outcome(&self) -> Result<Option<WorkflowResult<W>>> {
+        let Some(outcome) = self.runtime.outcome(&self.run_id).await? else {
+            return Ok(None);
+        };
+        let kind = if outcome.status == TerminalStatus::Succeeded {
+            None
+        } else {
+            match self.runtime.status(&self.run_id).await? {
+                Some(RunStatus {
+                    state: RunState::Terminated(termination),
+                    ..
+                }) => termination.error_kind,
+                _ => None,
+            }
+        };
+        from_outcome::<W>(outcome, kind).map(Some)
+    }
+
+    /// Waits until the run terminates ([`WorkflowRuntime::wait`]) and
+    /// returns its typed result.
+    ///
+    /// # Errors
+    /// As [`WorkflowRuntime::wait`]; [`Error::Deserialization`] when the
+    /// result is not a `W::Output`.
+    pub async fn wait(&self) -> Result<WorkflowResult<W>> {
+        let end = self.runtime.wait(&self.run_id).await?;
+        from_end::<W>(&self.run_id, end)
+    }
+
+    /// [`wait`](Self::wait) bounded by `timeout`: `Ok(None)` when the run
+    /// has not terminated by then.
+    ///
+    /// # Errors
+    /// As [`wait`](Self::wait).
+    pub async fn wait_timeout(&self, timeout: Duration) -> Result<Option<WorkflowResult<W>>> {
+        match self.runtime.wait_timeout(&self.run_id, timeout).await? {
+            Some(end) => from_end::<W>(&self.run_id, end).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Cancels the run ([`WorkflowRuntime::cancel`]).
+    ///
+    /// # Errors
+    /// As [`WorkflowRuntime::cancel`].
+    pub async fn cancel(&self) -> Result<bool> {
+        self.runtime.cancel(&self.run_id).await
+    }
+}
+
+impl<W, R, H> IntoFuture for WorkflowRun<W, R, H>
+where
+    W: Workflow,
+    R: StepRunner + 'static,
+    H: TerminalHook + 'static,
+{
+    type Output = Result<WorkflowResult<W>>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move { self.wait().await })
+    }
+}
+
+/// Typed submission of workflow runs.
+impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
+    /// Starts a run of the workflow `input` belongs to (a generated
+    /// `{Type}Input`) under a fresh run id.
+    ///
+    /// # Errors
+    /// As [`WorkflowRuntime::submit`]; [`Error::Serialization`] when a
+    /// field cannot be encoded.
+    pub async fn start<I: WorkflowInput>(
+        &self,
+        input: I,
+    ) -> Result<WorkflowRun<I::Workflow, R, H>> {
+        self.start_spec(input, RunSpec::default()).await
+    }
+
+    /// [`start`](Self::start) with [`RunOptions`].
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub async fn start_with<I: WorkflowInput>(
+        &self,
+        input: I,
+        options: RunOptions,
+    ) -> Result<WorkflowRun<I::Workflow, R, H>> {
+        self.start_spec(
+            input,
+            RunSpec {
+                options,
+                ..RunSpec::default()
+            },
+        )
+        .await
+    }
+
+    /// [`start_with`](Self::start_with) under `run_id`: idempotent on
+    /// `(run_id, input)` as [`WorkflowRuntime::submit`] is.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start); [`Error::InputMismatch`] when the run is
+    /// active with another input.
+    pub async fn start_as<I: WorkflowInput>(
+        &self,
+        run_id: RunId,
+        input: I,
+        options: RunOptions,
+    ) -> Result<WorkflowRun<I::Workflow, R, H>> {
+        self.start_spec(
+            input,
+            RunSpec {
+                run_id: Some(run_id),
+                options,
+                ..RunSpec::default()
+            },
+        )
+        .await
+    }
+
+    /// Starts a run with every field of `spec` (run id, options, effects)
+    /// but its `input`, which is `input` encoded.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub async fn start_spec<I: WorkflowInput>(
+        &self,
+        input: I,
+        spec: RunSpec,
+    ) -> Result<WorkflowRun<I::Workflow, R, H>> {
+        let spec = RunSpec {
+            input: encode_input(input)?,
+            ..spec
+        };
+        let submitted = self.submit(spec).await?;
+        Ok(WorkflowRun {
+            runtime: self.clone(),
+            run_id: submitted.run_id,
+            newly_submitted: submitted.newly_submitted,
+            workflow: PhantomData,
+        })
+    }
+
+    /// A typed handle on the run `run_id` of workflow `W`, for instance
+    /// after a restart.
+    pub fn workflow_run<W: Workflow>(&self, run_id: RunId) -> WorkflowRun<W, R, H> {
+        WorkflowRun {
+            runtime: self.clone(),
+            run_id,
+            newly_submitted: false,
+            workflow: PhantomData,
+        }
+    }
+
+    /// [`signal`](Self::signal) with `value` encoded as MessagePack (named
+    /// fields), as [`StepContext::signal_value`] decodes it.
+    ///
+    /// # Errors
+    /// As [`signal`](Self::signal); [`Error::Serialization`] when `value`
+    /// cannot be encoded.
+    pub async fn signal_value<T: Serialize + ?Sized>(
+        &self,
+        correlation_key: &str,
+        value: &T,
+    ) -> Result<SignalOutcome> {
+        let payload = rmp_serde::to_vec_named(value)?;
+        self.signal(correlation_key, payload).await
+    }
+}
+
+/// A [`StepRunner`] hosting several workflows, routing each step to its
+/// workflow by the name in the payload, so they share one runtime.
+///
+/// ```ignore
+/// // Every #[workflow] in the binary (each must implement `Default`,
+/// // unless added by hand first):
+/// let router = Workflows::registered();
+/// // Or by hand, for workflows that hold state:
+/// let router = Workflows::builder().add(Order::new(client)).register_all().build();
+/// let runtime = WorkflowRuntime::builder(queue, store, router, NoopTerminalHook).build();
+/// ```
+#[derive(Clone)]
+pub struct Workflows {
+    entries: Arc<BTreeMap<&'static str, Arc<dyn ErasedWorkflow>>>,
+}
+
+impl Workflows {
+    /// An empty builder.
+    pub fn builder() -> WorkflowsBuilder {
+        WorkflowsBuilder::default()
+    }
+
+    /// A router of every `#[workflow]` linked into the binary, each built
+    /// with `Default`.
+    ///
+    /// # Panics
+    /// As [`WorkflowsBuilder::register_all`].
+    pub fn registered() -> Self {
+        Self::builder().register_all().build()
+    }
+
+    /// The names of the hosted workflows, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.entries.keys().copied()
+    }
+
+    /// Whether the workflow `name` is hosted.
+    pub fn contains(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+}
+
+impl fmt::Debug for Workflows {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set().entries(self.entries.keys()).finish()
+    }
+}
+
+impl StepRunner for Workflows {
+    fn run_step(
+        &self,
+        step: &Step,
+    ) -> impl Future<Output = std::result::Result<StepOutcome, StepError>> + Send {
+        async move {
+            let head: EnvelopeHead = rmp_serde::from_slice(&step.payload).map_err(|e| {
+                StepError::permanent(format!(
+                    "the step payload is not a `#[workflow]` step: {e}"
+                ))
+            })?;
+            match self.entries.get(head.workflow.as_str()) {
+                Some(workflow) => workflow.run_erased(step).await,
+                None => Err(StepError::permanent(format!(
+                    "no workflow named `{}` is hosted by this runtime (it hosts {}): step `{}` cannot run",
+                    head.workflow,
+                    list(self.names()),
+                    head.step.0
+                ))),
+            }
+        }
+    }
+}
+
+/// Builds a [`Workflows`] router.
+#[derive(Default)]
+pub struct WorkflowsBuilder {
+    entries: BTreeMap<&'static str, Arc<dyn ErasedWorkflow>>,
+}
+
+impl fmt::Debug for WorkflowsBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set().entries(self.entries.keys()).finish()
+    }
+}
+
+impl WorkflowsBuilder {
+    /// Hosts `workflow`.
+    ///
+    /// # Panics
+    /// When a workflow with the same [`Workflow::NAME`] is already hosted.
+    pub fn add<W: Workflow>(mut self, workflow: W) -> Self {
+        if let Some(existing) = self.entries.get(W::NAME) {
+            panic!(
+                "two workflows are named `{}`: `{}` and `{}`; give one another `#[workflow(name = \"...\")]`",
+                W::NAME,
+                existing.type_name(),
+                std::any::type_name::<W>()
+            );
+        }
+        self.entries.insert(W::NAME, Arc::new(workflow));
+        self
+    }
+
+    /// Hosts every `#[workflow]` linked into the binary that is not hosted
+    /// yet, built with `Default`. Add the workflows that hold state with
+    /// [`add`](Self::add) first.
+    ///
+    /// # Panics
+    /// When two `#[workflow]`s share a name (both source locations are
+    /// given), or one that is not hosted yet does not implement `Default`.
+    pub fn register_all(mut self) -> Self {
+        let registrations = crate::__private::workflow_registrations();
+        if let Some(message) = crate::__private::duplicate_names(
+            "#[workflow]",
+            registrations
+                .iter()
+                .map(|r| (r.name, r.type_name, r.module_path, r.file, r.line)),
+        ) {
+            panic!("{message}");
+        }
+        for registration in registrations {
+            if let Some(existing) = self.entries.get(registration.name) {
+                let full = format!("{}::{}", registration.module_path, registration.type_name);
+                if existing.type_name() != full {
+                    panic!(
+                        "two workflows are named `{}`: `{}` (added with `add`) and `{full}` ({}:{}); give one another `#[workflow(name = \"...\")]`",
+                        registration.name,
+                        existing.type_name(),
+                        registration.file,
+                        registration.line
+                    );
+                }
+                continue;
+            }
+            match (registration.make)() {
+                Some(workflow) => {
+                    self.entries.insert(registration.name, Arc::from(workflow));
+                }
+                None => panic!(
+                    "workflow `{}` (`{}` at {}:{}) does not implement `Default`, so `register_all` cannot build it: add it with `.add({} {{ .. }})` before `.register_all()`",
+                    registration.name,
+                    registration.type_name,
+                    registration.file,
+                    registration.line,
+                    registration.type_name
+                ),
+            }
+        }
+        self
+    }
+
+    /// The router.
+    pub fn build(self) -> Workflows {
+        Workflows {
+            entries: Arc::new(self.entries),
+        }
+    }
+}
