@@ -267,10 +267,10 @@ impl<W: Workflow> MakeWithoutDefault for &Maker<W> {
 }
 
 /// The generated `StepRunner::run_step`: decode the payload, dispatch.
-pub fn run_workflow_step<'a, W: Workflow>(
-    workflow: &'a W,
-    step: &'a Step,
-) -> impl Future<Output = Result<StepOutcome, StepError>> + Send + 'a {
+pub fn run_workflow_step<'w, 's, W: Workflow>(
+    workflow: &'w W,
+    step: &'s Step,
+) -> impl Future<Output = Result<StepOutcome, StepError>> + Send + use<'w, 's, W> {
     async move {
         let decoded = crate::workflows::decode_step::<W>(&step.payload)?;
         workflow.dispatch(step, decoded).await
