@@ -531,10 +531,12 @@ impl RuntimeCore {
                 });
             };
             match self.queue.wait_for_completion(&job.id).await? {
-                WaitOutcome::Dead(_) => {
+                WaitOutcome::Dead(dead) => {
                     // A step dead-lettered outside the worker: terminate the
                     // run now rather than spin until the worker reconciles.
-                    if crate::sweep::reconcile_job(self, &job).await? == 0 {
+                    // The dead record, not the one read before the wait,
+                    // carries the error the run fails with.
+                    if crate::sweep::reconcile_job(self, &dead).await? == 0 {
                         tokio::time::sleep(self.poll_interval).await;
                     }
                 }
