@@ -13,7 +13,7 @@ use taquba_workflow::{StepErrorKind, job};
 
 #[derive(Debug, thiserror::Error)]
 #[error("math error: {0}")]
-struct MathError(String);
+pub struct MathError(String);
 
 static ADD_CALLS: AtomicUsize = AtomicUsize::new(0);
 
@@ -107,7 +107,12 @@ async fn context_state_and_reference_parameters_reach_the_fn() {
     };
     // `derive(...)` reached the struct.
     assert_eq!(job.clone(), job);
-    let out = runner.submit(job).await.expect("submits").await.expect("runs");
+    let out = runner
+        .submit(job)
+        .await
+        .expect("submits")
+        .await
+        .expect("runs");
     assert_eq!(out, "hello ada!?hello ada!?");
     worker.shutdown().await.expect("worker stops");
 }

@@ -25,10 +25,10 @@ mod v1 {
     #[derive(Default)]
     pub struct Signup;
 
-    #[workflow(name = "signup", output = String)]
+    #[workflow(name = "signup", output = String, vis = pub)]
     impl Signup {
         #[step(start)]
-        async fn register(email: String) -> Result<Transition<Self>, StepError> {
+        async fn register(email: String) -> Result<Transition<SignupStep>, StepError> {
             let key = format!("confirm:{email}");
             Ok(Transition::on_signal(
                 SignupStep::Welcome { email },
@@ -38,7 +38,7 @@ mod v1 {
         }
 
         #[step]
-        async fn welcome(email: String) -> Result<Transition<Self>, StepError> {
+        async fn welcome(email: String) -> Result<Transition<SignupStep>, StepError> {
             Ok(Transition::done(format!("welcomed {email}")))
         }
     }
@@ -56,17 +56,20 @@ mod v2 {
     #[derive(Default)]
     pub struct Signup;
 
-    #[workflow(name = "signup", output = String)]
+    #[workflow(name = "signup", output = String, vis = pub)]
     impl Signup {
         #[step]
-        async fn audit(email: String, confirmed: bool) -> Result<Transition<Self>, StepError> {
+        async fn audit(
+            email: String,
+            confirmed: bool,
+        ) -> Result<Transition<SignupStep>, StepError> {
             Ok(Transition::done(format!(
                 "welcomed and audited {email} (confirmed: {confirmed})"
             )))
         }
 
         #[step]
-        async fn welcome(email: String) -> Result<Transition<Self>, StepError> {
+        async fn welcome(email: String) -> Result<Transition<SignupStep>, StepError> {
             Ok(Transition::after(
                 SignupStep::Audit {
                     email,
@@ -77,7 +80,7 @@ mod v2 {
         }
 
         #[step(start)]
-        async fn register(email: String) -> Result<Transition<Self>, StepError> {
+        async fn register(email: String) -> Result<Transition<SignupStep>, StepError> {
             let key = format!("confirm:{email}");
             Ok(Transition::on_signal(
                 SignupStep::Welcome { email },

@@ -12,7 +12,7 @@ use taquba::object_store::ObjectStore;
 use taquba::object_store::memory::InMemory;
 use taquba::{OpenOptions, Queue, QueueConfig};
 use taquba_workflow::workflows::{
-    StepContext, Transition, Workflow, WorkflowError, Workflows, encode_step,
+    StepContext, Transition, Workflow, WorkflowError, WorkflowStep, Workflows, encode_step,
 };
 use taquba_workflow::{
     NoopTerminalHook, RunSpec, StepError, StepRunner, TerminalStatus, WorkflowRuntime, workflow,
@@ -42,7 +42,7 @@ impl Fulfil {
         ctx: StepContext<'_>,
         order_id: &str,
         cents: u64,
-    ) -> Result<Transition<Self>, StepError> {
+    ) -> Result<Transition<FulfilStep>, StepError> {
         let charge_id: String = ctx
             .memo
             .memoized("charge", async {
@@ -67,10 +67,16 @@ impl Fulfil {
 
     /// Waits for the warehouse.
     #[step]
-    async fn pack(order_id: String, charge_id: String) -> Result<Transition<Self>, StepError> {
+    async fn pack(
+        order_id: String,
+        charge_id: String,
+    ) -> Result<Transition<FulfilStep>, StepError> {
         let key = format!("shipped:{order_id}");
         Ok(Transition::on_signal(
-            FulfilStep::Ship { order_id, charge_id },
+            FulfilStep::Ship {
+                order_id,
+                charge_id,
+            },
             key,
             Duration::from_secs(60),
         ))
@@ -82,7 +88,7 @@ impl Fulfil {
         ctx: StepContext<'_>,
         order_id: String,
         charge_id: String,
-    ) -> Result<Transition<Self>, StepError> {
+    ) -> Result<Transition<FulfilStep>, StepError> {
         assert_eq!(ctx.step_name(), "ship");
         assert_eq!(ctx.workflow_name(), "fulfil");
         match ctx.signal_value::<String>()? {
@@ -105,7 +111,7 @@ pub struct Greeter {
 #[workflow(output = String)]
 impl Greeter {
     #[step(start)]
-    async fn greet(&self, name: String) -> Result<Transition<Self>, StepError> {
+    async fn greet(&self, name: String) -> Result<Transition<GreeterStep>, StepError> {
         if name.is_empty() {
             return Ok(Transition::cancel("nobody to greet"));
         }
@@ -115,7 +121,7 @@ impl Greeter {
     }
 
     #[step]
-    async fn sign(text: &str) -> Result<Transition<Self>, StepError> {
+    async fn sign(text: &str) -> Result<Transition<GreeterStep>, StepError> {
         Ok(Transition::done(format!("{text}.")))
     }
 }
@@ -217,7 +223,7 @@ fn a_timer_a_signal_and_a_memoized_call_survive_a_crash_mid_run() {
 async fn workflows_share_one_runtime_through_the_router() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let router = Workflows::builder()
-        .add(Greeter {
+        .register(Greeter {
             greeting: "hello".into(),
         })
         .register_all()
@@ -291,7 +297,7 @@ fn raw(workflow: &str, step: &str) -> Vec<u8> {
 async fn unknown_workflows_and_steps_fail_permanently_with_their_names() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let router = Workflows::builder()
-        .add(Greeter {
+        .register(Greeter {
             greeting: "hi".into(),
         })
         .build();
@@ -299,7 +305,7 @@ async fn unknown_workflows_and_steps_fail_permanently_with_their_names() {
     let worker = rt.spawn(std::future::pending::<()>());
 
     // A workflow the router does not host.
-    let payload = encode_step::<Fulfil>(&FulfilStep::Pack {
+    let payload = encode_step(&FulfilStep::Pack {
         order_id: "o".into(),
         charge_id: "c".into(),
     })
@@ -334,5 +340,5 @@ fn the_generated_constants_describe_the_workflow() {
         order_id: "o".into(),
         charge_id: "c".into(),
     };
-    assert_eq!(Fulfil::step_name(&step), "ship");
+    assert_eq!(step.name(), "ship");
 }

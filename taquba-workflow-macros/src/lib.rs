@@ -52,11 +52,11 @@ pub fn job(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// #[workflow(name = "order", output = Receipt)]
 /// impl Order {
 ///     #[step(start)]
-///     async fn charge(&self, ctx: StepContext<'_>, order_id: String) -> Result<Transition<Self>, StepError> {
+///     async fn charge(&self, ctx: StepContext<'_>, order_id: String) -> Result<Transition<OrderStep>, StepError> {
 ///         Ok(Transition::next(OrderStep::Ship { order_id }))
 ///     }
 ///     #[step]
-///     async fn ship(&self, order_id: String) -> Result<Transition<Self>, StepError> {
+///     async fn ship(&self, order_id: String) -> Result<Transition<OrderStep>, StepError> {
 ///         Ok(Transition::done(Receipt { order_id }))
 ///     }
 /// }

@@ -13,7 +13,7 @@ pub use ::rmp_serde;
 pub use ::serde;
 
 use crate::jobs::{Job, JobRunnerBuilder};
-use crate::workflows::{Transition, Workflow};
+use crate::workflows::{Transition, Workflow, WorkflowStep};
 use crate::{Step, StepError, StepOutcome, StepRunner};
 
 // ---------------------------------------------------------------------------
@@ -71,7 +71,9 @@ impl JobRunnerBuilder {
         }
         registrations
             .into_iter()
-            .fold(self, |builder, registration| (registration.register)(builder))
+            .fold(self, |builder, registration| {
+                (registration.register)(builder)
+            })
     }
 }
 
@@ -266,29 +268,23 @@ impl<W: Workflow> MakeWithoutDefault for &Maker<W> {
     }
 }
 
-/// The generated `StepRunner::run_step`: decode the payload, dispatch.
-pub fn run_workflow_step<'w, 's, W: Workflow>(
-    workflow: &'w W,
-    step: &'s Step,
-) -> impl Future<Output = Result<StepOutcome, StepError>> + Send + use<'w, 's, W> {
-    async move {
-        let decoded = crate::workflows::decode_step::<W>(&step.payload)?;
-        workflow.dispatch(step, decoded).await
-    }
+/// The generated `StepRunner::run_step` decodes the payload with this.
+pub fn decode_step<S: WorkflowStep>(step: &Step) -> Result<S, StepError> {
+    crate::workflows::decode_step::<S>(&step.payload)
 }
 
 /// What a step fn returns.
 #[diagnostic::on_unimplemented(
-    message = "a `#[step]` fn must return `Result<Transition<Self>, E>` with `E: Into<StepError>`, not `{Self}`",
-    label = "not `Result<Transition<{W}>, E>` with `E: Into<StepError>`",
+    message = "a `#[step]` fn must return `Result<Transition<{S}>, E>` with `E: Into<StepError>`, not `{Self}`",
+    label = "expected `Result<Transition<{S}>, E>` with `E: Into<StepError>`",
     note = "return `Ok(Transition::next(...))`, `Ok(Transition::done(...))`, ...; `E` can be `StepError`, `taquba_workflow::Error`, or any type with `impl From<E> for StepError`"
 )]
-pub trait StepReturn<W> {
+pub trait StepReturn<S> {
     /// The untyped outcome.
     fn into_step_outcome(self) -> Result<StepOutcome, StepError>;
 }
 
-impl<W: Workflow, E: Into<StepError>> StepReturn<W> for Result<Transition<W>, E> {
+impl<S: WorkflowStep, E: Into<StepError>> StepReturn<S> for Result<Transition<S>, E> {
     fn into_step_outcome(self) -> Result<StepOutcome, StepError> {
         self.map_err(Into::into)?.into_outcome()
     }
@@ -296,7 +292,9 @@ impl<W: Workflow, E: Into<StepError>> StepReturn<W> for Result<Transition<W>, E>
 
 /// Encodes a step fn's return value; `R` is written out (the step's
 /// return type, at its span) so a wrong one is reported there.
-pub fn finish_step<W: Workflow, R: StepReturn<W>>(returned: R) -> Result<StepOutcome, StepError> {
+pub fn finish_step<S: WorkflowStep, R: StepReturn<S>>(
+    returned: R,
+) -> Result<StepOutcome, StepError> {
     returned.into_step_outcome()
 }
 
@@ -344,8 +342,11 @@ mod tests {
             ]
             .into_iter(),
         )
-        .unwrap();
-        assert!(message.contains("`m::A` at src/a.rs:1 and of `n::C` at src/c.rs:3"), "{message}");
+        .expect("a clash");
+        assert!(
+            message.contains("`m::A` at src/a.rs:1 and of `n::C` at src/c.rs:3"),
+            "{message}"
+        );
         assert!(!message.contains("src/b.rs"));
         assert!(duplicate_names("#[job]", std::iter::empty()).is_none());
     }

@@ -12,11 +12,11 @@
 //! #[derive(Default)]
 //! pub struct Order;
 //!
-//! #[workflow(name = "order", output = String)]
+//! #[workflow(name = "order", output = String, vis = pub)]
 //! impl Order {
 //!     /// Charges the card once, even if the step is retried.
 //!     #[step(start)]
-//!     async fn charge(ctx: StepContext<'_>, order_id: String, cents: u64) -> Result<Transition<Self>, StepError> {
+//!     async fn charge(ctx: StepContext<'_>, order_id: String, cents: u64) -> Result<Transition<OrderStep>, StepError> {
 //!         let receipt: String = ctx.memo.memoized("charge", async { Ok::<_, StepError>(format!("paid {cents}")) }).await?;
 //!         // Wait up to a day for the warehouse to confirm.
 //!         Ok(Transition::on_signal(
@@ -27,7 +27,7 @@
 //!     }
 //!
 //!     #[step]
-//!     async fn ship(ctx: StepContext<'_>, order_id: String, receipt: String) -> Result<Transition<Self>, StepError> {
+//!     async fn ship(ctx: StepContext<'_>, order_id: String, receipt: String) -> Result<Transition<OrderStep>, StepError> {
 //!         match ctx.signal_value::<String>()? {
 //!             Some(tracking) => Ok(Transition::done(format!("{order_id}: {receipt}, {tracking}"))),
 //!             None => Ok(Transition::fail("the warehouse never confirmed")),
@@ -64,7 +64,7 @@
 //! A step fn takes `&self` or no receiver, an optional [`StepContext`] in
 //! any position (the [`Step`] and its [`Delivery`](crate::Delivery), with a
 //! [`StepContext::memo`] namespaced by step name) and its fields, and
-//! returns `Result<Transition<Self>, E>` with `E: Into<StepError>`: an
+//! returns `Result<Transition<OrderStep>, E>` (the generated step enum) with `E: Into<StepError>`: an
 //! `Err` is a step error (transient: retried; permanent: dead-lettered),
 //! a [`Transition`] moves the run on.
 //!
@@ -96,9 +96,9 @@ use crate::{
 #[cfg(feature = "macros")]
 pub use taquba_workflow_macros::step;
 
-/// A typed workflow: a step enum, an input, an output and the dispatch
-/// from a decoded step to its fn. `#[workflow]` implements it (and
-/// [`StepRunner`]); implementing it by hand is possible but unusual.
+/// A typed workflow: its stable name, its steps' names and its output.
+/// `#[workflow]` implements it and [`StepRunner`] (decode the payload,
+/// call the step fn, encode its [`Transition`]) on the annotated type.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a workflow",
     label = "`{Self}` has no `#[workflow]` impl block",
@@ -111,63 +111,71 @@ pub trait Workflow: StepRunner + Sized + 'static {
     const START: &'static str;
     /// The names of every step, in declaration order.
     const STEPS: &'static [&'static str];
-    /// The step enum: one variant per step.
-    type Step: Serialize + DeserializeOwned + Send + 'static;
-    /// The start step's parameters.
-    type Input: WorkflowInput<Workflow = Self>;
     /// What a run that succeeds returns ([`Transition::done`]).
     type Output: Serialize + DeserializeOwned + Send + 'static;
-
-    /// The stable name of `step`'s variant.
-    fn step_name(step: &Self::Step) -> &'static str;
-
-    /// Runs the step fn of `decoded`. Generated; called by the
-    /// [`StepRunner`] impl after decoding the payload.
-    #[doc(hidden)]
-    fn dispatch<'a>(
-        &'a self,
-        step: &'a Step,
-        decoded: Self::Step,
-    ) -> impl Future<Output = std::result::Result<StepOutcome, StepError>> + Send + 'a;
 }
+
+/// The step enum of a workflow (the generated `{Type}Step`): one variant
+/// per step, stored under the step's name.
+///
+/// The enum names its workflow (and not the other way round), so the
+/// generated types may be less visible than the workflow type.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not the step enum of a workflow",
+    label = "expected the step enum `#[workflow]` generates (such as `OrderStep`)",
+    note = "a step fn returns `Result<Transition<OrderStep>, E>`, where `OrderStep` is the step enum of the workflow `Order`"
+)]
+pub trait WorkflowStep: Serialize + DeserializeOwned + Send + 'static {
+    /// The workflow.
+    type Workflow: Workflow;
+
+    /// The stable name of this step.
+    fn name(&self) -> &'static str;
+}
+
+/// The output of the workflow of step enum `S`.
+pub type OutputOf<S> = <<S as WorkflowStep>::Workflow as Workflow>::Output;
 
 /// The input of a workflow's start step (the generated `{Type}Input`
 /// struct), which names its workflow so [`WorkflowRuntime::start`] needs
 /// no type annotation.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not the input of a workflow",
-    label = "expected the generated input struct of a `#[workflow]` (such as `OrderInput`)",
+    label = "expected the input struct `#[workflow]` generates (such as `OrderInput`)",
     note = "`#[workflow]` generates `{{Type}}Input` with the fields of the `#[step(start)]` fn"
 )]
-pub trait WorkflowInput: Into<<Self::Workflow as Workflow>::Step> + Send + 'static {
-    /// The workflow this input starts.
-    type Workflow: Workflow;
+pub trait WorkflowInput: Into<Self::Step> + Send + 'static {
+    /// The step enum of the workflow this input starts.
+    type Step: WorkflowStep;
 }
+
+/// The workflow input `I` starts.
+pub type WorkflowOf<I> = <<I as WorkflowInput>::Step as WorkflowStep>::Workflow;
 
 /// What a step decides: the next step (now, after a delay, or on a
 /// signal), or the end of the run (done with the output, failed,
 /// cancelled).
 #[must_use = "a transition does nothing until the step returns it"]
-pub struct Transition<W: Workflow> {
-    kind: TransitionKind<W>,
+pub struct Transition<S: WorkflowStep> {
+    kind: TransitionKind<S>,
 }
 
-enum TransitionKind<W: Workflow> {
-    Continue { step: W::Step, when: Trigger },
-    Done(W::Output),
+enum TransitionKind<S: WorkflowStep> {
+    Continue { step: S, when: Trigger },
+    Done(OutputOf<S>),
     Fail(String),
     Cancel(String),
 }
 
-impl<W: Workflow> Transition<W> {
+impl<S: WorkflowStep> Transition<S> {
     /// Run `step` next, as soon as a worker claims it.
-    pub fn next(step: W::Step) -> Self {
+    pub fn next(step: S) -> Self {
         Self::continue_with(step, Trigger::Immediate)
     }
 
     /// Run `step` next, once `delay` has passed (a durable timer: no worker
     /// is held while it runs, and it survives restarts).
-    pub fn after(step: W::Step, delay: Duration) -> Self {
+    pub fn after(step: S, delay: Duration) -> Self {
         Self::continue_with(step, Trigger::After(delay))
     }
 
@@ -175,7 +183,7 @@ impl<W: Workflow> Transition<W> {
     /// ([`WorkflowRuntime::signal`], [`WorkflowRuntime::signal_value`]), or
     /// when `timeout` passes without one. The step reads the signal through
     /// [`StepContext::signal_value`] (`None` after a timeout).
-    pub fn on_signal(step: W::Step, correlation_key: impl Into<String>, timeout: Duration) -> Self {
+    pub fn on_signal(step: S, correlation_key: impl Into<String>, timeout: Duration) -> Self {
         Self::continue_with(
             step,
             Trigger::OnSignal {
@@ -186,14 +194,14 @@ impl<W: Workflow> Transition<W> {
     }
 
     /// Run `step` next with an explicit [`Trigger`].
-    pub fn continue_with(step: W::Step, when: Trigger) -> Self {
+    pub fn continue_with(step: S, when: Trigger) -> Self {
         Self {
             kind: TransitionKind::Continue { step, when },
         }
     }
 
     /// End the run successfully with `output`.
-    pub fn done(output: W::Output) -> Self {
+    pub fn done(output: OutputOf<S>) -> Self {
         Self {
             kind: TransitionKind::Done(output),
         }
@@ -223,11 +231,11 @@ impl<W: Workflow> Transition<W> {
     pub fn into_outcome(self) -> std::result::Result<StepOutcome, StepError> {
         match self.kind {
             TransitionKind::Continue { step, when } => {
-                let name = W::step_name(&step);
-                let payload = encode_step::<W>(&step).map_err(|e| {
+                let name = step.name();
+                let payload = encode_step(&step).map_err(|e| {
                     StepError::permanent(format!(
                         "workflow `{}`: cannot encode the parameters of step `{name}`: {e}",
-                        W::NAME
+                        S::Workflow::NAME
                     ))
                 })?;
                 Ok(StepOutcome::Continue { payload, when })
@@ -236,7 +244,7 @@ impl<W: Workflow> Transition<W> {
                 let result = rmp_serde::to_vec_named(&output).map_err(|e| {
                     StepError::permanent(format!(
                         "workflow `{}`: cannot encode the output: {e}",
-                        W::NAME
+                        S::Workflow::NAME
                     ))
                 })?;
                 Ok(StepOutcome::Succeed { result })
@@ -247,10 +255,10 @@ impl<W: Workflow> Transition<W> {
     }
 }
 
-impl<W: Workflow> fmt::Debug for Transition<W>
+impl<S: WorkflowStep> fmt::Debug for Transition<S>
 where
-    W::Step: fmt::Debug,
-    W::Output: fmt::Debug,
+    S: fmt::Debug,
+    OutputOf<S>: fmt::Debug,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
@@ -481,16 +489,16 @@ impl<'de> Deserialize<'de> for StepTag {
     }
 }
 
-/// The payload of `step` of workflow `W`: MessagePack (named fields) of
-/// `{ workflow: W::NAME, step: { "<step name>": { <fields> } } }`. Use it
-/// to submit a run through [`WorkflowRuntime::submit`] or a
+/// The payload of `step`: MessagePack (named fields) of
+/// `{ workflow: "<workflow name>", step: { "<step name>": { <fields> } } }`.
+/// Use it to submit a run through [`WorkflowRuntime::submit`] or a
 /// [`RunGroup`](crate::RunGroup) directly.
 ///
 /// # Errors
 /// [`Error::Serialization`] when a field cannot be encoded.
-pub fn encode_step<W: Workflow>(step: &W::Step) -> Result<Vec<u8>> {
+pub fn encode_step<S: WorkflowStep>(step: &S) -> Result<Vec<u8>> {
     Ok(rmp_serde::to_vec_named(&EnvelopeOut {
-        workflow: W::NAME,
+        workflow: S::Workflow::NAME,
         step,
     })?)
 }
@@ -501,17 +509,23 @@ pub fn encode_step<W: Workflow>(step: &W::Step) -> Result<Vec<u8>> {
 /// # Errors
 /// [`Error::Serialization`] when a field cannot be encoded.
 pub fn encode_input<I: WorkflowInput>(input: I) -> Result<Vec<u8>> {
-    let step: <I::Workflow as Workflow>::Step = input.into();
-    encode_step::<I::Workflow>(&step)
+    let step: I::Step = input.into();
+    encode_step(&step)
 }
 
-/// Decodes a step payload of workflow `W`.
+/// Decodes a step payload of the workflow of step enum `S`.
 ///
 /// # Errors
 /// A permanent [`StepError`] naming the workflow and the step when the
-/// payload is not a step of `W`, names a step `W` does not have, or its
-/// fields do not decode.
-pub fn decode_step<W: Workflow>(payload: &[u8]) -> std::result::Result<W::Step, StepError> {
+/// payload is not a step of that workflow, names a step it does not have,
+/// or its fields do not decode.
+pub fn decode_step<S: WorkflowStep>(payload: &[u8]) -> std::result::Result<S, StepError> {
+    decode_step_of::<S::Workflow, S>(payload)
+}
+
+fn decode_step_of<W: Workflow, S: DeserializeOwned>(
+    payload: &[u8],
+) -> std::result::Result<S, StepError> {
     let head: EnvelopeHead = rmp_serde::from_slice(payload).map_err(|e| {
         StepError::permanent(format!(
             "workflow `{}`: the step payload is not a `#[workflow]` step: {e}",
@@ -533,7 +547,7 @@ pub fn decode_step<W: Workflow>(payload: &[u8]) -> std::result::Result<W::Step, 
             list(W::STEPS.iter().copied())
         )));
     }
-    let envelope: EnvelopeIn<W::Step> = rmp_serde::from_slice(payload).map_err(|e| {
+    let envelope: EnvelopeIn<S> = rmp_serde::from_slice(payload).map_err(|e| {
         StepError::permanent(format!(
             "workflow `{}`: the parameters of step `{name}` do not decode: {e}",
             W::NAME
@@ -551,7 +565,10 @@ pub fn decode_output<W: Workflow>(result: &[u8]) -> Result<W::Output> {
 }
 
 fn list<'a>(names: impl Iterator<Item = &'a str>) -> String {
-    names.map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+    names
+        .map(|n| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A run of a workflow that did not succeed.
@@ -757,7 +774,7 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     pub async fn start<I: WorkflowInput>(
         &self,
         input: I,
-    ) -> Result<WorkflowRun<I::Workflow, R, H>> {
+    ) -> Result<WorkflowRun<WorkflowOf<I>, R, H>> {
         self.start_spec(input, RunSpec::default()).await
     }
 
@@ -769,7 +786,7 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
         &self,
         input: I,
         options: RunOptions,
-    ) -> Result<WorkflowRun<I::Workflow, R, H>> {
+    ) -> Result<WorkflowRun<WorkflowOf<I>, R, H>> {
         self.start_spec(
             input,
             RunSpec {
@@ -791,7 +808,7 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
         run_id: RunId,
         input: I,
         options: RunOptions,
-    ) -> Result<WorkflowRun<I::Workflow, R, H>> {
+    ) -> Result<WorkflowRun<WorkflowOf<I>, R, H>> {
         self.start_spec(
             input,
             RunSpec {
@@ -812,7 +829,7 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
         &self,
         input: I,
         spec: RunSpec,
-    ) -> Result<WorkflowRun<I::Workflow, R, H>> {
+    ) -> Result<WorkflowRun<WorkflowOf<I>, R, H>> {
         let spec = RunSpec {
             input: encode_input(input)?,
             ..spec
@@ -861,7 +878,7 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
 /// // unless added by hand first):
 /// let router = Workflows::registered();
 /// // Or by hand, for workflows that hold state:
-/// let router = Workflows::builder().add(Order::new(client)).register_all().build();
+/// let router = Workflows::builder().register(Order::new(client)).register_all().build();
 /// let runtime = WorkflowRuntime::builder(queue, store, router, NoopTerminalHook).build();
 /// ```
 #[derive(Clone)]
@@ -902,25 +919,18 @@ impl fmt::Debug for Workflows {
 }
 
 impl StepRunner for Workflows {
-    fn run_step(
-        &self,
-        step: &Step,
-    ) -> impl Future<Output = std::result::Result<StepOutcome, StepError>> + Send {
-        async move {
-            let head: EnvelopeHead = rmp_serde::from_slice(&step.payload).map_err(|e| {
-                StepError::permanent(format!(
-                    "the step payload is not a `#[workflow]` step: {e}"
-                ))
-            })?;
-            match self.entries.get(head.workflow.as_str()) {
-                Some(workflow) => workflow.run_erased(step).await,
-                None => Err(StepError::permanent(format!(
-                    "no workflow named `{}` is hosted by this runtime (it hosts {}): step `{}` cannot run",
-                    head.workflow,
-                    list(self.names()),
-                    head.step.0
-                ))),
-            }
+    async fn run_step(&self, step: &Step) -> std::result::Result<StepOutcome, StepError> {
+        let head: EnvelopeHead = rmp_serde::from_slice(&step.payload).map_err(|e| {
+            StepError::permanent(format!("the step payload is not a `#[workflow]` step: {e}"))
+        })?;
+        match self.entries.get(head.workflow.as_str()) {
+            Some(workflow) => workflow.run_erased(step).await,
+            None => Err(StepError::permanent(format!(
+                "no workflow named `{}` is hosted by this runtime (it hosts {}): step `{}` cannot run",
+                head.workflow,
+                list(self.names()),
+                head.step.0
+            ))),
         }
     }
 }
@@ -942,7 +952,7 @@ impl WorkflowsBuilder {
     ///
     /// # Panics
     /// When a workflow with the same [`Workflow::NAME`] is already hosted.
-    pub fn add<W: Workflow>(mut self, workflow: W) -> Self {
+    pub fn register<W: Workflow>(mut self, workflow: W) -> Self {
         if let Some(existing) = self.entries.get(W::NAME) {
             panic!(
                 "two workflows are named `{}`: `{}` and `{}`; give one another `#[workflow(name = \"...\")]`",
@@ -957,7 +967,7 @@ impl WorkflowsBuilder {
 
     /// Hosts every `#[workflow]` linked into the binary that is not hosted
     /// yet, built with `Default`. Add the workflows that hold state with
-    /// [`add`](Self::add) first.
+    /// [`register`](Self::register) first.
     ///
     /// # Panics
     /// When two `#[workflow]`s share a name (both source locations are
@@ -977,7 +987,7 @@ impl WorkflowsBuilder {
                 let full = format!("{}::{}", registration.module_path, registration.type_name);
                 if existing.type_name() != full {
                     panic!(
-                        "two workflows are named `{}`: `{}` (added with `add`) and `{full}` ({}:{}); give one another `#[workflow(name = \"...\")]`",
+                        "two workflows are named `{}`: `{}` (registered by hand) and `{full}` ({}:{}); give one another `#[workflow(name = \"...\")]`",
                         registration.name,
                         existing.type_name(),
                         registration.file,
@@ -991,7 +1001,7 @@ impl WorkflowsBuilder {
                     self.entries.insert(registration.name, Arc::from(workflow));
                 }
                 None => panic!(
-                    "workflow `{}` (`{}` at {}:{}) does not implement `Default`, so `register_all` cannot build it: add it with `.add({} {{ .. }})` before `.register_all()`",
+                    "workflow `{}` (`{}` at {}:{}) does not implement `Default`, so `register_all` cannot build it: add it with `.register({} {{ .. }})` before `.register_all()`",
                     registration.name,
                     registration.type_name,
                     registration.file,
@@ -1008,5 +1018,179 @@ impl WorkflowsBuilder {
         Workflows {
             entries: Arc::new(self.entries),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A workflow defined with the macro inside this crate.
+    #[derive(Default)]
+    struct Counter;
+
+    #[taquba_workflow_macros::workflow(crate = crate, name = "counter", output = u32, derive(Debug))]
+    impl Counter {
+        #[step(start)]
+        async fn count(
+            n: u32,
+            label: &str,
+        ) -> std::result::Result<Transition<CounterStep>, StepError> {
+            if n >= 3 {
+                return Ok(Transition::done(n));
+            }
+            Ok(Transition::next(CounterStep::Count {
+                n: n + 1,
+                label: label.to_string(),
+            }))
+        }
+
+        #[step]
+        async fn stop(
+            ctx: StepContext<'_>,
+        ) -> std::result::Result<Transition<CounterStep>, StepError> {
+            Ok(Transition::cancel(ctx.step_name()))
+        }
+    }
+
+    fn outcome(transition: Transition<CounterStep>) -> StepOutcome {
+        transition.into_outcome().expect("encodes")
+    }
+
+    #[tokio::test]
+    async fn steps_round_trip_through_their_payload() {
+        let payload = encode_input(CounterInput {
+            n: 1,
+            label: "x".into(),
+        })
+        .expect("encodes");
+        let step = Step::detached(payload);
+        match Counter.run_step(&step).await.expect("runs") {
+            StepOutcome::Continue { payload, when } => {
+                assert!(matches!(when, Trigger::Immediate));
+                match decode_step::<CounterStep>(&payload).expect("decodes") {
+                    CounterStep::Count { n, label } => assert_eq!((n, label.as_str()), (2, "x")),
+                    CounterStep::Stop {} => panic!("wrong step"),
+                }
+            }
+            other => panic!("{other:?}"),
+        }
+        match outcome(Transition::done(7)) {
+            StepOutcome::Succeed { result } => {
+                assert_eq!(decode_output::<Counter>(&result).expect("decodes"), 7)
+            }
+            other => panic!("{other:?}"),
+        }
+        let stop = Step::detached(encode_step(&CounterStep::Stop {}).expect("encodes"));
+        assert!(matches!(
+            Counter.run_step(&stop).await,
+            Ok(StepOutcome::Cancel { reason }) if reason == "stop"
+        ));
+    }
+
+    #[test]
+    fn payloads_name_the_workflow_and_the_step() {
+        let payload = encode_step(&CounterStep::Stop {}).expect("encodes");
+        let head: EnvelopeHead = rmp_serde::from_slice(&payload).expect("decodes");
+        assert_eq!(
+            (head.workflow.as_str(), head.step.0.as_str()),
+            ("counter", "stop")
+        );
+    }
+
+    #[derive(Serialize)]
+    struct Raw<'a> {
+        workflow: &'a str,
+        step: BTreeMap<&'a str, BTreeMap<&'a str, u32>>,
+    }
+
+    fn raw(workflow: &str, step: &str, fields: &[(&str, u32)]) -> Vec<u8> {
+        rmp_serde::to_vec_named(&Raw {
+            workflow,
+            step: [(step, fields.iter().copied().collect())]
+                .into_iter()
+                .collect(),
+        })
+        .expect("encodes")
+    }
+
+    #[test]
+    fn bad_payloads_fail_permanently_naming_what_is_wrong() {
+        let cases = [
+            (
+                raw("counter", "refund", &[]),
+                "workflow `counter` has no step named `refund` (its steps are `count`, `stop`)",
+            ),
+            (
+                raw("billing", "count", &[]),
+                "workflow `counter` received a step of workflow `billing`",
+            ),
+            (
+                raw("counter", "count", &[("n", 1)]),
+                "the parameters of step `count` do not decode",
+            ),
+            (b"\x01".to_vec(), "not a `#[workflow]` step"),
+        ];
+        for (payload, needle) in cases {
+            let error = decode_step::<CounterStep>(&payload).expect_err("rejected");
+            assert_eq!(error.kind, StepErrorKind::Permanent);
+            assert!(error.message.contains(needle), "{}", error.message);
+        }
+    }
+
+    #[tokio::test]
+    async fn the_memo_is_namespaced_by_step_name() {
+        let step = Step::detached(Vec::new());
+        let a = StepContext::new(&step, "counter", "a");
+        let b = StepContext::new(&step, "counter", "b");
+        a.memo.put("k", b"1").await.expect("puts");
+        assert_eq!(a.memo.get("k").await.expect("gets"), Some(b"1".to_vec()));
+        assert_eq!(b.memo.get("k").await.expect("gets"), None);
+        assert_eq!(
+            step.memo.get("a/k").await.expect("gets"),
+            Some(b"1".to_vec())
+        );
+        let computed: u32 = b
+            .memo
+            .memoized_by_content("input", async { Ok::<_, Error>(5) })
+            .await
+            .expect("computes");
+        let cached: u32 = b
+            .memo
+            .memoized_by_content("input", async { Ok::<_, Error>(6) })
+            .await
+            .expect("reads");
+        assert_eq!((computed, cached), (5, 5));
+        let other: u32 = a
+            .memo
+            .memoized_by_content("input", async { Ok::<_, Error>(9) })
+            .await
+            .expect("computes");
+        assert_eq!(other, 9);
+    }
+
+    #[test]
+    fn signals_decode_as_the_step_asks() {
+        let mut step = Step::detached(Vec::new());
+        let ctx = StepContext::new(&step, "counter", "count");
+        assert_eq!(ctx.signal_value::<String>().expect("none"), None);
+        step.signal = Some(rmp_serde::to_vec_named("approved").expect("encodes"));
+        let ctx = StepContext::new(&step, "counter", "count");
+        assert_eq!(
+            ctx.signal_value::<String>().expect("decodes").as_deref(),
+            Some("approved")
+        );
+        let error = ctx.signal_value::<u64>().expect_err("not a number");
+        assert!(
+            error.message.contains("step `count` of workflow `counter`"),
+            "{}",
+            error.message
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "two workflows are named `counter`")]
+    fn registering_a_name_twice_panics() {
+        let _ = Workflows::builder().register(Counter).register(Counter);
     }
 }

@@ -6,7 +6,7 @@
 //! With `fallback`, the same types and impls are written with bodies that
 //! are never run (`unreachable!`) and without registration: the crate does
 //! not compile anyway (an error was reported), but `OrderStep::...` and
-//! `Transition<Self>` in the user's code still resolve, so the compile
+//! `Transition<OrderStep>` in the user's code still resolve, so the compile
 //! shows the macro's errors instead of a cascade of unresolved names.
 
 use proc_macro2::{Span, TokenStream};
@@ -39,11 +39,7 @@ pub(crate) fn expand(model: &WorkflowModel, fallback: bool) -> TokenStream {
 }
 
 fn visibility(model: &WorkflowModel) -> Visibility {
-    model
-        .options
-        .vis
-        .clone()
-        .unwrap_or_else(|| syn::parse_quote!(pub))
+    model.options.vis.clone().unwrap_or(Visibility::Inherited)
 }
 
 fn serde_path(krate: &TokenStream) -> String {
@@ -106,7 +102,6 @@ fn input_struct(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
     let Some(start) = model.start.map(|i| &model.steps[i]) else {
         // Only with errors: a stand-in so `Workflow::Input` resolves.
         let step_enum = &model.step_enum;
-        let self_ty = &model.self_ty;
         return quote! {
             #vis struct #ident;
             impl ::core::convert::From<#ident> for #step_enum {
@@ -115,13 +110,12 @@ fn input_struct(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
                 }
             }
             impl #krate::workflows::WorkflowInput for #ident {
-                type Workflow = #self_ty;
+                type Step = #step_enum;
             }
         };
     };
     let step_enum = &model.step_enum;
     let variant = &start.variant;
-    let self_ty = &model.self_ty;
     let derives = &model.options.derives;
     let derive = if derives.is_empty() {
         TokenStream::new()
@@ -165,7 +159,7 @@ fn input_struct(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
         }
 
         impl #krate::workflows::WorkflowInput for #ident {
-            type Workflow = #self_ty;
+            type Step = #step_enum;
         }
     }
 }
@@ -173,14 +167,12 @@ fn input_struct(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
 fn workflow_impl(model: &WorkflowModel, krate: &TokenStream, fallback: bool) -> TokenStream {
     let self_ty = &model.self_ty;
     let step_enum = &model.step_enum;
-    let input = &model.input;
     let name = &model.name;
     let output = match &model.options.output {
         Some(ty) => quote!(#ty),
         None => quote!(()),
     };
     let step = Ident::new("__taquba_step", Span::mixed_site());
-    let decoded = Ident::new("__taquba_decoded", Span::mixed_site());
     let start_name = model
         .start
         .map(|i| model.steps[i].name.clone())
@@ -192,11 +184,10 @@ fn workflow_impl(model: &WorkflowModel, krate: &TokenStream, fallback: bool) -> 
         let name = &s.name;
         quote!(#(#cfgs)* #step_enum::#variant { .. } => #name,)
     });
-    let (step_name_body, dispatch_body, run_step_body) = if fallback {
+    let (name_body, run_step_body) = if fallback {
         let unreachable = quote!(::core::unreachable!("`#[workflow]` reported an error"));
         (
-            quote!({ let _ = #decoded; #unreachable }),
-            quote!({ let _ = (#step, #decoded); async { #unreachable } }),
+            quote!({ #unreachable }),
             quote!({ let _ = #step; async { #unreachable } }),
         )
     } else {
@@ -205,29 +196,28 @@ fn workflow_impl(model: &WorkflowModel, krate: &TokenStream, fallback: bool) -> 
             .iter()
             .map(|s| dispatch_arm(model, s, krate, &step));
         (
-            quote!({ match #decoded { #(#name_arms)* } }),
-            quote!({ async move { match #decoded { #(#arms)* } } }),
-            quote!({ #krate::__private::run_workflow_step::<Self>(self, #step) }),
+            quote!({ match self { #(#name_arms)* } }),
+            quote!({
+                async move {
+                    match #krate::__private::decode_step::<#step_enum>(#step)? {
+                        #(#arms)*
+                    }
+                }
+            }),
         )
     };
     quote! {
+        impl #krate::workflows::WorkflowStep for #step_enum {
+            type Workflow = #self_ty;
+
+            fn name(&self) -> &'static str #name_body
+        }
+
         impl #krate::workflows::Workflow for #self_ty {
             const NAME: &'static str = #name;
             const START: &'static str = #start_name;
             const STEPS: &'static [&'static str] = &[#(#names),*];
-            type Step = #step_enum;
-            type Input = #input;
             type Output = #output;
-
-            fn step_name(#decoded: &Self::Step) -> &'static str #step_name_body
-
-            fn dispatch<'__taquba>(
-                &'__taquba self,
-                #step: &'__taquba #krate::Step,
-                #decoded: Self::Step,
-            ) -> impl ::core::future::Future<
-                Output = ::core::result::Result<#krate::StepOutcome, #krate::StepError>,
-            > + ::core::marker::Send + '__taquba #dispatch_body
         }
 
         impl #krate::StepRunner for #self_ty {
@@ -282,7 +272,7 @@ fn dispatch_arm(
         #krate::__private::step_future(Self::#fn_ident(#(#all_args),*))
     };
     let ret = &step.ret;
-    let finish = quote_spanned!(ret.span()=> #krate::__private::finish_step::<Self, #ret>);
+    let finish = quote_spanned!(ret.span()=> #krate::__private::finish_step::<#step_enum, #ret>);
     quote! {
         #(#cfgs)*
         #step_enum::#variant { #(#fields,)* } => #finish(#call.await),
@@ -357,17 +347,17 @@ mod tests {
         impl Order {
             /// Charges the card.
             #[step(start)]
-            async fn charge(&self, ctx: StepContext<'_>, order_id: &str, cents: u64) -> Result<Transition<Self>, StepError> {}
+            async fn charge(&self, ctx: StepContext<'_>, order_id: &str, cents: u64) -> Result<Transition<OrderStep>, StepError> {}
             #[cfg(feature = "ship")]
             #[step(name = "ship_it")]
-            async fn ship(order_id: String) -> Result<Transition<Self>, StepError> {}
+            async fn ship(order_id: String) -> Result<Transition<OrderStep>, StepError> {}
         }
     "#;
 
     #[test]
     fn the_enum_has_one_renamed_variant_per_step() {
         let out = expand(quote!(output = Receipt), ORDER.parse().unwrap());
-        assert!(out.contains("pub enum OrderStep"), "{out}");
+        assert!(out.contains("] enum OrderStep"), "{out}");
         assert!(out.contains("# [serde (rename = \"charge\")] Charge { # [doc = \" The `order_id` parameter of `charge`.\"] order_id : :: std :: string :: String"), "{out}");
         assert!(out.contains("# [cfg (feature = \"ship\")] # [doc = \" The `ship_it` step: runs `Order::ship`.\"] # [serde (rename = \"ship_it\")] Ship"), "{out}");
         assert!(out.contains("# [doc = \" Charges the card.\"] # [serde (rename = \"charge\")]"));
@@ -379,7 +369,7 @@ mod tests {
         let out = expand(quote!(vis = pub(crate)), ORDER.parse().unwrap());
         assert!(out.contains("pub (crate) struct OrderInput { # [doc = \" The `order_id` parameter of `charge`.\"] pub (crate) order_id : :: std :: string :: String"), "{out}");
         assert!(out.contains("impl :: core :: convert :: From < OrderInput > for OrderStep"));
-        assert!(out.contains("type Input = OrderInput"));
+        assert!(out.contains("type Step = OrderStep"));
         assert!(out.contains("type Output = ()"));
     }
 
@@ -396,9 +386,9 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("Self :: ship (__taquba_arg0)"), "{out}");
-        assert!(
-            out.contains("finish_step :: < Self , Result < Transition < Self > , StepError > >")
-        );
+        assert!(out.contains(
+            "finish_step :: < OrderStep , Result < Transition < OrderStep > , StepError > >"
+        ));
         assert!(out.contains("inventory :: submit !"));
     }
 

@@ -23,7 +23,7 @@ pub(crate) fn workflow(attr: TokenStream, item: TokenStream) -> TokenStream {
         Err(_) => {
             let error = syn::Error::new_spanned(
                 &item,
-                "`#[workflow]` goes on an impl block whose `#[step]` async fns are the workflow's steps: write `#[workflow] impl Order { #[step(start)] async fn first(...) -> Result<Transition<Self>, StepError> { ... } }`",
+                "`#[workflow]` goes on an impl block whose `#[step]` async fns are the workflow's steps: write `#[workflow] impl Order { #[step(start)] async fn first(...) -> Result<Transition<OrderStep>, StepError> { ... } }`",
             )
             .to_compile_error();
             return quote!(#item #error);

@@ -162,12 +162,17 @@ pub(crate) fn validate(
         }
     };
 
+    let enum_name = match (&options.step_enum, &type_ident) {
+        (Some(ident), _) => ident.to_string(),
+        (None, Some(ident)) => format!("{}Step", ident.unraw()),
+        (None, None) => "OrderStep".to_string(),
+    };
     let mut steps = Vec::new();
     for (index, step_options) in marked {
         let ImplItem::Fn(func) = &item.items[index] else {
             continue;
         };
-        if let Some(step) = validate_step(func, step_options, errors) {
+        if let Some(step) = validate_step(func, step_options, &enum_name, errors) {
             steps.push(step);
         }
     }
@@ -270,6 +275,7 @@ pub(crate) fn validate(
 fn validate_step(
     func: &ImplItemFn,
     options: StepOptions,
+    enum_name: &str,
     errors: &mut Errors,
 ) -> Option<StepModel> {
     let sig = &func.sig;
@@ -360,7 +366,7 @@ fn validate_step(
             errors.at(
                 sig.paren_token.span.close(),
                 format!(
-                    "a `#[step]` fn returns its transition: write `async fn {}(...) -> Result<Transition<Self>, StepError>`",
+                    "a `#[step]` fn returns its transition: write `async fn {}(...) -> Result<Transition<{enum_name}>, StepError>`",
                     sig.ident
                 ),
             );
@@ -375,7 +381,7 @@ fn validate_step(
                 errors.spanned(
                     ty,
                     format!(
-                        "a `#[step]` fn must return `Result<Transition<Self>, E>` (with `E: Into<StepError>`), not `{}`",
+                        "a `#[step]` fn must return `Result<Transition<{enum_name}>, E>` (with `E: Into<StepError>`), not `{}`",
                         ty.to_token_stream()
                     ),
                 );
@@ -449,9 +455,9 @@ mod tests {
             quote!(name = "order"),
             quote!(impl Order {
                 #[step(start)]
-                async fn charge(&self, ctx: StepContext<'_>, order_id: &str, cents: u64) -> Result<Transition<Self>, StepError> {}
+                async fn charge(&self, ctx: StepContext<'_>, order_id: &str, cents: u64) -> Result<Transition<OrderStep>, StepError> {}
                 #[step(name = "ship_it")]
-                async fn ship(order_id: String) -> Result<Transition<Self>, StepError> {}
+                async fn ship(order_id: String) -> Result<Transition<OrderStep>, StepError> {}
                 fn helper(&self) {}
             }),
         );
@@ -475,7 +481,7 @@ mod tests {
                 #[step(start)]
                 fn a(&mut self, (x, y): (u8, u8)) -> u8 {}
                 #[step]
-                async fn b(step: &Step, v: impl Trait) -> Result<Transition<Self>, StepError> {}
+                async fn b(step: &Step, v: impl Trait) -> Result<Transition<OrderStep>, StepError> {}
                 #[step]
                 async fn c(v: Self) {}
             }),
@@ -485,7 +491,7 @@ mod tests {
             "must be an `async fn`",
             "takes `&self` or no receiver",
             "destructuring patterns",
-            "must return `Result<Transition<Self>, E>`",
+            "must return `Result<Transition<OrderStep>, E>`",
             "instead of `&Step`",
             "`impl Trait`",
             "`Self` cannot appear",
@@ -503,9 +509,9 @@ mod tests {
             quote!(),
             quote!(impl Order {
                 #[step]
-                async fn a() -> Result<Transition<Self>, StepError> {}
+                async fn a() -> Result<Transition<OrderStep>, StepError> {}
                 #[step(name = "a")]
-                async fn b() -> Result<Transition<Self>, StepError> {}
+                async fn b() -> Result<Transition<OrderStep>, StepError> {}
             }),
         );
         assert_eq!(messages.len(), 2, "{messages:?}");
@@ -516,9 +522,9 @@ mod tests {
             quote!(),
             quote!(impl Order {
                 #[step(start)]
-                async fn a() -> Result<Transition<Self>, StepError> {}
+                async fn a() -> Result<Transition<OrderStep>, StepError> {}
                 #[step(start)]
-                async fn b() -> Result<Transition<Self>, StepError> {}
+                async fn b() -> Result<Transition<OrderStep>, StepError> {}
             }),
         );
         assert!(
