@@ -409,8 +409,8 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
         self
     }
 
-    /// Remove a run group's state `retention` after a
-    /// [`RunGroup::results`] consumer observed its last termination
+    /// Remove a run group's state once more than `retention` has passed
+    /// since a [`RunGroup::results`] consumer observed its last termination
     /// (default: kept until [`RunGroup::forget`]).
     pub fn group_retention(mut self, retention: Duration) -> Self {
         self.group_retention = Some(retention);

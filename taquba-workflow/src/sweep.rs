@@ -3,6 +3,7 @@
 //! open), and the retention sweeps of terminated runs and groups.
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use taquba::{Expired, JobRecord, SettlementEffects};
 use tracing::{debug, warn};
@@ -91,9 +92,13 @@ impl RuntimeCore {
                 .await?;
         }
         if let Some(retention) = self.group_retention {
+            // A group is removed once its marker is more than the window
+            // old: at exactly the window it is kept (the expiry index
+            // expires entries at the window itself, hence the extra ms).
+            let window = retention.saturating_add(Duration::from_millis(1));
             removed += self
                 .group_terminals
-                .pass(&self.queue, now, retention, |_, suffix| -> ExpiryFuture<'_> {
+                .pass(&self.queue, now, window, |_, suffix| -> ExpiryFuture<'_> {
                     Box::pin(self.expire_group(suffix))
                 })
                 .await?;
