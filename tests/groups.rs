@@ -1,0 +1,533 @@
+//! Run groups at the public API: membership across steps, results in
+//! completion order, status counts, re-submission, errors, cancellation,
+//! `forget` and the group retention sweep.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use futures_util::{StreamExt, TryStreamExt};
+use sha2::{Digest, Sha256};
+use taquba::Queue;
+use taquba::object_store::ObjectStore;
+use taquba::object_store::path::Path;
+use taquba_workflow::{
+    Error, GroupMember, MemberResult, NoopTerminalHook, RunGroup, RunId, RunOptions, Step,
+    StepError, StepOutcome, StepRunner, TerminalStatus, WorkflowRuntime,
+};
+
+/// Every member runs two steps. Step 0 records the call and a run memo
+/// entry, then by its input: `wait:{key}` continues on the signal `key`,
+/// `fail` fails permanently while `failing` is set, anything else continues
+/// at once. Step 1 succeeds with `{input}@{step}`.
+#[derive(Clone, Default)]
+struct Members {
+    calls: Arc<Mutex<Vec<RunId>>>,
+    failing: Arc<AtomicBool>,
+}
+
+impl Members {
+    fn calls_of(&self, run_id: &RunId) -> usize {
+        self.calls
+            .lock()
+            .expect("calls lock")
+            .iter()
+            .filter(|id| *id == run_id)
+            .count()
+    }
+}
+
+impl StepRunner for Members {
+    async fn run_step(&self, step: &Step) -> Result<StepOutcome, StepError> {
+        let input = String::from_utf8_lossy(&step.payload).into_owned();
+        if step.step_number > 0 {
+            return Ok(StepOutcome::Succeed {
+                result: format!("{input}@{}", step.step_number).into_bytes(),
+            });
+        }
+        self.calls
+            .lock()
+            .expect("calls lock")
+            .push(step.run_id.clone());
+        step.run_memo
+            .put("started", b"yes")
+            .await
+            .map_err(StepError::from)?;
+        if let Some(key) = input.strip_prefix("wait:") {
+            return Ok(StepOutcome::continue_on_signal(
+                step.payload.clone(),
+                key,
+                Duration::from_secs(3600),
+            ));
+        }
+        if input == "fail" && self.failing.load(Ordering::SeqCst) {
+            return Err(StepError::permanent(format!("rejected {}", step.run_id)));
+        }
+        Ok(StepOutcome::continue_now(step.payload.clone()))
+    }
+}
+
+type Runtime = WorkflowRuntime<Members, NoopTerminalHook>;
+
+fn runtime(queue: &Arc<Queue>, store: &Arc<dyn ObjectStore>, runner: &Members) -> Runtime {
+    WorkflowRuntime::builder(
+        queue.clone(),
+        store.clone(),
+        runner.clone(),
+        NoopTerminalHook,
+    )
+    .poll_interval(Duration::from_millis(50))
+    .build()
+}
+
+fn member(key: &str, input: &str) -> GroupMember {
+    GroupMember {
+        key: key.to_string(),
+        input: input.as_bytes().to_vec(),
+    }
+}
+
+/// Hex SHA-256 of `{group_id}/{key}`.
+fn member_run_id(group_id: &str, key: &str) -> RunId {
+    rid(&hex::encode(Sha256::digest(format!("{group_id}/{key}"))))
+}
+
+/// Wait until the group's counts satisfy `check`.
+async fn until_status(
+    group: &RunGroup,
+    what: &str,
+    check: impl Fn(&taquba_workflow::GroupStatus) -> bool,
+) {
+    within(30, async {
+        loop {
+            let status = group.status().await.expect("status");
+            if check(&status) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let _ = what;
+}
+
+async fn all_results(group: &RunGroup) -> Vec<MemberResult> {
+    within(30, async {
+        group.results().await.unwrap().try_collect().await
+    })
+    .await
+    .unwrap()
+}
+
+async fn kv_keys(queue: &Queue, prefix: &[u8]) -> Vec<String> {
+    queue
+        .view()
+        .kv_scan(prefix, .., 1000)
+        .await
+        .expect("scan")
+        .entries
+        .into_iter()
+        .map(|(key, _)| String::from_utf8_lossy(&key).into_owned())
+        .collect()
+}
+
+async fn objects_under(store: &Arc<dyn ObjectStore>, prefix: &str) -> Vec<String> {
+    store
+        .list(Some(&Path::from(prefix)))
+        .map_ok(|meta| meta.location.to_string())
+        .try_collect()
+        .await
+        .expect("list")
+}
+
+#[tokio::test(start_paused = true)]
+async fn results_stream_in_completion_order_across_the_members_steps() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runner = Members::default();
+    let runtime = runtime(&queue, &store, &runner);
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let group = runtime.group(rid("g1"));
+    let options = RunOptions {
+        headers: HashMap::from([("tenant".to_string(), "acme".to_string())]),
+        ..Default::default()
+    };
+    group
+        .submit(
+            vec![
+                member("slow/1", "wait:gate-1"),
+                member("slow 2", "wait:gate-2"),
+                member("fast", "now"),
+            ],
+            &options,
+        )
+        .await
+        .unwrap();
+    until_status(&group, "the fast member", |s| s.succeeded == 1).await;
+    let status = group.status().await.unwrap();
+    assert_eq!((status.total, status.pending, status.succeeded), (3, 2, 1));
+
+    let mut results = std::pin::pin!(group.results().await.unwrap());
+    let first = within(1, results.next()).await.unwrap().unwrap();
+    assert_eq!(
+        first.key, "fast",
+        "an already terminated member comes at once"
+    );
+    runtime.signal("gate-2", b"go".to_vec()).await.unwrap();
+    let second = within(5, results.next()).await.unwrap().unwrap();
+    assert_eq!(second.key, "slow 2");
+    runtime.signal("gate-1", b"go".to_vec()).await.unwrap();
+    let third = within(5, results.next()).await.unwrap().unwrap();
+    assert_eq!(third.key, "slow/1");
+    assert!(within(5, results.next()).await.is_none());
+
+    for (result, input) in [
+        (&first, "now"),
+        (&second, "wait:gate-2"),
+        (&third, "wait:gate-1"),
+    ] {
+        assert_eq!(result.run_id, member_run_id("g1", &result.key));
+        assert_eq!(result.termination.status, TerminalStatus::Succeeded);
+        assert_eq!(
+            result.termination.final_step, 1,
+            "membership held across steps"
+        );
+        let outcome = result.outcome.as_ref().expect("recorded outcome");
+        assert_eq!(outcome.run_id, result.run_id);
+        assert_eq!(
+            outcome.result.as_deref(),
+            Some(format!("{input}@1").as_bytes())
+        );
+        assert_eq!(
+            outcome.headers.get("tenant").map(String::as_str),
+            Some("acme")
+        );
+    }
+
+    // Once all terminated, every member is yielded at once.
+    let again = within(1, async {
+        group.results().await.unwrap().try_collect::<Vec<_>>().await
+    })
+    .await
+    .unwrap();
+    assert_eq!(again.len(), 3);
+    let status = group.status().await.unwrap();
+    assert_eq!(
+        (
+            status.total,
+            status.pending,
+            status.succeeded,
+            status.failed,
+            status.cancelled
+        ),
+        (3, 0, 3, 0, 0)
+    );
+    assert_eq!(status.group_id, rid("g1"));
+    worker.shutdown().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_re_submission_runs_only_the_members_that_did_not_succeed() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runner = Members::default();
+    runner.failing.store(true, Ordering::SeqCst);
+    let runtime = runtime(&queue, &store, &runner);
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let group = runtime.group(rid("batch"));
+    let members = vec![
+        member("a", "ok"),
+        member("b", "fail"),
+        member("c", "wait:gate-c"),
+    ];
+    group
+        .submit(members.clone(), &RunOptions::default())
+        .await
+        .unwrap();
+    until_status(&group, "a and b", |s| s.succeeded == 1 && s.failed == 1).await;
+    within(30, async {
+        while runner.calls_of(&member_run_id("batch", "c")) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert_eq!(group.cancel().await.unwrap(), 1, "only c is active");
+    assert_eq!(
+        group.cancel().await.unwrap(),
+        0,
+        "nothing is active any more"
+    );
+    let status = group.status().await.unwrap();
+    assert_eq!(
+        (
+            status.total,
+            status.pending,
+            status.succeeded,
+            status.failed,
+            status.cancelled
+        ),
+        (3, 0, 1, 1, 1)
+    );
+    let results = all_results(&group).await;
+    let by_key: HashMap<_, _> = results.iter().map(|r| (r.key.as_str(), r)).collect();
+    let b = &by_key["b"].termination;
+    assert_eq!(b.status, TerminalStatus::Failed);
+    assert_eq!(
+        b.error.as_deref(),
+        Some(format!("rejected {}", member_run_id("batch", "b")).as_str())
+    );
+    assert_eq!(by_key["c"].termination.status, TerminalStatus::Cancelled);
+
+    // The member set is fixed by the first submission.
+    assert!(matches!(
+        group.submit(members[..2].to_vec(), &RunOptions::default()).await,
+        Err(Error::GroupMismatch(id)) if id == "batch"
+    ));
+    let changed = vec![
+        member("a", "changed"),
+        members[1].clone(),
+        members[2].clone(),
+    ];
+    assert!(matches!(
+        group.submit(changed, &RunOptions::default()).await,
+        Err(Error::GroupMismatch(_))
+    ));
+    assert!(matches!(
+        group.submit(vec![member("x", "1"), member("x", "2")], &RunOptions::default()).await,
+        Err(Error::DuplicateMemberKey(key)) if key == "x"
+    ));
+
+    runner.failing.store(false, Ordering::SeqCst);
+    runtime.signal("gate-c", b"go".to_vec()).await.unwrap();
+    group
+        .submit(members.clone(), &RunOptions::default())
+        .await
+        .unwrap();
+    let results = all_results(&group).await;
+    assert!(
+        results
+            .iter()
+            .all(|r| r.termination.status == TerminalStatus::Succeeded)
+    );
+    assert_eq!(
+        runner.calls_of(&member_run_id("batch", "a")),
+        1,
+        "a is not run again"
+    );
+    assert_eq!(runner.calls_of(&member_run_id("batch", "b")), 2);
+    assert_eq!(runner.calls_of(&member_run_id("batch", "c")), 2);
+
+    // resume from the manifest alone: nothing left to run.
+    group.resume(&RunOptions::default()).await.unwrap();
+    let status = group.status().await.unwrap();
+    assert_eq!((status.succeeded, status.pending), (3, 0));
+    assert_eq!(runner.calls.lock().unwrap().len(), 5);
+    worker.shutdown().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn unknown_groups_and_unsubmitted_members_are_named_errors() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runner = Members::default();
+    let runtime = runtime(&queue, &store, &runner);
+    let unknown = runtime.group(rid("nobody"));
+    assert!(matches!(unknown.status().await, Err(Error::GroupNotFound(id)) if id == "nobody"));
+    assert!(matches!(
+        unknown.results().await.err(),
+        Some(Error::GroupNotFound(_))
+    ));
+    assert!(matches!(
+        unknown.resume(&RunOptions::default()).await,
+        Err(Error::GroupNotFound(_))
+    ));
+    assert_eq!(unknown.cancel().await.unwrap(), 0);
+
+    // A submission that fails after writing the manifest leaves members
+    // without records.
+    let group = runtime.group(rid("half"));
+    let bad = RunOptions {
+        headers: HashMap::from([("workflow.mine".to_string(), "x".to_string())]),
+        ..Default::default()
+    };
+    let submitted = group
+        .submit(vec![member("a", "ok"), member("b", "ok")], &bad)
+        .await;
+    assert!(matches!(submitted, Err(Error::ReservedHeaderInSubmit(h)) if h == "workflow.mine"));
+    let status = group.status().await.unwrap();
+    assert_eq!((status.total, status.pending), (2, 0));
+    let first = std::pin::pin!(group.results().await.unwrap())
+        .next()
+        .await
+        .unwrap();
+    match first {
+        Err(Error::MemberNotSubmitted { group_id, key }) => {
+            assert_eq!(group_id, "half");
+            assert!(key == "a" || key == "b", "{key}");
+        }
+        other => panic!("expected MemberNotSubmitted, got {other:?}"),
+    }
+
+    // resume submits them.
+    let worker = runtime.spawn(std::future::pending::<()>());
+    group.resume(&RunOptions::default()).await.unwrap();
+    let results = all_results(&group).await;
+    assert_eq!(results.len(), 2);
+    assert!(
+        results
+            .iter()
+            .all(|r| r.termination.status == TerminalStatus::Succeeded)
+    );
+    worker.shutdown().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_run_options_apply_to_every_member() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runner = Members::default();
+    let runtime = runtime(&queue, &store, &runner);
+    let options = RunOptions {
+        priority: Some(3),
+        max_attempts_per_step: Some(5),
+        headers: HashMap::from([("tenant".to_string(), "acme".to_string())]),
+        ..Default::default()
+    };
+    runtime
+        .group(rid("opts"))
+        .submit(vec![member("a", "ok"), member("b", "ok")], &options)
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let job = queue
+            .claim("workflow-steps", Duration::from_secs(30))
+            .await
+            .unwrap()
+            .expect("a member's step job");
+        assert_eq!(job.priority, 3);
+        assert_eq!(job.max_attempts, 5);
+        assert_eq!(job.headers.get("tenant").map(String::as_str), Some("acme"));
+        seen.push(
+            job.headers
+                .get("workflow.run_id")
+                .cloned()
+                .expect("run id header"),
+        );
+    }
+    seen.sort();
+    let mut expected = vec![
+        member_run_id("opts", "a").to_string(),
+        member_run_id("opts", "b").to_string(),
+    ];
+    expected.sort();
+    assert_eq!(seen, expected);
+}
+
+#[tokio::test(start_paused = true)]
+async fn forget_removes_everything_and_a_later_submission_starts_afresh() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runner = Members::default();
+    let runtime = runtime(&queue, &store, &runner);
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let group = runtime.group(rid("gone"));
+    let members = vec![member("a", "ok"), member("b", "ok")];
+    group
+        .submit(members.clone(), &RunOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(all_results(&group).await.len(), 2);
+    assert!(
+        !objects_under(&store, "workflow-steps-memo")
+            .await
+            .is_empty()
+    );
+    assert_eq!(kv_keys(&queue, b"workflow/groups/").await.len(), 2);
+
+    group.forget().await.unwrap();
+    assert!(matches!(group.status().await, Err(Error::GroupNotFound(_))));
+    assert!(kv_keys(&queue, b"workflow/groups/").await.is_empty());
+    assert!(kv_keys(&queue, b"workflow/outcomes/").await.is_empty());
+    assert_eq!(
+        objects_under(&store, "workflow-steps-memo").await,
+        Vec::<String>::new(),
+        "memos, result records and the manifest are gone"
+    );
+    for key in ["a", "b"] {
+        assert!(
+            runtime
+                .status(&member_run_id("gone", key))
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    group.submit(members, &RunOptions::default()).await.unwrap();
+    assert_eq!(all_results(&group).await.len(), 2);
+    assert_eq!(
+        runner.calls_of(&member_run_id("gone", "a")),
+        2,
+        "ran again after forget"
+    );
+    worker.shutdown().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn group_retention_removes_a_group_a_window_after_its_results_were_consumed() {
+    let (queue, store, clock) = memory_queue().await;
+    let runner = Members::default();
+    let runtime = WorkflowRuntime::builder(
+        queue.clone(),
+        store.clone(),
+        runner.clone(),
+        NoopTerminalHook,
+    )
+    .poll_interval(Duration::from_millis(50))
+    .group_retention(Duration::from_secs(1))
+    .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let group = runtime.group(rid("kept"));
+    group
+        .submit(vec![member("a", "ok")], &RunOptions::default())
+        .await
+        .unwrap();
+    until_status(&group, "a", |s| s.succeeded == 1).await;
+
+    // Results never consumed: the group is retained.
+    clock.advance(Duration::from_secs(60));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(group.status().await.unwrap().succeeded, 1);
+
+    assert_eq!(all_results(&group).await.len(), 1);
+    assert_eq!(kv_keys(&queue, b"workflow/group-terminals/").await.len(), 1);
+    clock.advance(Duration::from_secs(1));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        group.status().await.unwrap().succeeded,
+        1,
+        "the window has not passed"
+    );
+
+    clock.advance(Duration::from_millis(1));
+    within(30, async {
+        while group.status().await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(matches!(group.status().await, Err(Error::GroupNotFound(_))));
+    assert!(kv_keys(&queue, b"workflow/groups/").await.is_empty());
+    assert!(
+        kv_keys(&queue, b"workflow/group-terminals/")
+            .await
+            .is_empty()
+    );
+    assert!(kv_keys(&queue, b"workflow/outcomes/").await.is_empty());
+    assert!(
+        objects_under(&store, "workflow-steps-memo")
+            .await
+            .is_empty()
+    );
+    worker.shutdown().await.unwrap();
+}

@@ -1,0 +1,540 @@
+//! Durable signals at the public API: delivery to a waiting run, buffering
+//! for the next waiter, timeouts, one waiter per key, redelivery of a woken
+//! step, cleanup of the signal state, restarts and cancellation.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use taquba::object_store::ObjectStore;
+use taquba::{MockClock, Queue};
+use taquba_workflow::{
+    NoopTerminalHook, RunId, RunSpec, SignalOutcome, Step, StepError, StepOutcome, StepRunner,
+    TerminalStatus, WorkflowRuntime,
+};
+
+/// What step 1 of a run observed on one delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    run_id: String,
+    attempts: u32,
+    signal: Option<Vec<u8>>,
+}
+
+/// Step 0 waits on the key and timeout named by its input
+/// (`"{key}|{timeout_ms}"`, or `"{key}|{timeout_ms}|flaky"` for a step 1
+/// whose first attempt fails transiently); step 1 records what it saw and
+/// succeeds with the signal (or `<timeout>`).
+#[derive(Clone, Default)]
+struct Waiter {
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl Waiter {
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().expect("log lock").clone()
+    }
+}
+
+impl StepRunner for Waiter {
+    async fn run_step(&self, step: &Step) -> Result<StepOutcome, StepError> {
+        let input = std::str::from_utf8(&step.payload)
+            .map_err(|e| StepError::permanent(e.to_string()))?
+            .to_string();
+        let mut parts = input.split('|');
+        let key = parts.next().unwrap_or_default().to_string();
+        let timeout_ms: u64 = parts
+            .next()
+            .and_then(|t| t.parse().ok())
+            .ok_or_else(|| StepError::permanent(format!("bad input {input:?}")))?;
+        let flaky = parts.next() == Some("flaky");
+        match step.step_number {
+            0 => Ok(StepOutcome::continue_on_signal(
+                step.payload.clone(),
+                key,
+                Duration::from_millis(timeout_ms),
+            )),
+            _ => {
+                self.seen.lock().expect("log lock").push(Seen {
+                    run_id: step.run_id.to_string(),
+                    attempts: step.attempts,
+                    signal: step.signal.clone(),
+                });
+                if flaky && step.attempts == 1 {
+                    return Err(StepError::transient("first attempt falls over"));
+                }
+                Ok(StepOutcome::Succeed {
+                    result: step.signal.clone().unwrap_or_else(|| b"<timeout>".to_vec()),
+                })
+            }
+        }
+    }
+}
+
+const HOUR_MS: u64 = 3_600_000;
+
+fn runtime(
+    queue: &Arc<Queue>,
+    store: &Arc<dyn ObjectStore>,
+    runner: &Waiter,
+) -> WorkflowRuntime<Waiter, NoopTerminalHook> {
+    WorkflowRuntime::builder(
+        queue.clone(),
+        store.clone(),
+        runner.clone(),
+        NoopTerminalHook,
+    )
+    .poll_interval(Duration::from_millis(50))
+    .build()
+}
+
+async fn submit(
+    runtime: &WorkflowRuntime<Waiter, NoopTerminalHook>,
+    id: &str,
+    input: &str,
+) -> RunId {
+    runtime
+        .submit(RunSpec {
+            run_id: Some(rid(id)),
+            input: input.as_bytes().to_vec(),
+            ..Default::default()
+        })
+        .await
+        .expect("submit")
+        .run_id
+}
+
+/// Wait until `run_id`'s current step is `step` (the run is waiting there).
+async fn reach_step(
+    runtime: &WorkflowRuntime<Waiter, NoopTerminalHook>,
+    run_id: &RunId,
+    step: u32,
+) {
+    within(30, async {
+        loop {
+            let status = runtime
+                .status(run_id)
+                .await
+                .expect("status")
+                .expect("known run");
+            if status.current_step == step {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}
+
+/// The keys under `workflow/signals/`.
+async fn signal_keys(queue: &Queue) -> Vec<String> {
+    queue
+        .view()
+        .kv_scan(b"workflow/signals/", .., 100)
+        .await
+        .expect("scan")
+        .entries
+        .into_iter()
+        .map(|(key, _)| String::from_utf8_lossy(&key).into_owned())
+        .collect()
+}
+
+/// Close `queue` once every other handle to it is gone.
+async fn close(queue: Arc<Queue>) {
+    match Arc::try_unwrap(queue) {
+        Ok(queue) => queue.close().await.expect("close queue"),
+        Err(_) => panic!("the queue is still shared at close"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_signal_wakes_the_waiting_run_at_once() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runner = Waiter::default();
+    let runtime = runtime(&queue, &store, &runner);
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let run = submit(&runtime, "approve-1", &format!("approval:1|{HOUR_MS}")).await;
+    reach_step(&runtime, &run, 1).await;
+    let keys = signal_keys(&queue).await;
+    assert_eq!(
+        keys,
+        vec!["workflow/signals/waiters/approval:1".to_string()]
+    );
+
+    let outcome = runtime.signal("approval:1", b"yes".to_vec()).await.unwrap();
+    assert_eq!(outcome, SignalOutcome::Delivered);
+    // The mock clock never moves: only an immediately claimable step can
+    // finish the run.
+    let end = within(5, runtime.wait(&run)).await.unwrap();
+    assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+    assert_eq!(
+        end.outcome.unwrap().result.as_deref(),
+        Some(b"yes".as_slice())
+    );
+    assert_eq!(
+        runner.seen(),
+        vec![Seen {
+            run_id: "approve-1".into(),
+            attempts: 1,
+            signal: Some(b"yes".to_vec())
+        }]
+    );
+    assert!(
+        signal_keys(&queue).await.is_empty(),
+        "the waiter is consumed"
+    );
+    worker.shutdown().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_signal_without_a_waiter_is_buffered_for_the_next_one() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runner = Waiter::default();
+    let runtime = runtime(&queue, &store, &runner);
+    assert_eq!(
+        runtime.signal("early", b"first".to_vec()).await.unwrap(),
+        SignalOutcome::Buffered
+    );
+    assert_eq!(
+        runtime.signal("early", b"second".to_vec()).await.unwrap(),
+        SignalOutcome::Buffered,
+        "a second signal before consumption replaces the first"
+    );
+    assert_eq!(
+        signal_keys(&queue).await,
+        vec!["workflow/signals/buffered/early".to_string()]
+    );
+
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let run = submit(&runtime, "late-waiter", &format!("early|{HOUR_MS}")).await;
+    let end = within(5, runtime.wait(&run)).await.unwrap();
+    assert_eq!(
+        end.outcome.unwrap().result.as_deref(),
+        Some(b"second".as_slice())
+    );
+    assert_eq!(
+        runner.seen()[0].signal.as_deref(),
+        Some(b"second".as_slice())
+    );
+    assert!(
+        signal_keys(&queue).await.is_empty(),
+        "the buffer is consumed"
+    );
+
+    // Consumed means gone: the next waiter on the key waits.
+    let next = submit(&runtime, "next-waiter", &format!("early|{HOUR_MS}")).await;
+    reach_step(&runtime, &next, 1).await;
+    assert!(
+        runtime
+            .wait_timeout(&next, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(
+        runtime.signal("early", b"third".to_vec()).await.unwrap(),
+        SignalOutcome::Delivered
+    );
+    let end = within(5, runtime.wait(&next)).await.unwrap();
+    assert_eq!(
+        end.outcome.unwrap().result.as_deref(),
+        Some(b"third".as_slice())
+    );
+    worker.shutdown().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timeout_runs_the_next_step_without_a_signal() {
+    let (queue, store, clock) = memory_queue().await;
+    let runner = Waiter::default();
+    let runtime = runtime(&queue, &store, &runner);
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let run = submit(&runtime, "slow-approval", "approval:slow|10000").await;
+    reach_step(&runtime, &run, 1).await;
+    clock.advance(Duration::from_millis(9_999));
+    queue.promote_scheduled_now().await.unwrap();
+    assert!(
+        runtime
+            .wait_timeout(&run, Duration::from_secs(2))
+            .await
+            .unwrap()
+            .is_none(),
+        "the timeout has not elapsed yet"
+    );
+    clock.advance(Duration::from_millis(1));
+    queue.promote_scheduled_now().await.unwrap();
+    let end = within(5, runtime.wait(&run)).await.unwrap();
+    assert_eq!(
+        end.outcome.unwrap().result.as_deref(),
+        Some(b"<timeout>".as_slice())
+    );
+    assert_eq!(runner.seen()[0].signal, None);
+    assert!(
+        signal_keys(&queue).await.is_empty(),
+        "the timed-out waiter is removed"
+    );
+
+    // A signal after the timeout finds no waiter and is buffered;
+    // clear_signal discards it once.
+    assert_eq!(
+        runtime
+            .signal("approval:slow", b"too late".to_vec())
+            .await
+            .unwrap(),
+        SignalOutcome::Buffered
+    );
+    assert!(runtime.clear_signal("approval:slow").await.unwrap());
+    assert!(!runtime.clear_signal("approval:slow").await.unwrap());
+    assert!(!runtime.clear_signal("never-signalled").await.unwrap());
+    assert!(signal_keys(&queue).await.is_empty());
+    worker.shutdown().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_second_waiter_on_a_key_fails_its_run() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runner = Waiter::default();
+    let runtime = runtime(&queue, &store, &runner);
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let first = submit(&runtime, "first", &format!("shared|{HOUR_MS}")).await;
+    reach_step(&runtime, &first, 1).await;
+    let second = submit(&runtime, "second", &format!("shared|{HOUR_MS}")).await;
+    let end = within(5, runtime.wait(&second)).await.unwrap();
+    assert_eq!(end.termination.status, TerminalStatus::Failed);
+    let error = end.termination.error.unwrap();
+    assert!(
+        error.contains("\"shared\"") && error.contains("first"),
+        "the error names the key and the waiting run: {error}"
+    );
+
+    // The first waiter still owns the key.
+    assert_eq!(
+        runtime.signal("shared", b"go".to_vec()).await.unwrap(),
+        SignalOutcome::Delivered
+    );
+    let end = within(5, runtime.wait(&first)).await.unwrap();
+    assert_eq!(
+        end.outcome.unwrap().result.as_deref(),
+        Some(b"go".as_slice())
+    );
+    assert!(signal_keys(&queue).await.is_empty());
+    worker.shutdown().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_woken_step_sees_the_same_signal_on_every_delivery() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runner = Waiter::default();
+    let runtime = runtime(&queue, &store, &runner);
+    let worker = runtime.spawn(std::future::pending::<()>());
+
+    // Woken while waiting.
+    let woken = submit(&runtime, "woken", &format!("redeliver:a|{HOUR_MS}|flaky")).await;
+    reach_step(&runtime, &woken, 1).await;
+    assert_eq!(
+        runtime.signal("redeliver:a", b"A".to_vec()).await.unwrap(),
+        SignalOutcome::Delivered
+    );
+    let end = within(5, runtime.wait(&woken)).await.unwrap();
+    assert_eq!(
+        end.outcome.unwrap().result.as_deref(),
+        Some(b"A".as_slice())
+    );
+
+    // Consumed from the buffer.
+    runtime.signal("redeliver:b", b"B".to_vec()).await.unwrap();
+    let buffered = submit(
+        &runtime,
+        "buffered",
+        &format!("redeliver:b|{HOUR_MS}|flaky"),
+    )
+    .await;
+    let end = within(5, runtime.wait(&buffered)).await.unwrap();
+    assert_eq!(
+        end.outcome.unwrap().result.as_deref(),
+        Some(b"B".as_slice())
+    );
+
+    let seen = runner.seen();
+    let attempts = |run: &str| -> Vec<(u32, Option<Vec<u8>>)> {
+        seen.iter()
+            .filter(|s| s.run_id == run)
+            .map(|s| (s.attempts, s.signal.clone()))
+            .collect()
+    };
+    assert_eq!(
+        attempts("woken"),
+        vec![(1, Some(b"A".to_vec())), (2, Some(b"A".to_vec()))]
+    );
+    assert_eq!(
+        attempts("buffered"),
+        vec![(1, Some(b"B".to_vec())), (2, Some(b"B".to_vec()))]
+    );
+    assert!(
+        signal_keys(&queue).await.is_empty(),
+        "no delivered-signal record outlives its step"
+    );
+    worker.shutdown().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelling_a_waiting_run_removes_its_waiter() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runner = Waiter::default();
+    let runtime = runtime(&queue, &store, &runner);
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let run = submit(&runtime, "abandoned", &format!("cancelled-key|{HOUR_MS}")).await;
+    reach_step(&runtime, &run, 1).await;
+    assert!(runtime.cancel(&run).await.unwrap());
+    let end = within(5, runtime.wait(&run)).await.unwrap();
+    assert_eq!(end.termination.status, TerminalStatus::Cancelled);
+    assert_eq!(end.termination.final_step, 1);
+    assert!(
+        signal_keys(&queue).await.is_empty(),
+        "the waiter went with the run"
+    );
+    assert_eq!(
+        runtime
+            .signal("cancelled-key", b"x".to_vec())
+            .await
+            .unwrap(),
+        SignalOutcome::Buffered,
+        "nobody waits any more"
+    );
+    assert!(runner.seen().is_empty(), "step 1 never ran");
+    worker.shutdown().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn waits_and_buffered_signals_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = MockClock::new(T0);
+    let store = dir_store(dir.path());
+
+    // Before the restart: one run waits, one signal is buffered.
+    {
+        let queue = open(&store, &clock).await;
+        let runner = Waiter::default();
+        let runtime = runtime(&queue, &store, &runner);
+        let worker = runtime.spawn(std::future::pending::<()>());
+        let run = submit(&runtime, "waits-across", &format!("restart:wait|{HOUR_MS}")).await;
+        reach_step(&runtime, &run, 1).await;
+        assert_eq!(
+            runtime
+                .signal("restart:buffer", b"kept".to_vec())
+                .await
+                .unwrap(),
+            SignalOutcome::Buffered
+        );
+        worker.shutdown().await.unwrap();
+        drop(runtime);
+        close(queue).await;
+    }
+
+    // After it: a fresh queue and runtime over the same directory.
+    let queue = open(&store, &clock).await;
+    let runner = Waiter::default();
+    let runtime = runtime(&queue, &store, &runner);
+    let worker = runtime.spawn(std::future::pending::<()>());
+    assert_eq!(
+        runtime
+            .signal("restart:wait", b"after".to_vec())
+            .await
+            .unwrap(),
+        SignalOutcome::Delivered
+    );
+    let end = within(5, runtime.wait(&rid("waits-across"))).await.unwrap();
+    assert_eq!(
+        end.outcome.unwrap().result.as_deref(),
+        Some(b"after".as_slice())
+    );
+
+    let run = submit(
+        &runtime,
+        "consumes-after",
+        &format!("restart:buffer|{HOUR_MS}"),
+    )
+    .await;
+    let end = within(5, runtime.wait(&run)).await.unwrap();
+    assert_eq!(
+        end.outcome.unwrap().result.as_deref(),
+        Some(b"kept".as_slice())
+    );
+    assert!(signal_keys(&queue).await.is_empty());
+    worker.shutdown().await.unwrap();
+    drop(runtime);
+    close(queue).await;
+}
+
+/// Waits on the key `"loop"` three times and succeeds with the signals it
+/// received, joined by `+`.
+struct Rewaits;
+
+impl StepRunner for Rewaits {
+    async fn run_step(&self, step: &Step) -> Result<StepOutcome, StepError> {
+        let mut got = step.payload.clone();
+        if let Some(signal) = &step.signal {
+            if !got.is_empty() {
+                got.push(b'+');
+            }
+            got.extend_from_slice(signal);
+        }
+        if step.step_number < 3 {
+            Ok(StepOutcome::continue_on_signal(
+                got,
+                "loop",
+                Duration::from_secs(3600),
+            ))
+        } else {
+            Ok(StepOutcome::Succeed { result: got })
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_woken_run_may_wait_on_the_same_key_again() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runtime = WorkflowRuntime::builder(queue.clone(), store, Rewaits, NoopTerminalHook)
+        .poll_interval(Duration::from_millis(50))
+        .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    // The first signal is buffered before the run exists.
+    runtime.signal("loop", b"1".to_vec()).await.unwrap();
+    let run = runtime
+        .submit(RunSpec {
+            run_id: Some(rid("loops")),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .run_id;
+    for (step, payload) in [(2, "2"), (3, "3")] {
+        within(30, async {
+            loop {
+                let status = runtime.status(&run).await.unwrap().unwrap();
+                if status.current_step == step && !signal_keys(&queue).await.is_empty() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        assert_eq!(
+            runtime
+                .signal("loop", payload.as_bytes().to_vec())
+                .await
+                .unwrap(),
+            SignalOutcome::Delivered,
+            "signal {payload}"
+        );
+    }
+    let end = within(5, runtime.wait(&run)).await.unwrap();
+    assert_eq!(
+        end.outcome.unwrap().result.as_deref(),
+        Some(b"1+2+3".as_slice())
+    );
+    assert!(signal_keys(&queue).await.is_empty());
+    worker.shutdown().await.unwrap();
+}
