@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64};
+use std::sync::atomic::AtomicI64;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use taquba::object_store::ObjectStore;
@@ -77,7 +77,9 @@ pub(crate) struct RuntimeCore {
     pub(crate) signal_locks: SignalLocks,
     observes: Observes,
     /// Dead letters the worker performed since the last reconciliation look.
-    pub(crate) own_dead_letters: AtomicU64,
+    /// Signed: a dead letter counted before its settlement and uncounted
+    /// after it failed can leave the count below zero for one look.
+    pub(crate) own_dead_letters: AtomicI64,
     /// The queue's dead count at the last look; -1 before the first.
     pub(crate) last_dead_count: AtomicI64,
 }
@@ -126,7 +128,7 @@ impl RuntimeCore {
             inflight: Arc::default(),
             signal_locks: SignalLocks::default(),
             observes: settings.observes,
-            own_dead_letters: AtomicU64::new(0),
+            own_dead_letters: AtomicI64::new(0),
             last_dead_count: AtomicI64::new(-1),
         }
     }

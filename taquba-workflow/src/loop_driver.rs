@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use taquba::{Claim, EnqueueResult, Queue};
+use taquba::{Claim, EnqueueResult, NackOutcome, Queue};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
@@ -170,12 +170,25 @@ async fn settle<R, H>(inner: &RuntimeInner<R, H>, queue: &Queue, claim: &Claim, 
             permanent,
             effects,
         } => {
+            // Counted before the commit, so a look between the commit and
+            // the count cannot take it for a foreign dead letter; uncounted
+            // when no dead letter happened.
             inner.core.note_own_dead_letter();
-            if permanent {
-                queue.dead_letter_with(claim, &error, effects).await.map(|_| None)
+            let dead_lettered = if permanent {
+                queue
+                    .dead_letter_with(claim, &error, effects)
+                    .await
+                    .map(|_| true)
             } else {
-                queue.nack_with(claim, &error, effects).await.map(|_| None)
+                queue
+                    .nack_with(claim, &error, effects)
+                    .await
+                    .map(|outcome| matches!(outcome, NackOutcome::DeadLettered(_)))
+            };
+            if !matches!(dead_lettered, Ok(true)) {
+                inner.core.forget_own_dead_letter();
             }
+            dead_lettered.map(|_| None)
         }
     };
     drop(signal_lock);

@@ -39,13 +39,22 @@ impl RuntimeCore {
         self.own_dead_letters.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Uncount a dead letter noted with [`Self::note_own_dead_letter`] that
+    /// did not happen (its settlement failed or retried the job). Left
+    /// counted, it would hide a dead letter of the same job by someone else
+    /// (the reaper, when the claim was lost to a lease expiry) from the
+    /// next look, and that job's run would never be reconciled.
+    pub(crate) fn forget_own_dead_letter(&self) {
+        self.own_dead_letters.fetch_sub(1, Ordering::Relaxed);
+    }
+
     /// Reconcile when the queue's dead count grew by more than the worker's
     /// own dead letters since the last look (always on the first look).
     async fn reconcile_if_dead_count_changed(&self) -> Result<()> {
         let dead = self.queue.view().stats(&self.queue_name).await?.dead;
         let own = self.own_dead_letters.swap(0, Ordering::Relaxed);
         let last = self.last_dead_count.swap(dead, Ordering::Relaxed);
-        let unexplained = last < 0 || dead > last.saturating_add(i64::try_from(own).unwrap_or(i64::MAX));
+        let unexplained = last < 0 || dead > last.saturating_add(own);
         if unexplained {
             let reconciled = self.reconcile_dead_steps().await?;
             if reconciled > 0 {
