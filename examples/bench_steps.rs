@@ -1,0 +1,505 @@
+//! Step-transition benchmark: the runtime against the raw queue loop it
+//! stands on, in one process and one run, printing figures and ratios.
+//!
+//! ```text
+//! cargo run --release --example bench_steps [-- --runs 100 --steps 10]
+//! ```
+//!
+//! Every figure is measured here, now: steps/s (wall clock) and CPU µs per
+//! step (user + system time of the process, from `/proc/self/stat`) for
+//! `runs` concurrent runs of `steps` steps whose runner continues at once, on
+//! `InMemory` and on a temporary directory, with a 1 ms WAL flush interval.
+//! The baseline ("raw") does the same transitions directly on `taquba`:
+//! claim, then acknowledge with the next step's enqueue in one transaction.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use futures_util::StreamExt;
+use taquba::object_store::ObjectStore;
+use taquba::object_store::local::LocalFileSystem;
+use taquba::object_store::memory::InMemory;
+use taquba::{EnqueueOptions, EnqueueRequest, OpenOptions, Queue, SettlementEffects};
+use taquba_workflow::jobs::{Job, JobContext, JobRunner};
+use taquba_workflow::{
+    GroupMember, NoopTerminalHook, RunOptions, RunSpec, Step, StepError, StepOutcome, StepRunner,
+    WorkflowRuntime,
+};
+
+#[derive(Parser, Debug, Clone)]
+struct Args {
+    /// Concurrent runs.
+    #[arg(long, default_value_t = 100)]
+    runs: usize,
+    /// Steps per run.
+    #[arg(long, default_value_t = 10)]
+    steps: u32,
+    /// Jobs for the job and group figures.
+    #[arg(long, default_value_t = 2000)]
+    jobs: usize,
+    /// Members of the group whose peak memory is measured.
+    #[arg(long, default_value_t = 10_000)]
+    big_group: usize,
+    /// Only the step figures (skip jobs and groups).
+    #[arg(long)]
+    steps_only: bool,
+}
+
+/// Process CPU time (user + system), from /proc/self/stat, in µs.
+fn cpu_micros() -> u64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0;
+    };
+    // Fields after the parenthesised command name; utime and stime are the
+    // 14th and 15th fields of the line, in clock ticks (100 per second).
+    let rest = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
+        + fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+    ticks * 10_000
+}
+
+/// Resident set size, from /proc/self/status, in KiB.
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find(|line| line.starts_with("VmRSS:"))
+                .and_then(|line| line.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[derive(Clone, Copy)]
+struct Figure {
+    per_sec: f64,
+    cpu_us: f64,
+}
+
+async fn measure<F: std::future::Future<Output = ()>>(count: u64, f: F) -> Figure {
+    let cpu = cpu_micros();
+    let start = Instant::now();
+    f.await;
+    let secs = start.elapsed().as_secs_f64();
+    let cpu = cpu_micros().saturating_sub(cpu) as f64;
+    Figure {
+        per_sec: count as f64 / secs,
+        cpu_us: cpu / count as f64,
+    }
+}
+
+#[derive(Clone, Copy)]
+enum StoreKind {
+    Memory,
+    Dir,
+}
+
+impl StoreKind {
+    fn name(self) -> &'static str {
+        match self {
+            StoreKind::Memory => "InMemory",
+            StoreKind::Dir => "temp dir",
+        }
+    }
+}
+
+struct Opened {
+    queue: Arc<Queue>,
+    store: Arc<dyn ObjectStore>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+async fn open(kind: StoreKind) -> Opened {
+    let (store, dir): (Arc<dyn ObjectStore>, _) = match kind {
+        StoreKind::Memory => (Arc::new(InMemory::new()), None),
+        StoreKind::Dir => {
+            let dir = tempfile::tempdir().expect("temp dir");
+            (
+                Arc::new(LocalFileSystem::new_with_prefix(dir.path()).expect("local store")),
+                Some(dir),
+            )
+        }
+    };
+    let options = OpenOptions::default().flush_interval(Duration::from_millis(1));
+    let queue = Queue::open_with_options(store.clone(), "bench", options)
+        .await
+        .expect("open");
+    Opened {
+        queue: Arc::new(queue),
+        store,
+        _dir: dir,
+    }
+}
+
+/// Continues until the payload's counter reaches the run's step count.
+struct Continue {
+    steps: u32,
+    memo: bool,
+}
+
+impl StepRunner for Continue {
+    async fn run_step(&self, step: &Step) -> Result<StepOutcome, StepError> {
+        if self.memo {
+            step.memo.put("m", &step.payload).await?;
+        }
+        if step.step_number + 1 >= self.steps {
+            Ok(StepOutcome::Succeed { result: Vec::new() })
+        } else {
+            Ok(StepOutcome::continue_now(step.payload.clone()))
+        }
+    }
+}
+
+struct RuntimeCase {
+    in_flight: Option<usize>,
+    replay: bool,
+    memo: bool,
+}
+
+async fn runtime_steps(kind: StoreKind, args: &Args, case: RuntimeCase) -> Figure {
+    let opened = open(kind).await;
+    let mut builder = WorkflowRuntime::builder(
+        opened.queue.clone(),
+        opened.store.clone(),
+        Continue {
+            steps: args.steps,
+            memo: case.memo,
+        },
+        NoopTerminalHook,
+    );
+    if let Some(n) = case.in_flight {
+        builder = builder.max_concurrent_steps(n);
+    }
+    if case.replay {
+        builder = builder.step_output_replay();
+    }
+    let runtime = builder.build();
+    let mut ids = Vec::new();
+    for _ in 0..args.runs {
+        ids.push(
+            runtime
+                .submit(RunSpec::default())
+                .await
+                .expect("submit")
+                .run_id,
+        );
+    }
+    let total = args.runs as u64 * u64::from(args.steps);
+    let figure = measure(total, async {
+        let worker = runtime.spawn(std::future::pending::<()>());
+        for id in &ids {
+            runtime.wait(id).await.expect("wait");
+        }
+        worker.shutdown().await.expect("shutdown");
+    })
+    .await;
+    drop(runtime);
+    figure
+}
+
+/// The raw loop: `in_flight` transitions at a time, each a claim and an
+/// acknowledgement carrying the next step's enqueue.
+async fn raw_steps(kind: StoreKind, args: &Args, in_flight: usize) -> Figure {
+    let opened = open(kind).await;
+    let queue = opened.queue.clone();
+    for _ in 0..args.runs {
+        queue
+            .enqueue("raw", 0u32.to_le_bytes().to_vec())
+            .await
+            .expect("enqueue");
+    }
+    let total = args.runs as u64 * u64::from(args.steps);
+    let steps = args.steps;
+    measure(total, async move {
+        let done = Arc::new(AtomicU64::new(0));
+        let finished = Arc::new(AtomicBool::new(false));
+        let slots = Arc::new(tokio::sync::Semaphore::new(in_flight));
+        let mut tasks = tokio::task::JoinSet::new();
+        while !finished.load(Ordering::Relaxed) {
+            let first = slots.clone().acquire_owned().await.expect("open");
+            let mut permits = vec![first];
+            while let Ok(p) = slots.clone().try_acquire_owned() {
+                permits.push(p);
+            }
+            let claims = queue
+                .claim_batch("raw", permits.len(), Duration::from_secs(30))
+                .await
+                .expect("claim");
+            if claims.is_empty() {
+                drop(permits);
+                queue
+                    .wait_for_jobs_on("raw", Duration::from_millis(5))
+                    .await;
+                continue;
+            }
+            for (claim, permit) in claims.into_iter().zip(permits) {
+                let queue = queue.clone();
+                let done = done.clone();
+                let finished = finished.clone();
+                tasks.spawn(async move {
+                    let step = u32::from_le_bytes(claim.payload[..4].try_into().expect("4 bytes"));
+                    let mut effects = SettlementEffects::default();
+                    if step + 1 < steps {
+                        effects = effects.enqueue(EnqueueRequest {
+                            queue: "raw".into(),
+                            payload: (step + 1).to_le_bytes().to_vec(),
+                            options: EnqueueOptions::default(),
+                        });
+                    }
+                    queue.ack_with(&claim, effects).await.expect("ack");
+                    if done.fetch_add(1, Ordering::Relaxed) + 1 == total {
+                        finished.store(true, Ordering::Relaxed);
+                        queue.enqueue("raw-stop", vec![]).await.ok();
+                    }
+                    drop(permit);
+                });
+            }
+            while tasks.try_join_next().is_some() {}
+        }
+        while tasks.join_next().await.is_some() {}
+    })
+    .await
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Noop {
+    i: u64,
+}
+
+impl Job for Noop {
+    const NAME: &'static str = "bench.noop";
+    type Output = u64;
+    type Error = std::convert::Infallible;
+    async fn run(&self, _ctx: JobContext<'_>) -> Result<u64, Self::Error> {
+        Ok(self.i)
+    }
+}
+
+async fn jobs_per_sec(args: &Args) -> Figure {
+    let opened = open(StoreKind::Memory).await;
+    let runner = JobRunner::builder(opened.queue.clone(), opened.store.clone())
+        .register::<Noop>()
+        .build();
+    let worker = runner.spawn(std::future::pending::<()>());
+    let figure = measure(args.jobs as u64, async {
+        let handles = futures_util::stream::iter(0..args.jobs as u64)
+            .map(|i| {
+                let runner = runner.clone();
+                async move { runner.submit(Noop { i }).await.expect("submit") }
+            })
+            .buffer_unordered(256)
+            .collect::<Vec<_>>()
+            .await;
+        futures_util::stream::iter(handles)
+            .map(|h| async move { h.await.expect("job") })
+            .buffer_unordered(4096)
+            .collect::<Vec<_>>()
+            .await;
+    })
+    .await;
+    worker.shutdown().await.expect("shutdown");
+    figure
+}
+
+struct Echo;
+
+impl StepRunner for Echo {
+    async fn run_step(&self, step: &Step) -> Result<StepOutcome, StepError> {
+        Ok(StepOutcome::Succeed {
+            result: step.payload.clone(),
+        })
+    }
+}
+
+async fn group_members(members: usize, sample_memory: bool) -> (Figure, u64) {
+    let opened = open(StoreKind::Memory).await;
+    let runtime = WorkflowRuntime::builder(
+        opened.queue.clone(),
+        opened.store.clone(),
+        Echo,
+        NoopTerminalHook,
+    )
+    .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let group = runtime.new_group();
+    let baseline = rss_kib();
+    let peak = Arc::new(AtomicU64::new(baseline));
+    let sampling = Arc::new(AtomicBool::new(sample_memory));
+    let sampler = {
+        let (peak, sampling) = (peak.clone(), sampling.clone());
+        tokio::spawn(async move {
+            while sampling.load(Ordering::Relaxed) {
+                peak.fetch_max(rss_kib(), Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    let figure = measure(members as u64, async {
+        let input: Vec<GroupMember> = (0..members)
+            .map(|i| GroupMember {
+                key: format!("m{i}"),
+                input: i.to_le_bytes().to_vec(),
+            })
+            .collect();
+        group
+            .submit(input, &RunOptions::default())
+            .await
+            .expect("group submit");
+        let mut results = group.results().await.expect("results");
+        let mut seen = 0;
+        while let Some(result) = results.next().await {
+            result.expect("member");
+            seen += 1;
+        }
+        assert_eq!(seen, members);
+    })
+    .await;
+    sampling.store(false, Ordering::Relaxed);
+    sampler.await.ok();
+    worker.shutdown().await.expect("shutdown");
+    (
+        figure,
+        peak.load(Ordering::Relaxed).saturating_sub(baseline),
+    )
+}
+
+fn row(label: &str, figure: Figure, baseline: Option<Figure>) {
+    match baseline {
+        Some(base) => println!(
+            "{label:<48} {:>9.0}/s {:>8.1} µs CPU   ratio {:>5.2} (CPU ×{:.2})",
+            figure.per_sec,
+            figure.cpu_us,
+            figure.per_sec / base.per_sec,
+            figure.cpu_us / base.cpu_us
+        ),
+        None => println!(
+            "{label:<48} {:>9.0}/s {:>8.1} µs CPU",
+            figure.per_sec, figure.cpu_us
+        ),
+    }
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let args = Args::parse();
+    println!(
+        "{} runs x {} steps, runner continues at once, 1 ms WAL flush; CPU = process user+system time",
+        args.runs, args.steps
+    );
+    let mut raw100 = None;
+    for kind in [StoreKind::Memory, StoreKind::Dir] {
+        println!("\n== {}", kind.name());
+        let raw16 = raw_steps(kind, &args, 16).await;
+        row("raw taquba loop, 16 in flight", raw16, None);
+        let raw_full = raw_steps(kind, &args, 100).await;
+        row("raw taquba loop, 100 in flight", raw_full, None);
+        let at16 = runtime_steps(
+            kind,
+            &args,
+            RuntimeCase {
+                in_flight: Some(16),
+                replay: false,
+                memo: false,
+            },
+        )
+        .await;
+        row(
+            "runtime, max_concurrent_steps 16 vs raw 16",
+            at16,
+            Some(raw16),
+        );
+        let at100 = runtime_steps(
+            kind,
+            &args,
+            RuntimeCase {
+                in_flight: Some(100),
+                replay: false,
+                memo: false,
+            },
+        )
+        .await;
+        row(
+            "runtime, max_concurrent_steps 100 vs raw 100",
+            at100,
+            Some(raw_full),
+        );
+        let defaults = runtime_steps(
+            kind,
+            &args,
+            RuntimeCase {
+                in_flight: None,
+                replay: false,
+                memo: false,
+            },
+        )
+        .await;
+        row("runtime, defaults vs raw 100", defaults, Some(raw_full));
+        let replay = runtime_steps(
+            kind,
+            &args,
+            RuntimeCase {
+                in_flight: None,
+                replay: true,
+                memo: false,
+            },
+        )
+        .await;
+        row(
+            "runtime, defaults + step_output_replay vs off",
+            replay,
+            Some(defaults),
+        );
+        let memo = runtime_steps(
+            kind,
+            &args,
+            RuntimeCase {
+                in_flight: None,
+                replay: false,
+                memo: true,
+            },
+        )
+        .await;
+        row(
+            "runtime, defaults + a memo write per step vs off",
+            memo,
+            Some(defaults),
+        );
+        if matches!(kind, StoreKind::Memory) {
+            raw100 = Some((defaults, at100));
+        }
+    }
+    if args.steps_only {
+        return;
+    }
+    let Some((defaults, _)) = raw100 else { return };
+    println!("\n== jobs and groups (InMemory, runtime defaults)");
+    let jobs = jobs_per_sec(&args).await;
+    row(
+        &format!("{} trivial jobs, submitted and awaited vs steps", args.jobs),
+        jobs,
+        Some(defaults),
+    );
+    let (members, _) = group_members(args.jobs, false).await;
+    row(
+        &format!("group of {} members, submit + results vs steps", args.jobs),
+        members,
+        Some(defaults),
+    );
+    let (big, peak_kib) = group_members(args.big_group, true).await;
+    row(
+        &format!("group of {} members, submit + results", args.big_group),
+        big,
+        None,
+    );
+    println!(
+        "peak RSS growth during the {}-member group: {} KiB ({:.1} KiB per member)",
+        args.big_group,
+        peak_kib,
+        peak_kib as f64 / args.big_group as f64
+    );
+}
