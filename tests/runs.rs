@@ -40,7 +40,8 @@ impl StepRunner for Countdown {
 async fn a_run_goes_through_its_steps_and_reports_its_outcome() {
     let (queue, store, _clock) = memory_queue().await;
     let runner = Arc::new(Countdown::default());
-    let runtime = WorkflowRuntime::builder(queue, store, Countdown::default(), NoopTerminalHook).build();
+    let runtime =
+        WorkflowRuntime::builder(queue, store, Countdown::default(), NoopTerminalHook).build();
     let _ = runner;
     let submitted = runtime
         .submit(RunSpec {
@@ -65,17 +66,31 @@ async fn a_run_goes_through_its_steps_and_reports_its_outcome() {
     assert_eq!(end.termination.final_step, 3);
     let outcome = end.outcome.expect("the worker recorded the outcome");
     assert_eq!(outcome.result.as_deref(), Some(b"3".as_slice()));
-    assert_eq!(outcome.headers.get("tenant").map(String::as_str), Some("acme"));
-    assert_eq!(runtime.outcome(&rid("count-3")).await.unwrap().unwrap().final_step, 3);
+    assert_eq!(
+        outcome.headers.get("tenant").map(String::as_str),
+        Some("acme")
+    );
+    assert_eq!(
+        runtime
+            .outcome(&rid("count-3"))
+            .await
+            .unwrap()
+            .unwrap()
+            .final_step,
+        3
+    );
     let status = runtime.status(&rid("count-3")).await.unwrap().unwrap();
-    assert!(matches!(status.state, RunState::Terminated(ref t) if t.status == TerminalStatus::Succeeded));
+    assert!(
+        matches!(status.state, RunState::Terminated(ref t) if t.status == TerminalStatus::Succeeded)
+    );
     worker.shutdown().await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]
 async fn submission_is_idempotent_on_run_id_and_input() {
     let (queue, store, _clock) = memory_queue().await;
-    let runtime = WorkflowRuntime::builder(queue, store, Countdown::default(), NoopTerminalHook).build();
+    let runtime =
+        WorkflowRuntime::builder(queue, store, Countdown::default(), NoopTerminalHook).build();
     let spec = RunSpec {
         run_id: Some(rid("r")),
         input: b"1".to_vec(),
@@ -118,7 +133,9 @@ impl StepRunner for Flaky {
         if call < self.failures {
             Err(StepError::transient(format!("flake {call}")))
         } else {
-            Ok(StepOutcome::Succeed { result: b"ok".to_vec() })
+            Ok(StepOutcome::Succeed {
+                result: b"ok".to_vec(),
+            })
         }
     }
 }

@@ -115,8 +115,14 @@ mod tests {
         let path = objects.path(&["runs", &long]);
         assert!(path.as_ref().contains("h-"));
         objects.put(&path, b"v").await.unwrap();
-        assert_eq!(objects.get(&path).await.unwrap().as_deref(), Some(&b"v"[..]));
-        assert_eq!(objects.delete_all(&objects.path(&["runs"])).await.unwrap(), 1);
+        assert_eq!(
+            objects.get(&path).await.unwrap().as_deref(),
+            Some(&b"v"[..])
+        );
+        assert_eq!(
+            objects.delete_all(&objects.path(&["runs"])).await.unwrap(),
+            1
+        );
         assert!(objects.get(&path).await.unwrap().is_none());
         objects.delete(&path).await.unwrap();
     }

@@ -254,8 +254,13 @@ pub(crate) enum DurableStepOutcome {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub(crate) enum DurableTrigger {
     Immediate,
-    After { delay_ms: u64 },
-    OnSignal { correlation_key: String, timeout_ms: u64 },
+    After {
+        delay_ms: u64,
+    },
+    OnSignal {
+        correlation_key: String,
+        timeout_ms: u64,
+    },
 }
 
 /// One KV write staged by a step, as stored in a replay record.
@@ -299,7 +304,9 @@ mod tests {
         let back: DurableRunRecord = decode(&encode(&record)).unwrap();
         assert_eq!(back, record);
         let id = RunId::new("r").unwrap();
-        assert!(decode_or_absent::<DurableRunRecord>(b"\xff\x00garbage", "run record", &id).is_none());
+        assert!(
+            decode_or_absent::<DurableRunRecord>(b"\xff\x00garbage", "run record", &id).is_none()
+        );
     }
 
     #[test]
@@ -310,7 +317,10 @@ mod tests {
             input_hash: Vec<u8>,
             submitted_at_ms: u64,
         }
-        let old = encode(&Old { input_hash: vec![1], submitted_at_ms: 9 });
+        let old = encode(&Old {
+            input_hash: vec![1],
+            submitted_at_ms: 9,
+        });
         let record: DurableRunRecord = decode(&old).unwrap();
         assert!(!record.cancel_requested);
     }

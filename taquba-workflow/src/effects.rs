@@ -241,18 +241,30 @@ mod tests {
         let h = EffectsHandle::detached();
         h.put("app/a", "1").unwrap();
         h.put("app/a", "2").unwrap();
-        assert!(matches!(h.put("workflow/x", "v"), Err(Error::ReservedKvKey(k)) if k == "workflow/x"));
+        assert!(
+            matches!(h.put("workflow/x", "v"), Err(Error::ReservedKvKey(k)) if k == "workflow/x")
+        );
         assert!(matches!(h.delete("app/a"), Err(Error::ConflictingKvEffect(k)) if k == "app/a"));
         h.delete("app/b").unwrap();
-        assert!(matches!(h.put("app/b", "v"), Err(Error::ConflictingKvEffect(_))));
+        assert!(matches!(
+            h.put("app/b", "v"),
+            Err(Error::ConflictingKvEffect(_))
+        ));
         let big = vec![0u8; MAX_KV_VALUE_SIZE + 1];
         let err = h.put("app/big", big).unwrap_err();
-        assert!(err.to_string().contains(&(MAX_KV_VALUE_SIZE + 1).to_string()), "{err}");
+        assert!(
+            err.to_string()
+                .contains(&(MAX_KV_VALUE_SIZE + 1).to_string()),
+            "{err}"
+        );
         let staged = h.seal_and_take();
         assert_eq!(staged.writes.get(b"app/a".as_slice()), Some(&b"2".to_vec()));
         assert!(staged.deletes.contains(b"app/b".as_slice()));
         assert!(matches!(h.put("app/c", "v"), Err(Error::EffectsSealed)));
-        assert!(matches!(h.clone().delete("app/c"), Err(Error::EffectsSealed)));
+        assert!(matches!(
+            h.clone().delete("app/c"),
+            Err(Error::EffectsSealed)
+        ));
     }
 
     #[test]

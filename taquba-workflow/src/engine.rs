@@ -103,7 +103,8 @@ pub(crate) struct PreparedStep {
 
 impl RuntimeCore {
     pub(crate) fn new(settings: Settings) -> Self {
-        let memo_store = MemoStore::new(settings.object_store.clone(), settings.memo_prefix.clone());
+        let memo_store =
+            MemoStore::new(settings.object_store.clone(), settings.memo_prefix.clone());
         let view = WorkflowView::new(settings.queue.view().clone(), memo_store.clone());
         let group_store = GroupStore::new(
             settings.object_store,
@@ -252,7 +253,9 @@ impl RuntimeCore {
             // The step-0 enqueue goes first so its result is at index 0.
             let mut effects = Self::step_effects(&run_id, 0, step, SettlementEffects::default())
                 .kv_put(run_key.clone(), durable::encode(&record));
-            effects.enqueues.extend(user_effects.enqueues.iter().cloned());
+            effects
+                .enqueues
+                .extend(user_effects.enqueues.iter().cloned());
             for (key, value) in &user_effects.kv_writes {
                 effects.kv_writes.insert(key.clone(), value.clone());
             }
@@ -263,9 +266,16 @@ impl RuntimeCore {
                 .expiry_entries
                 .extend(user_effects.expiry_entries.iter().cloned());
             if let Some(membership) = membership {
-                effects = effects.kv_put(membership.kv_key(), durable::encode(&pending_member(&run_id)));
+                effects = effects.kv_put(
+                    membership.kv_key(),
+                    durable::encode(&pending_member(&run_id)),
+                );
             }
-            match self.queue.kv_compare_commit(&run_key, None, effects).await? {
+            match self
+                .queue
+                .kv_compare_commit(&run_key, None, effects)
+                .await?
+            {
                 Some(results) => {
                     if let Some(EnqueueResult::AlreadyEnqueued(orphan)) = results.first() {
                         // A step-0 job of this run id was pending without a
@@ -386,7 +396,10 @@ impl RuntimeCore {
         }
         if (self.observes)(outcome) {
             let headers = HashMap::from([
-                (HEADER_TERMINAL.to_string(), outcome.status.as_str().to_string()),
+                (
+                    HEADER_TERMINAL.to_string(),
+                    outcome.status.as_str().to_string(),
+                ),
                 (HEADER_RUN_ID.to_string(), run_id.to_string()),
             ]);
             effects = effects.enqueue(EnqueueRequest {
@@ -434,7 +447,8 @@ impl RuntimeCore {
                 break record;
             }
             record.cancel_requested = true;
-            let effects = SettlementEffects::default().kv_put(run_key.clone(), durable::encode(&record));
+            let effects =
+                SettlementEffects::default().kv_put(run_key.clone(), durable::encode(&record));
             if self
                 .queue
                 .kv_compare_commit(&run_key, Some(&bytes), effects)
@@ -462,9 +476,15 @@ impl RuntimeCore {
                     );
                     let termination = self.termination(&outcome, None, &record.input_hash);
                     let membership = Membership::from_headers(&job.headers)?;
-                    let mut effects =
-                        self.terminate_effects(&outcome, termination, membership.as_ref(), job.max_attempts);
-                    effects.kv_deletes.extend(crate::signal::waiter_cleanup(&job));
+                    let mut effects = self.terminate_effects(
+                        &outcome,
+                        termination,
+                        membership.as_ref(),
+                        job.max_attempts,
+                    );
+                    effects
+                        .kv_deletes
+                        .extend(crate::signal::waiter_cleanup(&job));
                     match self.queue.cancel_with(&job.id, effects).await?.0 {
                         CancelOutcome::Removed => return Ok(true),
                         // Claimed or settled meanwhile: look again.

@@ -121,8 +121,18 @@ mod tests {
             Error::InputMismatch(id.clone()).to_string(),
             "run `r-1` already exists with a different input"
         );
-        assert!(Error::ReservedKvKey("workflow/x".into()).to_string().contains("workflow/x"));
+        assert!(
+            Error::ReservedKvKey("workflow/x".into())
+                .to_string()
+                .contains("workflow/x")
+        );
         assert!(Error::ReservedHeaderInSubmit("workflow.a".into()).is_permanent());
-        assert!(!Error::Store(object_store::Error::NotFound { path: "p".into(), source: "gone".into() }).is_permanent());
+        assert!(
+            !Error::Store(object_store::Error::NotFound {
+                path: "p".into(),
+                source: "gone".into()
+            })
+            .is_permanent()
+        );
     }
 }

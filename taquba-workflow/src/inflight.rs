@@ -62,12 +62,18 @@ impl InFlightRegistry {
     fn lock(&self) -> MutexGuard<'_, Registry> {
         // Every critical section is a few map operations that cannot leave
         // the map inconsistent, so a poisoned lock is still usable.
-        self.inner.lock().unwrap_or_else(|poison| poison.into_inner())
+        self.inner
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
     }
 
     /// Register a running step of `run_id`; `token` is fired by a
     /// cancellation. The registration ends when the guard drops.
-    pub(crate) fn begin(self: &Arc<Self>, run_id: &RunId, token: CancellationToken) -> InFlightGuard {
+    pub(crate) fn begin(
+        self: &Arc<Self>,
+        run_id: &RunId,
+        token: CancellationToken,
+    ) -> InFlightGuard {
         let (settled_tx, settled) = watch::channel(false);
         let mut registry = self.lock();
         registry.next_generation += 1;
@@ -162,7 +168,10 @@ mod tests {
         let registry = Arc::new(InFlightRegistry::default());
         let token = CancellationToken::new();
         let guard = registry.begin(&id(), token.clone());
-        assert!(matches!(registry.request_cancel(&id()), CancelVerdict::Requested));
+        assert!(matches!(
+            registry.request_cancel(&id()),
+            CancelVerdict::Requested
+        ));
         assert!(token.is_cancelled());
         assert!(guard.decide());
     }
@@ -177,7 +186,10 @@ mod tests {
         };
         drop(guard);
         settled.wait_for(|done| *done).await.unwrap();
-        assert!(matches!(registry.request_cancel(&id()), CancelVerdict::NotInFlight));
+        assert!(matches!(
+            registry.request_cancel(&id()),
+            CancelVerdict::NotInFlight
+        ));
     }
 
     #[test]
@@ -186,6 +198,9 @@ mod tests {
         let old = registry.begin(&id(), CancellationToken::new());
         let _new = registry.begin(&id(), CancellationToken::new());
         drop(old);
-        assert!(matches!(registry.request_cancel(&id()), CancelVerdict::Requested));
+        assert!(matches!(
+            registry.request_cancel(&id()),
+            CancelVerdict::Requested
+        ));
     }
 }

@@ -69,7 +69,9 @@ use crate::error::{Error, Result};
 use crate::group::{GroupMember, GroupStatus, MemberResult, RunGroup};
 use crate::keys::{RunId, sha256};
 use crate::runner::{Delivery, Step, StepError, StepErrorKind, StepOutcome, StepRunner};
-use crate::runtime::{RunEnd, RunOptions, RunSpec, RunStatus, RunTermination, RunnerHandle, WorkflowRuntime};
+use crate::runtime::{
+    RunEnd, RunOptions, RunSpec, RunStatus, RunTermination, RunnerHandle, WorkflowRuntime,
+};
 use crate::terminal::{NoopTerminalHook, RunOutcome, TerminalStatus};
 
 /// The default queue name of a [`JobRunner`].
@@ -92,7 +94,10 @@ pub trait Job: Serialize + DeserializeOwned + Send + Sync + 'static {
 
     /// Do the work. `ctx` gives the delivery (memo, effects, lease, cancel
     /// token) and the runner's registered state.
-    fn run(&self, ctx: JobContext<'_>) -> impl Future<Output = std::result::Result<Self::Output, Self::Error>> + Send;
+    fn run(
+        &self,
+        ctx: JobContext<'_>,
+    ) -> impl Future<Output = std::result::Result<Self::Output, Self::Error>> + Send;
 
     /// The idempotency key: submissions with equal keys are one job.
     /// Default `None`: every submission is a new job.
@@ -138,7 +143,9 @@ pub struct JobContext<'a> {
 
 impl fmt::Debug for JobContext<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("JobContext").field("delivery", self.delivery).finish_non_exhaustive()
+        f.debug_struct("JobContext")
+            .field("delivery", self.delivery)
+            .finish_non_exhaustive()
     }
 }
 
@@ -158,7 +165,10 @@ impl<'a> JobContext<'a> {
 
     /// The state of type `T`, or `None`.
     pub fn try_state<T: Any + Send + Sync>(&self) -> Option<&T> {
-        self.state.0.get(&TypeId::of::<T>()).and_then(|value| value.downcast_ref())
+        self.state
+            .0
+            .get(&TypeId::of::<T>())
+            .and_then(|value| value.downcast_ref())
     }
 
     /// Whether a transient error now ends the job.
@@ -200,13 +210,23 @@ type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// A registered job type, erased.
 trait Handler: Send + Sync {
-    fn run<'a>(&'a self, payload: &'a [u8], step: &'a Step, state: &'a StateMap) -> BoxFuture<'a, std::result::Result<StepOutcome, StepError>>;
+    fn run<'a>(
+        &'a self,
+        payload: &'a [u8],
+        step: &'a Step,
+        state: &'a StateMap,
+    ) -> BoxFuture<'a, std::result::Result<StepOutcome, StepError>>;
 }
 
 struct TypedHandler<J>(PhantomData<fn() -> J>);
 
 impl<J: Job> Handler for TypedHandler<J> {
-    fn run<'a>(&'a self, payload: &'a [u8], step: &'a Step, state: &'a StateMap) -> BoxFuture<'a, std::result::Result<StepOutcome, StepError>> {
+    fn run<'a>(
+        &'a self,
+        payload: &'a [u8],
+        step: &'a Step,
+        state: &'a StateMap,
+    ) -> BoxFuture<'a, std::result::Result<StepOutcome, StepError>> {
         Box::pin(async move {
             let job: J = rmp_serde::from_slice(payload).map_err(|err| {
                 StepError::permanent(format!(
@@ -222,7 +242,10 @@ impl<J: Job> Handler for TypedHandler<J> {
             match job.run(ctx).await {
                 Ok(output) => {
                     let result = durable::try_encode(&output).map_err(|err| {
-                        StepError::permanent(format!("job `{}`: output does not encode: {err}", J::NAME))
+                        StepError::permanent(format!(
+                            "job `{}`: output does not encode: {err}",
+                            J::NAME
+                        ))
                     })?;
                     Ok(StepOutcome::Succeed { result })
                 }
@@ -313,8 +336,10 @@ impl JobRunnerBuilder {
             }
             return self;
         }
-        self.handlers
-            .insert(J::NAME, (type_name::<J>(), Arc::new(TypedHandler::<J>(PhantomData))));
+        self.handlers.insert(
+            J::NAME,
+            (type_name::<J>(), Arc::new(TypedHandler::<J>(PhantomData))),
+        );
         self
     }
 
@@ -378,11 +403,16 @@ impl JobRunnerBuilder {
     /// Build the runner.
     pub fn build(self) -> JobRunner {
         let dispatch = JobDispatch {
-            handlers: self.handlers.into_iter().map(|(name, (_, handler))| (name, handler)).collect(),
+            handlers: self
+                .handlers
+                .into_iter()
+                .map(|(name, (_, handler))| (name, handler))
+                .collect(),
             state: self.state,
         };
-        let mut builder = WorkflowRuntime::builder(self.queue, self.object_store, dispatch, NoopTerminalHook)
-            .queue_name(self.queue_name);
+        let mut builder =
+            WorkflowRuntime::builder(self.queue, self.object_store, dispatch, NoopTerminalHook)
+                .queue_name(self.queue_name);
         if let Some(prefix) = self.memo_prefix {
             builder = builder.memo_prefix(prefix);
         }
@@ -440,7 +470,10 @@ fn job_result<J: Job>(
 impl JobRunner {
     /// Start building a runner over `queue`, with memos and results in
     /// `object_store`.
-    pub fn builder(queue: impl Into<Arc<Queue>>, object_store: Arc<dyn ObjectStore>) -> JobRunnerBuilder {
+    pub fn builder(
+        queue: impl Into<Arc<Queue>>,
+        object_store: Arc<dyn ObjectStore>,
+    ) -> JobRunnerBuilder {
         JobRunnerBuilder {
             queue: queue.into(),
             object_store,
@@ -472,10 +505,16 @@ impl JobRunner {
     /// (running or recorded) with a different payload;
     /// [`Error::Serialization`]; the errors of
     /// [`WorkflowRuntime::submit`].
-    pub async fn submit_with<J: Job>(&self, job: J, mut options: RunOptions) -> Result<JobHandle<J>> {
+    pub async fn submit_with<J: Job>(
+        &self,
+        job: J,
+        mut options: RunOptions,
+    ) -> Result<JobHandle<J>> {
         let input = job_input(&job)?;
         options.max_attempts_per_step = options.max_attempts_per_step.or(job.max_attempts());
-        let run_id = job.idempotency_key().map(|key| RunId::digest(&[key.as_bytes()]));
+        let run_id = job
+            .idempotency_key()
+            .map(|key| RunId::digest(&[key.as_bytes()]));
         if let Some(run_id) = &run_id {
             let core = &self.runtime.inner.core;
             if core.view.run_record(run_id).await?.is_none()
@@ -600,7 +639,10 @@ impl<J: Job> JobHandle<J> {
             return Ok(None);
         };
         let termination: RunTermination = termination.into();
-        let outcome = view.run_result_of(&self.id, &termination).await?.map(|r| r.outcome);
+        let outcome = view
+            .run_result_of(&self.id, &termination)
+            .await?
+            .map(|r| r.outcome);
         job_result::<J>(&termination, outcome.as_ref())
     }
 
@@ -615,7 +657,8 @@ impl<J: Job> JobHandle<J> {
     }
 
     fn from_end(id: &RunId, end: RunEnd) -> Result<std::result::Result<J::Output, JobError>> {
-        job_result::<J>(&end.termination, end.outcome.as_ref())?.ok_or_else(|| Error::RunNotFound(id.clone()))
+        job_result::<J>(&end.termination, end.outcome.as_ref())?
+            .ok_or_else(|| Error::RunNotFound(id.clone()))
     }
 
     /// [`join`](Self::join) bounded by `timeout`; `Ok(None)` when the job
@@ -623,7 +666,10 @@ impl<J: Job> JobHandle<J> {
     ///
     /// # Errors
     /// As [`join`](Self::join).
-    pub async fn join_timeout(&self, timeout: Duration) -> Result<Option<std::result::Result<J::Output, JobError>>> {
+    pub async fn join_timeout(
+        &self,
+        timeout: Duration,
+    ) -> Result<Option<std::result::Result<J::Output, JobError>>> {
         match self.runtime.wait_timeout(&self.id, timeout).await? {
             Some(end) => Self::from_end(&self.id, end).map(Some),
             None => Ok(None),
@@ -684,7 +730,10 @@ impl<J: Job> Clone for JobGroup<J> {
 
 impl<J: Job> fmt::Debug for JobGroup<J> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("JobGroup").field("job", &J::NAME).field("id", self.group.id()).finish()
+        f.debug_struct("JobGroup")
+            .field("job", &J::NAME)
+            .field("id", self.group.id())
+            .finish()
     }
 }
 
@@ -707,11 +756,16 @@ impl<J: Job> JobGroup<J> {
     ///
     /// # Errors
     /// As [`RunGroup::submit`], plus encoding errors.
-    pub async fn submit_with(&self, jobs: impl IntoIterator<Item = J>, mut options: RunOptions) -> Result<()> {
+    pub async fn submit_with(
+        &self,
+        jobs: impl IntoIterator<Item = J>,
+        mut options: RunOptions,
+    ) -> Result<()> {
         let mut members = Vec::new();
         for (i, job) in jobs.into_iter().enumerate() {
             if i == 0 {
-                options.max_attempts_per_step = options.max_attempts_per_step.or(job.max_attempts());
+                options.max_attempts_per_step =
+                    options.max_attempts_per_step.or(job.max_attempts());
             }
             members.push(GroupMember {
                 key: job.idempotency_key().unwrap_or_else(|| format!("item-{i}")),

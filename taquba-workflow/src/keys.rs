@@ -268,7 +268,10 @@ mod tests {
         let err = RunId::new("x".repeat(129)).unwrap_err().to_string();
         assert!(err.contains("at most 128"), "{err}");
         let err = RunId::new("a/b").unwrap_err().to_string();
-        assert!(err.contains("a/b") && err.contains("ASCII letters"), "{err}");
+        assert!(
+            err.contains("a/b") && err.contains("ASCII letters"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -44,7 +44,9 @@ where
     let queue_name = core.queue_name.clone();
     let slots = core.max_concurrent_steps;
     let runner_slots = Arc::new(Semaphore::new(slots));
-    let settling = Arc::new(Semaphore::new((slots * SETTLING_PER_SLOT).max(MIN_SETTLING)));
+    let settling = Arc::new(Semaphore::new(
+        (slots * SETTLING_PER_SLOT).max(MIN_SETTLING),
+    ));
     let lease = queue.queue_lease_duration(&queue_name);
     let mut tasks = JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -73,7 +75,11 @@ where
         ) {
             permits.push((runner, settle));
         }
-        let claims = match queue.claim_batch(&queue_name, permits.len(), lease).boxed().await {
+        let claims = match queue
+            .claim_batch(&queue_name, permits.len(), lease)
+            .boxed()
+            .await
+        {
             Ok(claims) => {
                 claim_backoff = Duration::ZERO;
                 claims
@@ -128,7 +134,10 @@ where
 async fn acquire_both(
     runner_slots: Arc<Semaphore>,
     settling: Arc<Semaphore>,
-) -> (tokio::sync::OwnedSemaphorePermit, tokio::sync::OwnedSemaphorePermit) {
+) -> (
+    tokio::sync::OwnedSemaphorePermit,
+    tokio::sync::OwnedSemaphorePermit,
+) {
     // Neither semaphore is ever closed.
     let settle = settling.acquire_owned().await.expect("semaphore open");
     let runner = runner_slots.acquire_owned().await.expect("semaphore open");
@@ -155,7 +164,12 @@ async fn process_and_settle<R: StepRunner, H: TerminalHook>(
     settle(inner, queue, &claim, settlement).await;
 }
 
-async fn settle<R, H>(inner: &RuntimeInner<R, H>, queue: &Queue, claim: &Claim, settlement: Settlement) {
+async fn settle<R, H>(
+    inner: &RuntimeInner<R, H>,
+    queue: &Queue,
+    claim: &Claim,
+    settlement: Settlement,
+) {
     let Settlement {
         kind,
         inflight,
@@ -203,7 +217,10 @@ async fn settle<R, H>(inner: &RuntimeInner<R, H>, queue: &Queue, claim: &Claim, 
                     step_number,
                     job_id: existing.clone(),
                 };
-                if let Err(err) = queue.kv_put(&step_kv_key(&run_id), &durable::encode(&pointer)).await {
+                if let Err(err) = queue
+                    .kv_put(&step_kv_key(&run_id), &durable::encode(&pointer))
+                    .await
+                {
                     warn!(run_id = %run_id, "failed to adopt the pending next step: {err}");
                 }
             }
@@ -213,7 +230,9 @@ async fn settle<R, H>(inner: &RuntimeInner<R, H>, queue: &Queue, claim: &Claim, 
             job_id = %claim.id,
             "step outlived its lease; the redelivered attempt settles it"
         ),
-        Err(err) => warn!(job_id = %claim.id, "settlement failed; the lease expiry redelivers the step: {err}"),
+        Err(err) => {
+            warn!(job_id = %claim.id, "settlement failed; the lease expiry redelivers the step: {err}")
+        }
     }
     drop(inflight);
 }

@@ -82,7 +82,8 @@ impl MemoStore {
     pub(crate) fn replay_path(&self, run_id: &RunId, step_number: u32, digest: &[u8]) -> Path {
         let step = step_number.to_string();
         let digest = hex::encode(digest);
-        self.objects.path(&["runs", run_id, "replay", &step, &digest])
+        self.objects
+            .path(&["runs", run_id, "replay", &step, &digest])
     }
 
     /// The object access under this store's prefix.
@@ -241,8 +242,14 @@ mod tests {
         memos.new_memo(&run, 0).put("k", b"step0").await.unwrap();
         memos.new_memo(&run, 1).put("k", b"step1").await.unwrap();
         memos.new_run_memo(&run).put("k", b"run").await.unwrap();
-        assert_eq!(memos.new_memo(&run, 0).get("k").await.unwrap().unwrap(), b"step0");
-        assert_eq!(memos.new_run_memo(&run).get("k").await.unwrap().unwrap(), b"run");
+        assert_eq!(
+            memos.new_memo(&run, 0).get("k").await.unwrap().unwrap(),
+            b"step0"
+        );
+        assert_eq!(
+            memos.new_run_memo(&run).get("k").await.unwrap().unwrap(),
+            b"run"
+        );
         let other = RunId::new("r2").unwrap();
         memos.new_run_memo(&other).put("k", b"x").await.unwrap();
         assert_eq!(memos.clear_memos_for_run(&run).await.unwrap(), 3);
@@ -270,7 +277,10 @@ mod tests {
             .memoized("e", async { Err(Error::EffectsSealed) })
             .await;
         assert!(failed.is_err());
-        assert!(memo.get("e").await.unwrap().is_none(), "an error stores nothing");
+        assert!(
+            memo.get("e").await.unwrap().is_none(),
+            "an error stores nothing"
+        );
     }
 
     #[test]

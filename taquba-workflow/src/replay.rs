@@ -91,13 +91,20 @@ impl RuntimeCore {
         let Some(bytes) = self.memo_store.objects().get(&path).await? else {
             return Ok(None);
         };
-        let Some(record) = durable::decode_or_absent::<DurableStepOutput>(&bytes, "step-output replay record", run_id)
-        else {
+        let Some(record) = durable::decode_or_absent::<DurableStepOutput>(
+            &bytes,
+            "step-output replay record",
+            run_id,
+        ) else {
             return Ok(None);
         };
         let elapsed = self.now_ms().saturating_sub(record.recorded_at_ms);
         let staged = StagedKv {
-            writes: record.writes.into_iter().map(|w| (w.key, w.value)).collect(),
+            writes: record
+                .writes
+                .into_iter()
+                .map(|w| (w.key, w.value))
+                .collect(),
             deletes: record.deletes.into_iter().map(ByteBuf::into_vec).collect(),
         };
         Ok(Some((from_durable(record.outcome, elapsed), staged)))
@@ -141,7 +148,10 @@ mod tests {
 
     #[test]
     fn a_replayed_delay_keeps_the_original_schedule() {
-        let recorded = to_durable(&StepOutcome::continue_after(vec![1], Duration::from_secs(10)));
+        let recorded = to_durable(&StepOutcome::continue_after(
+            vec![1],
+            Duration::from_secs(10),
+        ));
         assert_eq!(
             from_durable(recorded.clone(), 4_000),
             StepOutcome::continue_after(vec![1], Duration::from_secs(6))

@@ -307,7 +307,10 @@ mod tests {
     fn constructors_build_the_triggers() {
         assert_eq!(
             StepOutcome::continue_after(vec![1], Duration::from_secs(2)),
-            StepOutcome::Continue { payload: vec![1], when: Trigger::After(Duration::from_secs(2)) }
+            StepOutcome::Continue {
+                payload: vec![1],
+                when: Trigger::After(Duration::from_secs(2))
+            }
         );
         assert!(matches!(
             StepOutcome::continue_on_signal(vec![], "k", Duration::ZERO),

@@ -90,14 +90,20 @@ fn check_payload(payload: &[u8]) -> Result<()> {
 
 impl RuntimeCore {
     /// Deliver or buffer a signal.
-    pub(crate) async fn signal(&self, correlation_key: &str, payload: Vec<u8>) -> Result<SignalOutcome> {
+    pub(crate) async fn signal(
+        &self,
+        correlation_key: &str,
+        payload: Vec<u8>,
+    ) -> Result<SignalOutcome> {
         check_payload(&payload)?;
         let _lock = self.signal_locks.lock(correlation_key).await;
         let waiter_key = signal_waiter_kv_key(correlation_key);
         if let Some(bytes) = self.queue.view().kv_get(&waiter_key).await? {
-            if let Some(waiter) =
-                durable::decode_or_absent::<DurableWaiter>(&bytes, "signal waiter", &correlation_key)
-            {
+            if let Some(waiter) = durable::decode_or_absent::<DurableWaiter>(
+                &bytes,
+                "signal waiter",
+                &correlation_key,
+            ) {
                 // Only a wait that has not timed out yet is woken: a step
                 // that already ran (attempts > 0) observed the timeout, and
                 // its redeliveries must observe it too.
@@ -181,7 +187,10 @@ impl RuntimeCore {
         input_hash: &[u8],
     ) -> Settlement {
         let lock = self.signal_locks.lock(correlation_key).await;
-        match self.signal_settlement(claimed, payload, correlation_key, timeout, input_hash).await {
+        match self
+            .signal_settlement(claimed, payload, correlation_key, timeout, input_hash)
+            .await
+        {
             Ok(mut settlement) => {
                 settlement.signal_lock = Some(lock);
                 settlement
@@ -212,8 +221,11 @@ impl RuntimeCore {
         let next = claimed.step_number + 1;
         let waiter_key = signal_waiter_kv_key(correlation_key);
         if let Some(bytes) = self.queue.view().kv_get(&waiter_key).await?
-            && let Some(waiter) =
-                durable::decode_or_absent::<DurableWaiter>(&bytes, "signal waiter", &correlation_key)
+            && let Some(waiter) = durable::decode_or_absent::<DurableWaiter>(
+                &bytes,
+                "signal waiter",
+                &correlation_key,
+            )
             && waiter.run_id != *run_id
         {
             let reason = format!(
@@ -228,10 +240,15 @@ impl RuntimeCore {
                 headers: claimed.headers.clone(),
                 final_step: claimed.step_number,
             };
-            let termination = self.termination(&outcome, Some(StepErrorKind::Permanent), input_hash);
+            let termination =
+                self.termination(&outcome, Some(StepErrorKind::Permanent), input_hash);
             self.store_run_result(&outcome, &termination).await?;
-            let effects =
-                self.terminate_effects(&outcome, termination, claimed.membership.as_ref(), claimed.job.max_attempts);
+            let effects = self.terminate_effects(
+                &outcome,
+                termination,
+                claimed.membership.as_ref(),
+                claimed.job.max_attempts,
+            );
             return Ok(Settlement::of(SettleKind::Ack(effects)));
         }
         let buffer_key = signal_buffer_kv_key(correlation_key);

@@ -4,7 +4,9 @@
 
 use taquba::{JobRecord, JobStatus, QueueView};
 
-use crate::durable::{self, DurableCurrentStep, DurableRunRecord, DurableRunResult, DurableTermination};
+use crate::durable::{
+    self, DurableCurrentStep, DurableRunRecord, DurableRunResult, DurableTermination,
+};
 use crate::error::{Error, Result};
 use crate::keys::{RunId, outcome_kv_key, run_kv_key, step_kv_key};
 use crate::memo::{MemoStore, RUN_RESULT_MEMO_KEY};
@@ -31,7 +33,9 @@ pub struct WorkflowView {
 
 impl std::fmt::Debug for WorkflowView {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WorkflowView").field("memos", &self.memos).finish_non_exhaustive()
+        f.debug_struct("WorkflowView")
+            .field("memos", &self.memos)
+            .finish_non_exhaustive()
     }
 }
 
@@ -89,20 +93,29 @@ impl WorkflowView {
         if self.current_step_if_active(run_id).await?.is_some() {
             return Ok(None);
         }
-        Ok(self.recorded_result(run_id).await?.map(|result| result.outcome))
+        Ok(self
+            .recorded_result(run_id)
+            .await?
+            .map(|result| result.outcome))
     }
 
     pub(crate) async fn run_record(&self, run_id: &RunId) -> Result<Option<DurableRunRecord>> {
         durable::kv_record(&self.queue, &run_kv_key(run_id)).await
     }
 
-    pub(crate) async fn current_step_if_active(&self, run_id: &RunId) -> Result<Option<DurableCurrentStep>> {
+    pub(crate) async fn current_step_if_active(
+        &self,
+        run_id: &RunId,
+    ) -> Result<Option<DurableCurrentStep>> {
         durable::kv_record(&self.queue, &step_kv_key(run_id)).await
     }
 
     /// The current step of an active run with its queue record. A pointer
     /// that moved between the reads is followed.
-    pub(crate) async fn current_job(&self, run_id: &RunId) -> Result<Option<(DurableCurrentStep, JobRecord)>> {
+    pub(crate) async fn current_job(
+        &self,
+        run_id: &RunId,
+    ) -> Result<Option<(DurableCurrentStep, JobRecord)>> {
         let mut missing: Option<String> = None;
         loop {
             let Some(pointer) = self.current_step_if_active(run_id).await? else {
@@ -118,7 +131,10 @@ impl WorkflowView {
         }
     }
 
-    pub(crate) async fn terminal_record(&self, run_id: &RunId) -> Result<Option<DurableTermination>> {
+    pub(crate) async fn terminal_record(
+        &self,
+        run_id: &RunId,
+    ) -> Result<Option<DurableTermination>> {
         durable::kv_record(&self.queue, &outcome_kv_key(run_id)).await
     }
 
@@ -142,7 +158,11 @@ impl WorkflowView {
     /// The run result record of `run_id` when it belongs to `termination`
     /// (a record of an earlier run under the id, or of a settlement that did
     /// not commit, is not reported).
-    pub(crate) async fn run_result_of(&self, run_id: &RunId, termination: &RunTermination) -> Result<Option<RunResult>> {
+    pub(crate) async fn run_result_of(
+        &self,
+        run_id: &RunId,
+        termination: &RunTermination,
+    ) -> Result<Option<RunResult>> {
         Ok(self
             .run_result(run_id)
             .await?
@@ -150,14 +170,21 @@ impl WorkflowView {
     }
 
     async fn run_result(&self, run_id: &RunId) -> Result<Option<RunResult>> {
-        let Some(bytes) = self.memos.new_run_memo(run_id).get(RUN_RESULT_MEMO_KEY).await? else {
+        let Some(bytes) = self
+            .memos
+            .new_run_memo(run_id)
+            .get(RUN_RESULT_MEMO_KEY)
+            .await?
+        else {
             return Ok(None);
         };
         Ok(
-            durable::decode_or_absent::<DurableRunResult>(&bytes, "run result record", run_id).map(|record| RunResult {
-                termination: record.termination.into(),
-                outcome: record.outcome.into(),
-            }),
+            durable::decode_or_absent::<DurableRunResult>(&bytes, "run result record", run_id).map(
+                |record| RunResult {
+                    termination: record.termination.into(),
+                    outcome: record.outcome.into(),
+                },
+            ),
         )
     }
 }

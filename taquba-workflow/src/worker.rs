@@ -139,7 +139,12 @@ impl<'a> ClaimedStep<'a> {
         }
     }
 
-    fn outcome(&self, status: TerminalStatus, result: Option<Vec<u8>>, error: Option<String>) -> RunOutcome {
+    fn outcome(
+        &self,
+        status: TerminalStatus,
+        result: Option<Vec<u8>>,
+        error: Option<String>,
+    ) -> RunOutcome {
         RunOutcome {
             run_id: self.run_id.clone(),
             status,
@@ -225,7 +230,12 @@ impl RuntimeCore {
 impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
     /// Process one claimed job into its settlement. `permit` is the runner
     /// slot, released as soon as the runner (or hook) returns.
-    pub(crate) async fn process(&self, claim: &Claim, lease: &LeaseHandle, permit: OwnedSemaphorePermit) -> Settlement {
+    pub(crate) async fn process(
+        &self,
+        claim: &Claim,
+        lease: &LeaseHandle,
+        permit: OwnedSemaphorePermit,
+    ) -> Settlement {
         let job = claim.job();
         if job.headers.contains_key(HEADER_TERMINAL) {
             return self.process_notification(job, permit).await;
@@ -234,7 +244,10 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
             Ok(claimed) => claimed,
             Err(err) => {
                 warn!(job_id = %job.id, error = %err, "step job with malformed headers; dead-lettered");
-                return Settlement::failure(&StepError::permanent(err.to_string()), SettlementEffects::default());
+                return Settlement::failure(
+                    &StepError::permanent(err.to_string()),
+                    SettlementEffects::default(),
+                );
             }
         };
         let core = &self.core;
@@ -242,7 +255,9 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
         // finds this registration or wrote the record before the read.
         let claim_cancel = lease.cancel_token().clone();
         let guard = core.inflight.begin(&claimed.run_id, claim_cancel.clone());
-        let mut settlement = self.process_step(&claimed, lease, claim_cancel, &guard, permit).await;
+        let mut settlement = self
+            .process_step(&claimed, lease, claim_cancel, &guard, permit)
+            .await;
         settlement.inflight = Some(guard);
         settlement
     }
@@ -268,10 +283,11 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
             }
             Err(err) => return Settlement::infrastructure(err),
         };
-        let (signal, signal_deletes) = match core.resolve_step_signal(job, run_id, step_number).await {
-            Ok(resolved) => resolved,
-            Err(err) => return Settlement::infrastructure(err),
-        };
+        let (signal, signal_deletes) =
+            match core.resolve_step_signal(job, run_id, step_number).await {
+                Ok(resolved) => resolved,
+                Err(err) => return Settlement::infrastructure(err),
+            };
 
         // A cancellation requested before this claim: settle as cancelled
         // without running.
@@ -279,7 +295,10 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
             drop(permit);
             let _ = guard.decide();
             let outcome = claimed.outcome(TerminalStatus::Cancelled, None, None);
-            return match core.terminate_recorded(claimed, outcome, None, &record.input_hash).await {
+            return match core
+                .terminate_recorded(claimed, outcome, None, &record.input_hash)
+                .await
+            {
                 Ok(mut effects) => {
                     effects.kv_deletes.extend(signal_deletes);
                     Settlement::of(SettleKind::Ack(effects))
@@ -309,7 +328,10 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
         };
 
         let replayed = if core.step_output_replay {
-            match core.load_step_output(run_id, step_number, &job.payload).await {
+            match core
+                .load_step_output(run_id, step_number, &job.payload)
+                .await
+            {
                 Ok(found) => found,
                 Err(err) => return Settlement::infrastructure(err),
             }
@@ -322,11 +344,15 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
                 (Ok(outcome), Some(effects))
             }
             None => {
-                let ran = AssertUnwindSafe(self.runner.run_step(&step)).catch_unwind().await;
+                let ran = AssertUnwindSafe(self.runner.run_step(&step))
+                    .catch_unwind()
+                    .await;
                 let outcome = ran.unwrap_or_else(|panic| {
                     let message = panic_message(panic.as_ref());
                     warn!(run_id = %run_id, step_number, "step runner panicked: {message}");
-                    Err(StepError::transient(format!("step runner panicked: {message}")))
+                    Err(StepError::transient(format!(
+                        "step runner panicked: {message}"
+                    )))
                 });
                 (outcome, None)
             }
@@ -344,7 +370,9 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
             && !was_replayed
             && !external_cancel
             && let Ok(outcome) = &outcome
-            && let Err(err) = core.store_step_output(run_id, step_number, &job.payload, outcome, &staged).await
+            && let Err(err) = core
+                .store_step_output(run_id, step_number, &job.payload, outcome, &staged)
+                .await
         {
             return Settlement::infrastructure(err);
         }
@@ -387,22 +415,33 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
     ) -> Settlement {
         let core = &self.core;
         let terminate = |outcome, kind| async move {
-            match core.terminate_recorded(claimed, outcome, kind, input_hash).await {
+            match core
+                .terminate_recorded(claimed, outcome, kind, input_hash)
+                .await
+            {
                 Ok(effects) => Settlement::of(SettleKind::Ack(effects)),
                 Err(settlement) => settlement,
             }
         };
         match outcome {
             Ok(StepOutcome::Cancel { reason }) => {
-                terminate(claimed.outcome(TerminalStatus::Cancelled, None, Some(reason)), None).await
+                terminate(
+                    claimed.outcome(TerminalStatus::Cancelled, None, Some(reason)),
+                    None,
+                )
+                .await
             }
-            _ if external_cancel => terminate(claimed.outcome(TerminalStatus::Cancelled, None, None), None).await,
+            _ if external_cancel => {
+                terminate(claimed.outcome(TerminalStatus::Cancelled, None, None), None).await
+            }
             Ok(StepOutcome::Continue { payload, when }) => {
                 let next = Some((claimed.run_id.clone(), claimed.step_number + 1));
                 let settlement = match when {
-                    Trigger::Immediate => {
-                        Settlement::of(SettleKind::Ack(core.advance(claimed, payload, claimed.next_step_opts())))
-                    }
+                    Trigger::Immediate => Settlement::of(SettleKind::Ack(core.advance(
+                        claimed,
+                        payload,
+                        claimed.next_step_opts(),
+                    ))),
                     Trigger::After(delay) => {
                         let opts = StepEnqueueOpts {
                             run_at: Some(core.run_at_after(delay)),
@@ -413,12 +452,28 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
                     Trigger::OnSignal {
                         correlation_key,
                         timeout,
-                    } => core.advance_on_signal(claimed, payload, &correlation_key, timeout, input_hash).await,
+                    } => {
+                        core.advance_on_signal(
+                            claimed,
+                            payload,
+                            &correlation_key,
+                            timeout,
+                            input_hash,
+                        )
+                        .await
+                    }
                 };
-                Settlement { next_step: next, ..settlement }
+                Settlement {
+                    next_step: next,
+                    ..settlement
+                }
             }
             Ok(StepOutcome::Succeed { result }) => {
-                terminate(claimed.outcome(TerminalStatus::Succeeded, Some(result), None), None).await
+                terminate(
+                    claimed.outcome(TerminalStatus::Succeeded, Some(result), None),
+                    None,
+                )
+                .await
             }
             Ok(StepOutcome::Fail { reason }) => {
                 terminate(
@@ -435,7 +490,11 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
     }
 
     /// Run the terminal hook for a notification job.
-    async fn process_notification(&self, job: &JobRecord, permit: OwnedSemaphorePermit) -> Settlement {
+    async fn process_notification(
+        &self,
+        job: &JobRecord,
+        permit: OwnedSemaphorePermit,
+    ) -> Settlement {
         let outcome: RunOutcome = match durable::decode::<DurableRunOutcome>(&job.payload) {
             Ok(record) => record.into(),
             Err(err) => {
@@ -455,7 +514,9 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
         let result = ran.unwrap_or_else(|panic| {
             let message = panic_message(panic.as_ref());
             warn!(run_id = %outcome.run_id, "terminal hook panicked: {message}");
-            Err(StepError::transient(format!("terminal hook panicked: {message}")))
+            Err(StepError::transient(format!(
+                "terminal hook panicked: {message}"
+            )))
         });
         match result {
             Ok(()) => {
