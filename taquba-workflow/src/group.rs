@@ -18,7 +18,10 @@ use crate::blob::ObjectPrefix;
 use crate::durable::{self, DurableMember, DurableTermination};
 use crate::engine::RuntimeCore;
 use crate::error::{Error, Result};
-use crate::keys::{HEADER_GROUP, HEADER_GROUP_KEY, RunId, group_member_kv_key, group_members_kv_prefix, outcome_kv_key};
+use crate::keys::{
+    HEADER_GROUP, HEADER_GROUP_KEY, RunId, group_member_kv_key, group_members_kv_prefix,
+    outcome_kv_key,
+};
 use crate::memo::MemoStore;
 use crate::runtime::{RunOptions, RunSpec, RunTermination};
 use crate::terminal::{RunOutcome, TerminalStatus};
@@ -50,7 +53,9 @@ pub(crate) struct Membership {
 
 impl Membership {
     pub(crate) fn from_headers(headers: &HashMap<String, String>) -> Result<Option<Self>> {
-        let (Some(group_id), Some(key)) = (headers.get(HEADER_GROUP), headers.get(HEADER_GROUP_KEY)) else {
+        let (Some(group_id), Some(key)) =
+            (headers.get(HEADER_GROUP), headers.get(HEADER_GROUP_KEY))
+        else {
             return Ok(None);
         };
         Ok(Some(Self {
@@ -146,7 +151,12 @@ pub(crate) struct GroupStore {
 }
 
 impl GroupStore {
-    pub(crate) fn new(store: Arc<dyn ObjectStore>, prefix: impl Into<String>, memo_store: MemoStore, queue: Arc<Queue>) -> Self {
+    pub(crate) fn new(
+        store: Arc<dyn ObjectStore>,
+        prefix: impl Into<String>,
+        memo_store: MemoStore,
+        queue: Arc<Queue>,
+    ) -> Self {
         Self {
             objects: ObjectPrefix::new(store, prefix),
             memo_store,
@@ -167,11 +177,18 @@ impl GroupStore {
 
     async fn write_manifest(&self, manifest: &Manifest) -> Result<()> {
         self.objects
-            .put(&self.manifest_path(&manifest.group_id), &durable::encode(manifest))
+            .put(
+                &self.manifest_path(&manifest.group_id),
+                &durable::encode(manifest),
+            )
             .await
     }
 
-    pub(crate) async fn member(&self, group_id: &RunId, key: &str) -> Result<Option<DurableMember>> {
+    pub(crate) async fn member(
+        &self,
+        group_id: &RunId,
+        key: &str,
+    ) -> Result<Option<DurableMember>> {
         durable::kv_record(self.queue.view(), &group_member_kv_key(group_id, key)).await
     }
 
@@ -197,7 +214,11 @@ impl GroupStore {
     pub(crate) async fn forget(&self, group_id: &RunId) -> Result<()> {
         let mut keys = Vec::new();
         if let Some(manifest) = self.read_manifest(group_id).await? {
-            let run_ids: Vec<RunId> = manifest.members.iter().map(|m| member_run_id(group_id, &m.key)).collect();
+            let run_ids: Vec<RunId> = manifest
+                .members
+                .iter()
+                .map(|m| member_run_id(group_id, &m.key))
+                .collect();
             let memos = &self.memo_store;
             stream::iter(run_ids.clone())
                 .map(|run_id| async move { memos.clear_memos_for_run(&run_id).await })
@@ -309,7 +330,9 @@ impl RunGroup {
             members,
         };
         match self.store().read_manifest(&self.id).await? {
-            Some(existing) if existing.members != manifest.members => return Err(Error::GroupMismatch(self.id.clone())),
+            Some(existing) if existing.members != manifest.members => {
+                return Err(Error::GroupMismatch(self.id.clone()));
+            }
             Some(_) => {}
             None => self.store().write_manifest(&manifest).await?,
         }
@@ -361,14 +384,22 @@ impl RunGroup {
             group_id: self.id.clone(),
             key: key.to_string(),
         };
-        let record = self.store().member(&self.id, key).await?.ok_or_else(not_submitted)?;
+        let record = self
+            .store()
+            .member(&self.id, key)
+            .await?
+            .ok_or_else(not_submitted)?;
         if record.terminated.is_some() {
             return Ok(record);
         }
         self.core.wait_run(&record.run_id).await?;
         // The member record is rewritten in the transaction that removes
         // the run's pointer.
-        let record = self.store().member(&self.id, key).await?.ok_or_else(not_submitted)?;
+        let record = self
+            .store()
+            .member(&self.id, key)
+            .await?
+            .ok_or_else(not_submitted)?;
         if record.terminated.is_none() {
             return Err(Error::InconsistentRunState(record.run_id));
         }
@@ -404,7 +435,8 @@ impl RunGroup {
             }
         })
         .filter_map(|()| async { None });
-        Ok(waits.chain(marker))
+        // Boxed, so callers can `.next()` it without pinning.
+        Ok(waits.chain(marker).boxed())
     }
 
     async fn member_result(&self, key: String, record: DurableMember) -> Result<MemberResult> {
