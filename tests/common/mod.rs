@@ -60,3 +60,118 @@ pub async fn within<F: std::future::Future>(secs: u64, f: F) -> F::Output {
         .await
         .expect("finished in time")
 }
+
+use std::future::Future;
+use std::sync::Mutex;
+
+use taquba::Claim;
+use taquba_workflow::{
+    RunOutcome, Step, StepError, StepOutcome, StepRunner, TerminalEffects, TerminalHook,
+};
+
+/// The runtime's default queue name.
+pub const STEPS: &str = "workflow-steps";
+/// The runtime's default memo prefix.
+pub const MEMO_PREFIX: &str = "workflow-steps-memo";
+
+/// A step runner from a closure over an owned copy of the step.
+pub struct FnRunner<F>(pub F);
+
+impl<F, Fut> StepRunner for FnRunner<F>
+where
+    F: Fn(Step) -> Fut + Send + Sync,
+    Fut: Future<Output = Result<StepOutcome, StepError>> + Send,
+{
+    fn run_step(&self, step: &Step) -> impl Future<Output = Result<StepOutcome, StepError>> + Send {
+        (self.0)(step.clone())
+    }
+}
+
+/// A terminal hook that records every outcome it is called with.
+#[derive(Clone, Default)]
+pub struct Recorder {
+    pub outcomes: Arc<Mutex<Vec<RunOutcome>>>,
+}
+
+impl Recorder {
+    pub fn calls(&self) -> Vec<RunOutcome> {
+        self.outcomes.lock().expect("recorder lock").clone()
+    }
+}
+
+impl TerminalHook for Recorder {
+    async fn on_termination(
+        &self,
+        outcome: &RunOutcome,
+        _effects: &TerminalEffects,
+    ) -> Result<(), StepError> {
+        self.outcomes
+            .lock()
+            .expect("recorder lock")
+            .push(outcome.clone());
+        Ok(())
+    }
+}
+
+/// A gate a runner waits on until the test opens it.
+#[derive(Clone)]
+pub struct Gate {
+    tx: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Self {
+            tx: Arc::new(tokio::sync::watch::channel(false).0),
+        }
+    }
+}
+
+impl Gate {
+    pub fn open(&self) {
+        self.tx.send_replace(true);
+    }
+
+    /// Close the gate again.
+    pub fn close(&self) {
+        self.tx.send_replace(false);
+    }
+
+    pub async fn wait(&self) {
+        let mut rx = self.tx.subscribe();
+        let _ = rx.wait_for(|open| *open).await;
+    }
+}
+
+/// Poll `check` every 10 ms of (paused) time until it holds; panics after
+/// 60 s naming `what`.
+pub async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    for _ in 0..6_000 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// Claim the next job of the runtime's queue directly (no worker).
+pub async fn claim_step(queue: &Queue) -> Option<Claim> {
+    queue
+        .claim(STEPS, Duration::from_secs(60))
+        .await
+        .expect("claim")
+}
+
+/// The dead jobs of the runtime's queue.
+pub async fn dead_jobs(queue: &Queue) -> Vec<taquba::JobRecord> {
+    queue
+        .view()
+        .dead_jobs(STEPS, None, 100)
+        .await
+        .expect("dead jobs")
+}
