@@ -30,6 +30,10 @@ struct Seen {
 #[derive(Clone, Default)]
 struct Waiter {
     seen: Arc<Mutex<Vec<Seen>>>,
+    /// Step 0 of a `gate0` run holds until this opens (and reports that it
+    /// started through `started`).
+    gate: Arc<tokio::sync::watch::Sender<bool>>,
+    started: Arc<tokio::sync::Notify>,
 }
 
 impl Waiter {
@@ -49,13 +53,20 @@ impl StepRunner for Waiter {
             .next()
             .and_then(|t| t.parse().ok())
             .ok_or_else(|| StepError::permanent(format!("bad input {input:?}")))?;
-        let flaky = parts.next() == Some("flaky");
+        let mode = parts.next();
+        let flaky = mode == Some("flaky");
         match step.step_number {
-            0 => Ok(StepOutcome::continue_on_signal(
-                step.payload.clone(),
-                key,
-                Duration::from_millis(timeout_ms),
-            )),
+            0 => {
+                if mode == Some("gate0") {
+                    self.started.notify_one();
+                    let _ = self.gate.subscribe().wait_for(|open| *open).await;
+                }
+                Ok(StepOutcome::continue_on_signal(
+                    step.payload.clone(),
+                    key,
+                    Duration::from_millis(timeout_ms),
+                ))
+            }
             _ => {
                 self.seen.lock().expect("log lock").push(Seen {
                     run_id: step.run_id.to_string(),
@@ -64,6 +75,9 @@ impl StepRunner for Waiter {
                 });
                 if flaky && step.attempts == 1 {
                     return Err(StepError::transient("first attempt falls over"));
+                }
+                if mode == Some("fail") {
+                    return Err(StepError::permanent("step 1 rejects every signal"));
                 }
                 Ok(StepOutcome::Succeed {
                     result: step.signal.clone().unwrap_or_else(|| b"<timeout>".to_vec()),
@@ -536,5 +550,170 @@ async fn a_woken_run_may_wait_on_the_same_key_again() {
         Some(b"1+2+3".as_slice())
     );
     assert!(signal_keys(&queue).await.is_empty());
+    worker.shutdown().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_signal_after_the_timeout_fired_is_buffered_and_the_step_sees_none() {
+    let (queue, store, clock) = memory_queue().await;
+    let runner = Waiter::default();
+    let runtime = runtime(&queue, &store, &runner);
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let run = submit(&runtime, "late", "late-key|1000|flaky").await;
+    reach_step(&runtime, &run, 1).await;
+    worker.shutdown().await.unwrap();
+
+    // The timeout fired (the step is claimable) but no worker ran it yet.
+    clock.advance(Duration::from_secs(1));
+    queue.promote_scheduled_now().await.unwrap();
+    assert_eq!(
+        runtime
+            .signal("late-key", b"too late".to_vec())
+            .await
+            .unwrap(),
+        SignalOutcome::Buffered
+    );
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let end = within(5, runtime.wait(&run)).await.unwrap();
+    assert_eq!(
+        end.outcome.unwrap().result.as_deref(),
+        Some(b"<timeout>".as_slice())
+    );
+    let seen: Vec<_> = runner
+        .seen()
+        .into_iter()
+        .map(|s| (s.attempts, s.signal))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![(1, None), (2, None)],
+        "every delivery observes the timeout"
+    );
+    assert_eq!(
+        signal_keys(&queue).await,
+        vec!["workflow/signals/buffered/late-key".to_string()],
+        "the late signal waits for the next waiter"
+    );
+    worker.shutdown().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_signal_payload_over_the_kv_limit_is_rejected() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runtime = runtime(&queue, &store, &Waiter::default());
+    let big = vec![0u8; taquba::MAX_KV_VALUE_SIZE + 1];
+    let err = runtime.signal("big", big).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            taquba_workflow::Error::Queue(taquba::Error::KvValueTooLarge { .. })
+        ),
+        "{err}"
+    );
+    assert!(signal_keys(&queue).await.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_signal_state_outlives_a_woken_step_that_is_cancelled_or_fails() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runner = Waiter::default();
+    let runtime = runtime(&queue, &store, &runner);
+
+    // Woken by a signal, cancelled before a worker claims the woken step.
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let woken = submit(&runtime, "woken-then-cancelled", &format!("wc|{HOUR_MS}")).await;
+    reach_step(&runtime, &woken, 1).await;
+    worker.shutdown().await.unwrap();
+    assert_eq!(
+        runtime.signal("wc", b"x".to_vec()).await.unwrap(),
+        SignalOutcome::Delivered
+    );
+    assert!(runtime.cancel(&woken).await.unwrap());
+    assert_eq!(
+        within(5, runtime.wait(&woken))
+            .await
+            .unwrap()
+            .termination
+            .status,
+        TerminalStatus::Cancelled
+    );
+    assert!(
+        signal_keys(&queue).await.is_empty(),
+        "{:?}",
+        signal_keys(&queue).await
+    );
+
+    // Consumed a buffered signal, cancelled before its next step ran: the
+    // worker is shut down while step 0 is in flight, so it drains step 0
+    // and claims nothing more.
+    runtime.signal("bc", b"y".to_vec()).await.unwrap();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let started = runner.started.notified();
+    let buffered = submit(
+        &runtime,
+        "buffered-then-cancelled",
+        &format!("bc|{HOUR_MS}|gate0"),
+    )
+    .await;
+    within(5, started).await;
+    let shutdown = tokio::spawn(worker.shutdown());
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    runner.gate.send_replace(true);
+    within(5, shutdown).await.unwrap().unwrap();
+    let status = runtime.status(&buffered).await.unwrap().unwrap();
+    assert_eq!(status.current_step, 1);
+    assert_eq!(
+        signal_keys(&queue).await,
+        vec!["workflow/signals/delivered/buffered-then-cancelled/1".to_string()],
+        "the consumed signal is held for the step it woke"
+    );
+    assert!(runtime.cancel(&buffered).await.unwrap());
+    let end = within(5, runtime.wait(&buffered)).await.unwrap();
+    assert_eq!(end.termination.status, TerminalStatus::Cancelled);
+    assert!(
+        signal_keys(&queue).await.is_empty(),
+        "{:?}",
+        signal_keys(&queue).await
+    );
+    assert!(
+        runner
+            .seen()
+            .iter()
+            .all(|s| s.run_id != "buffered-then-cancelled"),
+        "its step 1 never ran"
+    );
+
+    // Consumed a buffered signal and failed permanently on it.
+    runtime.signal("bf", b"z".to_vec()).await.unwrap();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let failed = submit(
+        &runtime,
+        "buffered-then-failed",
+        &format!("bf|{HOUR_MS}|fail"),
+    )
+    .await;
+    let end = within(5, runtime.wait(&failed)).await.unwrap();
+    assert_eq!(end.termination.status, TerminalStatus::Failed);
+    assert_eq!(
+        end.termination.error.as_deref(),
+        Some("step 1 rejects every signal")
+    );
+    assert!(
+        signal_keys(&queue).await.is_empty(),
+        "{:?}",
+        signal_keys(&queue).await
+    );
+
+    // Woken while waiting and failed permanently on it.
+    let failed = submit(&runtime, "woken-then-failed", &format!("wf|{HOUR_MS}|fail")).await;
+    reach_step(&runtime, &failed, 1).await;
+    runtime.signal("wf", b"w".to_vec()).await.unwrap();
+    let end = within(5, runtime.wait(&failed)).await.unwrap();
+    assert_eq!(end.termination.status, TerminalStatus::Failed);
+    assert!(
+        signal_keys(&queue).await.is_empty(),
+        "{:?}",
+        signal_keys(&queue).await
+    );
     worker.shutdown().await.unwrap();
 }
