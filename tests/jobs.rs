@@ -123,6 +123,10 @@ impl Job for Fails {
     fn max_attempts(&self) -> Option<u32> {
         self.attempts
     }
+
+    fn idempotency_key(&self) -> Option<String> {
+        self.label.starts_with("keyed").then(|| self.label.clone())
+    }
 }
 
 /// Succeeds with the attempt number once `failures` attempts failed.
@@ -389,7 +393,19 @@ async fn idempotent_submission_before_and_after_completion() {
         Err(Error::InputMismatch(_))
     ));
 
-    // A recorded failure is returned as well.
+    // A recorded failure is returned as well, without a second run.
+    let keyed_failure = Fails {
+        label: "keyed failure".into(),
+        permanent: true,
+        attempts: None,
+    };
+    let failed = runner.submit(keyed_failure.clone()).await.unwrap();
+    let error = within(5, failed.join()).await.unwrap().unwrap_err();
+    let again = runner.submit(keyed_failure).await.unwrap();
+    assert!(!again.newly_submitted());
+    assert_eq!(within(5, again.join()).await.unwrap().unwrap_err(), error);
+    assert_eq!(fx.calls.of("keyed failure"), 1);
+
     let failing = Fails {
         label: "keyed failure".into(),
         permanent: true,
@@ -690,5 +706,52 @@ async fn job_group_members_are_keyed_by_idempotency_key_and_can_be_cancelled() {
     let joined = within(30, group.join()).await.unwrap();
     let sums: Vec<i64> = joined.iter().map(|r| *r.result.as_ref().unwrap()).collect();
     assert_eq!(sums, [3, 7, 11]);
+    worker.shutdown().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn submit_with_options_override_the_job_and_retention_ends_joins() {
+    let fx = Fixture::new().await;
+    let runner = fx.builder().retention(Duration::from_secs(5)).build();
+    let worker = runner.spawn(std::future::pending::<()>());
+    let handle = runner
+        .submit_with(
+            Fails {
+                label: "two attempts".into(),
+                permanent: false,
+                attempts: Some(9),
+            },
+            taquba_workflow::RunOptions {
+                max_attempts_per_step: Some(2),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let error = within(30, handle.join()).await.unwrap().unwrap_err();
+    assert_eq!(
+        error.message,
+        "math error: two attempts gave up on attempt 2 of 2 (last: true)"
+    );
+    assert_eq!(
+        fx.calls.of("two attempts"),
+        2,
+        "the options' limit wins over Job::max_attempts"
+    );
+
+    // Once retention removed the records, the handle knows nothing more.
+    fx.clock.advance(Duration::from_secs(6));
+    within(30, async {
+        while handle.status().await.unwrap().is_some() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(handle.fetch_result().await.unwrap().is_none());
+    assert!(matches!(handle.join().await, Err(Error::RunNotFound(id)) if id == *handle.id()));
+    assert!(matches!(
+        handle.clone().into_future().await,
+        Err(JoinError::Infra(Error::RunNotFound(_)))
+    ));
     worker.shutdown().await.unwrap();
 }
