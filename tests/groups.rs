@@ -531,3 +531,69 @@ async fn group_retention_removes_a_group_a_window_after_its_results_were_consume
     );
     worker.shutdown().await.unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_group_survives_a_restart_and_cancel_removes_its_members_signal_waits() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = taquba::MockClock::new(T0);
+    let store = dir_store(dir.path());
+    let runner = Members::default();
+    {
+        let queue = open(&store, &clock).await;
+        let runtime = runtime(&queue, &store, &runner);
+        let worker = runtime.spawn(std::future::pending::<()>());
+        let group = runtime.group(rid("durable"));
+        group
+            .submit(
+                vec![
+                    member("done", "ok"),
+                    member("waits-1", "wait:w-1"),
+                    member("waits-2", "wait:w-2"),
+                ],
+                &RunOptions::default(),
+            )
+            .await
+            .unwrap();
+        until_status(&group, "done", |s| s.succeeded == 1).await;
+        within(30, async {
+            while kv_keys(&queue, b"workflow/signals/waiters/").await.len() < 2 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        worker.shutdown().await.unwrap();
+        drop(group);
+        drop(runtime);
+        match Arc::try_unwrap(queue) {
+            Ok(queue) => queue.close().await.unwrap(),
+            Err(_) => panic!("the queue is still shared at close"),
+        }
+    }
+
+    let queue = open(&store, &clock).await;
+    let runtime = runtime(&queue, &store, &runner);
+    let group = runtime.group(rid("durable"));
+    let status = group.status().await.unwrap();
+    assert_eq!((status.total, status.succeeded, status.pending), (3, 1, 2));
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let mut results = std::pin::pin!(group.results().await.unwrap());
+    assert_eq!(
+        within(1, results.next()).await.unwrap().unwrap().key,
+        "done"
+    );
+    runtime.signal("w-1", b"go".to_vec()).await.unwrap();
+    let woken = within(5, results.next()).await.unwrap().unwrap();
+    assert_eq!(woken.key, "waits-1");
+    assert_eq!(woken.termination.status, TerminalStatus::Succeeded);
+
+    assert_eq!(group.cancel().await.unwrap(), 1);
+    let cancelled = within(5, results.next()).await.unwrap().unwrap();
+    assert_eq!(cancelled.key, "waits-2");
+    assert_eq!(cancelled.termination.status, TerminalStatus::Cancelled);
+    assert!(within(5, results.next()).await.is_none());
+    assert!(
+        kv_keys(&queue, b"workflow/signals/").await.is_empty(),
+        "the cancelled member's wait is gone"
+    );
+    worker.shutdown().await.unwrap();
+}
