@@ -597,3 +597,38 @@ async fn a_group_survives_a_restart_and_cancel_removes_its_members_signal_waits(
     );
     worker.shutdown().await.unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_first_member_does_not_hold_back_a_group_larger_than_the_window() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runner = Members::default();
+    let runtime = WorkflowRuntime::builder(
+        queue.clone(),
+        store.clone(),
+        runner.clone(),
+        NoopTerminalHook,
+    )
+    .poll_interval(Duration::from_millis(50))
+    .max_concurrent_steps(64)
+    .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let group = runtime.group(rid("wide"));
+    let mut members = vec![member("slow", "wait:wide-gate")];
+    members.extend((0..299).map(|i| member(&format!("m{i:03}"), "ok")));
+    group.submit(members, &RunOptions::default()).await.unwrap();
+    let mut results = std::pin::pin!(group.results().await.unwrap());
+    for n in 0..299 {
+        let result = within(60, results.next()).await.unwrap().unwrap();
+        assert_ne!(
+            result.key, "slow",
+            "result {n} came before the slow member's signal"
+        );
+    }
+    runtime.signal("wide-gate", b"go".to_vec()).await.unwrap();
+    assert_eq!(
+        within(5, results.next()).await.unwrap().unwrap().key,
+        "slow"
+    );
+    assert!(within(5, results.next()).await.is_none());
+    worker.shutdown().await.unwrap();
+}
