@@ -467,24 +467,7 @@ impl RuntimeCore {
             };
             match job.status {
                 JobStatus::Pending | JobStatus::Scheduled => {
-                    let outcome = Self::detached_outcome(
-                        run_id,
-                        &job,
-                        pointer.step_number,
-                        TerminalStatus::Cancelled,
-                        None,
-                    );
-                    let termination = self.termination(&outcome, None, &record.input_hash);
-                    let membership = Membership::from_headers(&job.headers)?;
-                    let mut effects = self.terminate_effects(
-                        &outcome,
-                        termination,
-                        membership.as_ref(),
-                        job.max_attempts,
-                    );
-                    effects
-                        .kv_deletes
-                        .extend(crate::signal::waiter_cleanup(&job));
+                    let effects = self.cancel_effects(run_id, &pointer, &job, &record)?;
                     match self.queue.cancel_with(&job.id, effects).await?.0 {
                         CancelOutcome::Removed => return Ok(true),
                         // Claimed or settled meanwhile: look again.
@@ -495,12 +478,25 @@ impl RuntimeCore {
                     match self.inflight.request_cancel(run_id) {
                         CancelVerdict::Requested => return Ok(true),
                         CancelVerdict::NotInFlight => {
-                            // Claimed but not yet running here: the worker
-                            // reads the record after registering, and the
-                            // record carries the request. Fire the claim's
-                            // token too, for a claim held elsewhere.
-                            self.queue.cancel(&job.id).await?;
-                            return Ok(true);
+                            // Claimed but not running in this runtime: not
+                            // registered yet (its record read sees the
+                            // request), held by another runtime over the
+                            // queue, whose runner may already have returned,
+                            // or settled since the read. Fire the claim's
+                            // token; only the step's settlement tells
+                            // whether the holder honoured the request, so
+                            // wait for it and look again.
+                            let effects = self.cancel_effects(run_id, &pointer, &job, &record)?;
+                            match self.queue.cancel_with(&job.id, effects).await?.0 {
+                                // Re-queued since the read: removed with the
+                                // run's termination.
+                                CancelOutcome::Removed => return Ok(true),
+                                CancelOutcome::Requested => {
+                                    self.queue.wait_for_completion(&job.id).await?;
+                                    continue;
+                                }
+                                CancelOutcome::NotFound => continue,
+                            }
                         }
                         CancelVerdict::Settling(mut settled) => {
                             // The runner returned before the request: let its
@@ -524,6 +520,33 @@ impl RuntimeCore {
                 }
             }
         }
+    }
+
+    /// The effects of cancelling `run_id` by removing its waiting step job
+    /// `job`, which `pointer` names: the run's `Cancelled` termination and
+    /// the cleanup of a signal waiter the job registered.
+    fn cancel_effects(
+        &self,
+        run_id: &RunId,
+        pointer: &DurableCurrentStep,
+        job: &JobRecord,
+        record: &DurableRunRecord,
+    ) -> Result<SettlementEffects> {
+        let outcome = Self::detached_outcome(
+            run_id,
+            job,
+            pointer.step_number,
+            TerminalStatus::Cancelled,
+            None,
+        );
+        let termination = self.termination(&outcome, None, &record.input_hash);
+        let membership = Membership::from_headers(&job.headers)?;
+        let mut effects =
+            self.terminate_effects(&outcome, termination, membership.as_ref(), job.max_attempts);
+        effects
+            .kv_deletes
+            .extend(crate::signal::waiter_cleanup(job));
+        Ok(effects)
     }
 
     async fn ended_cancelled(&self, run_id: &RunId) -> Result<bool> {

@@ -259,7 +259,9 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// step is removed and the run ends `Cancelled` before this returns; a
     /// running step's [`Delivery::cancel_token`](crate::Delivery::cancel_token)
     /// fires and the run ends `Cancelled` when the step returns, whatever it
-    /// returned. `Ok(true)` means the run ends `Cancelled`.
+    /// returned. `Ok(true)` means the run ends `Cancelled`. A step claimed
+    /// by a worker of another runtime over the queue cannot be judged from
+    /// here, so the call then waits for that step to settle.
     ///
     /// # Errors
     /// Storage errors. Returns `Ok(false)` for an unknown or already
