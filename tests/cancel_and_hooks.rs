@@ -370,12 +370,21 @@ async fn a_step_claimed_after_the_request_is_settled_without_running() {
         runtime.status(&rid("late")).await.unwrap().unwrap().state,
         RunState::Running
     );
-    assert!(runtime.cancel(&rid("late")).await.unwrap());
-    assert!(claim.cancel_token().is_cancelled());
+    // The request cannot know whether that holder honours it, so it waits
+    // for the step to settle.
+    let cancelling = {
+        let runtime = runtime.clone();
+        tokio::spawn(async move { runtime.cancel(&rid("late")).await })
+    };
+    eventually("the request to reach the claim", || async {
+        claim.cancel_token().is_cancelled()
+    })
+    .await;
     assert_eq!(
         runtime.status(&rid("late")).await.unwrap().unwrap().state,
         RunState::Cancelling
     );
+    assert!(!cancelling.is_finished());
     queue.nack(&claim, "handed back").await.unwrap();
     assert_eq!(
         runtime.status(&rid("late")).await.unwrap().unwrap().state,
@@ -384,6 +393,7 @@ async fn a_step_claimed_after_the_request_is_settled_without_running() {
     );
 
     let worker = runtime.spawn(std::future::pending::<()>());
+    assert!(within(30, cancelling).await.unwrap().unwrap());
     let end = within(30, runtime.wait(&rid("late"))).await.unwrap();
     assert_eq!(end.termination.status, TerminalStatus::Cancelled);
     assert_eq!(end.termination.error, None);
@@ -883,5 +893,52 @@ async fn an_external_cancel_overrides_a_step_error() {
         "no retry after the cancellation"
     );
     assert!(dead_jobs(&queue).await.is_empty(), "no dead letter either");
+    worker.shutdown().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancel_from_another_runtime_reports_how_the_run_ended() {
+    let (queue, store, _clock) = memory_queue().await;
+    let (returning, mut seen) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let runner = FnRunner(move |step: Step| {
+        let returning = returning.clone();
+        async move {
+            returning.send(step.run_id.to_string()).ok();
+            let n: u32 = std::str::from_utf8(&step.payload)
+                .expect("utf-8")
+                .parse()
+                .expect("number");
+            tokio::time::sleep(Duration::from_millis(u64::from(n / 10))).await;
+            for _ in 0..n % 10 {
+                tokio::task::yield_now().await;
+            }
+            Ok(StepOutcome::Succeed { result: vec![] })
+        }
+    });
+    let worker_runtime =
+        WorkflowRuntime::builder(queue.clone(), store.clone(), runner, NoopTerminalHook).build();
+    // A second runtime over the same queue: it submits and cancels, and
+    // runs no worker.
+    let front =
+        WorkflowRuntime::builder(queue, store, verdicts(Arc::default()), NoopTerminalHook).build();
+    let worker = worker_runtime.spawn(std::future::pending::<()>());
+    let mut endings = HashMap::new();
+    for n in 0..40u32 {
+        let id = format!("front-{n}");
+        front.submit(spec(&id, &n.to_string())).await.unwrap();
+        // The runner returns after a run-specific delay, so the request
+        // lands before, during and after the step's settlement.
+        assert_eq!(within(10, seen.recv()).await.as_deref(), Some(id.as_str()));
+        let cancelled = within(10, front.cancel(&rid(&id))).await.unwrap();
+        let end = within(10, worker_runtime.wait(&rid(&id))).await.unwrap();
+        assert_eq!(
+            cancelled,
+            end.termination.status == TerminalStatus::Cancelled,
+            "run {id}: cancel returned {cancelled} but the run ended {:?}",
+            end.termination
+        );
+        *endings.entry(cancelled).or_insert(0) += 1;
+    }
+    assert_eq!(endings.len(), 2, "both endings were exercised: {endings:?}");
     worker.shutdown().await.unwrap();
 }

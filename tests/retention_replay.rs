@@ -431,3 +431,76 @@ async fn a_zero_retention_window_removes_the_state_at_the_next_pass() {
     );
     worker.shutdown().await.unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn runs_terminated_without_a_worker_settlement_are_swept_too() {
+    let (queue, store, clock) = memory_queue().await;
+    let runtime = WorkflowRuntime::builder(
+        queue.clone(),
+        store.clone(),
+        memo_writer(),
+        NoopTerminalHook,
+    )
+    .memo_retention(Duration::from_secs(60))
+    .poll_interval(Duration::from_millis(100))
+    .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    // Let the sweeps find nothing to expire first.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let later = RunSpec {
+        options: taquba_workflow::RunOptions {
+            run_at: Some(std::time::UNIX_EPOCH + Duration::from_millis(T0 + 3_600_000)),
+            ..Default::default()
+        },
+        ..spec("x")
+    };
+    // A cancellation of a waiting step, and a dead letter outside the
+    // worker reconciled by it.
+    runtime
+        .submit(RunSpec {
+            run_id: Some(rid("cancelled")),
+            ..later.clone()
+        })
+        .await
+        .unwrap();
+    let memos = MemoStore::new(store.clone(), MEMO_PREFIX);
+    memos
+        .new_run_memo(&rid("cancelled"))
+        .put("k", b"v")
+        .await
+        .unwrap();
+    assert!(runtime.cancel(&rid("cancelled")).await.unwrap());
+    runtime
+        .submit(RunSpec {
+            run_id: Some(rid("dead")),
+            ..later
+        })
+        .await
+        .unwrap();
+    clock.advance(Duration::from_secs(3600));
+    queue.promote_scheduled_now().await.unwrap();
+    let claim = claim_step(&queue).await.expect("the step of `dead`");
+    queue.dead_letter(&claim, "hung").await.unwrap();
+    eventually("the reconciliation", || async {
+        matches!(
+            runtime.status(&rid("dead")).await.unwrap().map(|s| s.state),
+            Some(RunState::Terminated(_))
+        )
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(runtime.status(&rid("dead")).await.unwrap().is_some());
+
+    clock.advance(Duration::from_secs(60));
+    eventually("both runs to be swept", || async {
+        runtime.status(&rid("cancelled")).await.unwrap().is_none()
+            && runtime.status(&rid("dead")).await.unwrap().is_none()
+    })
+    .await;
+    assert!(
+        objects_under(&store, &format!("{MEMO_PREFIX}/runs/cancelled"))
+            .await
+            .is_empty()
+    );
+    worker.shutdown().await.unwrap();
+}
