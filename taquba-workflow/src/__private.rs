@@ -123,17 +123,40 @@ impl<T, E> JobReturn for core::result::Result<T, E> {
     type Err = E;
 }
 
-/// The bounds of a job field.
+/// The bounds of a job field, checked where the generated struct
+/// serializes the field (`#[serde(with = "job_field")]`), so a missing
+/// bound is reported at the parameter with this message.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be a `#[job]` parameter",
     label = "job parameters must be `Serialize + DeserializeOwned + Send + Sync + 'static`",
     note = "a job's parameters are its fields, stored as MessagePack until a worker runs it: derive `serde::Serialize` and `serde::Deserialize` for `{Self}` (and keep it `Send + Sync`)"
 )]
-pub trait JobField {}
+pub trait JobField: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static {}
 impl<T: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static> JobField for T {}
 
-/// Checks a job parameter's bounds at its span.
-pub fn assert_job_field<T: JobField>() {}
+/// `#[serde(with)]` of a job field: serde's own, behind [`JobField`].
+pub mod job_field {
+    /// Serializes the field.
+    ///
+    /// # Errors
+    /// The serializer's.
+    pub fn serialize<T: super::JobField, S: serde::Serializer>(
+        value: &T,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        value.serialize(serializer)
+    }
+
+    /// Deserializes the field.
+    ///
+    /// # Errors
+    /// The deserializer's.
+    pub fn deserialize<'de, T: super::JobField, D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<T, D::Error> {
+        T::deserialize(deserializer)
+    }
+}
 
 /// A parameter taken by value is cloned out of the job for each run.
 #[diagnostic::on_unimplemented(
@@ -141,38 +164,41 @@ pub fn assert_job_field<T: JobField>() {}
     label = "take it by reference (`&{Self}`) or implement `Clone`",
     note = "`#[job]` passes a reference parameter as a borrow of the stored field, and clones a by-value one"
 )]
-pub trait JobFieldClone {}
+pub trait JobFieldClone: Clone {}
 impl<T: Clone> JobFieldClone for T {}
 
-/// Checks that a by-value job parameter is `Clone`, at its span.
-pub fn assert_job_field_clone<T: JobFieldClone>() {}
+/// Clones a by-value job parameter out of the stored field.
+pub fn clone_param<T: JobFieldClone>(value: &T) -> T {
+    value.clone()
+}
 
-/// Checks that a job fn returns a `Result`, at the return type.
-pub fn assert_job_return<T: JobReturn>() {}
-
-/// The bounds of a job's output.
+/// The output of a job, checked where `Job::Output` is defined.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be the output of a `#[job]`",
     label = "a job's output must be `Serialize + DeserializeOwned + Send + 'static`",
     note = "the output is stored as MessagePack for the caller: derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
 )]
-pub trait JobOutput {}
-impl<T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static> JobOutput for T {}
+pub trait JobOutputType {
+    /// `Self`.
+    type Type: serde::Serialize + serde::de::DeserializeOwned + Send + 'static;
+}
+impl<T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static> JobOutputType for T {
+    type Type = T;
+}
 
-/// Checks a job's output type, at its span.
-pub fn assert_job_output<T: JobOutput>() {}
-
-/// The bounds of a job's error.
+/// The error of a job, checked where `Job::Error` is defined.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be the error of a `#[job]`",
     label = "a job's error must be `std::error::Error + Send + Sync + 'static`",
     note = "use an error type that implements `std::error::Error` (for example with `thiserror`); `String`, `anyhow::Error` and `Box<dyn Error>` do not"
 )]
-pub trait JobErrorBound {}
-impl<T: std::error::Error + Send + Sync + 'static> JobErrorBound for T {}
-
-/// Checks a job's error type, at its span.
-pub fn assert_job_error<T: JobErrorBound>() {}
+pub trait JobErrorType {
+    /// `Self`.
+    type Type: std::error::Error + Send + Sync + 'static;
+}
+impl<T: std::error::Error + Send + Sync + 'static> JobErrorType for T {
+    type Type = T;
+}
 
 // ---------------------------------------------------------------------------
 // Workflows
@@ -303,29 +329,54 @@ pub fn step_future<F: Future + Send>(future: F) -> F {
     future
 }
 
-/// The bounds of a step parameter.
+/// The bounds of a step parameter, checked where the step enum serializes
+/// the field (`#[serde(with = "step_field")]`), so a missing bound is
+/// reported at the parameter with this message.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be a `#[step]` parameter",
     label = "step parameters must be `Serialize + DeserializeOwned + Send + 'static`",
     note = "a step's parameters are stored in the run's payload as MessagePack: derive `serde::Serialize` and `serde::Deserialize` for `{Self}` (and keep it `Send`)"
 )]
-pub trait StepField {}
+pub trait StepField: serde::Serialize + serde::de::DeserializeOwned + Send + 'static {}
 impl<T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static> StepField for T {}
 
-/// Checks a step parameter's bounds at its span.
-pub fn assert_step_field<T: StepField>() {}
+/// `#[serde(with)]` of a step field: serde's own, behind [`StepField`].
+pub mod step_field {
+    /// Serializes the field.
+    ///
+    /// # Errors
+    /// The serializer's.
+    pub fn serialize<T: super::StepField, S: serde::Serializer>(
+        value: &T,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        value.serialize(serializer)
+    }
 
-/// The bounds of a workflow's output.
+    /// Deserializes the field.
+    ///
+    /// # Errors
+    /// The deserializer's.
+    pub fn deserialize<'de, T: super::StepField, D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<T, D::Error> {
+        T::deserialize(deserializer)
+    }
+}
+
+/// The output of a workflow, checked where `Workflow::Output` is defined.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be the output of a `#[workflow]`",
     label = "a workflow's output must be `Serialize + DeserializeOwned + Send + 'static`",
     note = "the output is stored as MessagePack for the caller: derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
 )]
-pub trait WorkflowOutput {}
-impl<T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static> WorkflowOutput for T {}
-
-/// Checks a workflow's output type, at its span.
-pub fn assert_workflow_output<T: WorkflowOutput>() {}
+pub trait WorkflowOutputType {
+    /// `Self`.
+    type Type: serde::Serialize + serde::de::DeserializeOwned + Send + 'static;
+}
+impl<T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static> WorkflowOutputType for T {
+    type Type = T;
+}
 
 #[cfg(test)]
 mod tests {

@@ -18,7 +18,9 @@ pub(crate) fn expand(model: &JobModel<'_>) -> TokenStream {
     let vis = &func.vis;
     let ident = &model.struct_ident;
     let cfgs = cfg_attrs(&func.attrs);
-    let serde_path = format!("{}::__private::serde", krate.to_string().replace(' ', ""));
+    let krate_string = krate.to_string().replace(' ', "");
+    let serde_path = format!("{krate_string}::__private::serde");
+    let field_with = format!("{krate_string}::__private::job_field");
 
     // The struct.
     let docs = doc_attrs(&func.attrs);
@@ -36,7 +38,9 @@ pub(crate) fn expand(model: &JobModel<'_>) -> TokenStream {
         let field = &param.ident;
         let ty = &param.field_ty;
         let doc = format!(" The `{}` parameter of `{fn_ident}`.", param.name());
-        quote!(#[doc = #doc] #vis #field: #ty)
+        // The bounds are checked by `job_field`, at the parameter's span.
+        let with = syn::LitStr::new(&field_with, param.ty.span());
+        quote!(#[doc = #doc] #[serde(with = #with)] #vis #field: #ty)
     });
     let body = if model.params.is_empty() {
         quote!(;)
@@ -56,8 +60,22 @@ pub(crate) fn expand(model: &JobModel<'_>) -> TokenStream {
     // impl Job.
     let ret = &model.ret;
     let ret_span = ret.span();
-    let output = quote_spanned!(ret_span=> <#ret as #krate::__private::JobReturn>::Ok);
-    let error = quote_spanned!(ret_span=> <#ret as #krate::__private::JobReturn>::Err);
+    // `T` and `E` are checked at their own spans when written out, else
+    // (a `Result` alias) at the return type's.
+    let output = match &model.ok_ty {
+        Some(ok) if model.err_ty.is_some() => {
+            quote_spanned!(ok.span()=> <#ok as #krate::__private::JobOutputType>::Type)
+        }
+        _ => quote_spanned!(ret_span=>
+            <<#ret as #krate::__private::JobReturn>::Ok as #krate::__private::JobOutputType>::Type),
+    };
+    let error = match (&model.ok_ty, &model.err_ty) {
+        (Some(_), Some(err)) => {
+            quote_spanned!(err.span()=> <#err as #krate::__private::JobErrorType>::Type)
+        }
+        _ => quote_spanned!(ret_span=>
+            <<#ret as #krate::__private::JobReturn>::Err as #krate::__private::JobErrorType>::Type),
+    };
     let name = &model.name;
     let ctx = Ident::new("__taquba_ctx", Span::mixed_site());
     let uses_ctx = model.slots.iter().any(|s| matches!(s, Slot::Context));
@@ -71,7 +89,7 @@ pub(crate) fn expand(model: &JobModel<'_>) -> TokenStream {
                 quote!(&self.#field)
             } else {
                 let span = param.ty.span();
-                quote_spanned!(span=> ::core::clone::Clone::clone(&self.#field))
+                quote_spanned!(span=> #krate::__private::clone_param(&self.#field))
             }
         }
     });
@@ -115,26 +133,7 @@ pub(crate) fn expand(model: &JobModel<'_>) -> TokenStream {
         }
     };
 
-    // Bound checks spanned on each parameter and on `T` / `E`, then the
-    // registration entry.
-    let mut checks = Vec::new();
-    for param in &model.params {
-        let ty = &param.field_ty;
-        let span = param.ty.span();
-        checks.push(quote_spanned!(span=> #krate::__private::assert_job_field::<#ty>();));
-        if !param.by_ref {
-            checks.push(quote_spanned!(span=> #krate::__private::assert_job_field_clone::<#ty>();));
-        }
-    }
-    checks.push(quote_spanned!(ret_span=> #krate::__private::assert_job_return::<#ret>();));
-    if let Some(ok) = &model.ok_ty {
-        let span = ok.span();
-        checks.push(quote_spanned!(span=> #krate::__private::assert_job_output::<#ok>();));
-    }
-    if let Some(err) = &model.err_ty {
-        let span = err.span();
-        checks.push(quote_spanned!(span=> #krate::__private::assert_job_error::<#err>();));
-    }
+    // The registration entry.
     let type_name = ident.to_string();
     let line_span = fn_ident.span();
     let file = quote_spanned!(line_span=> ::core::file!());
@@ -142,11 +141,6 @@ pub(crate) fn expand(model: &JobModel<'_>) -> TokenStream {
     let registration = quote! {
         #(#cfgs)*
         const _: () = {
-            #[allow(dead_code, clippy::all)]
-            fn __taquba_job_bounds() {
-                #(#checks)*
-            }
-
             #krate::__private::inventory::submit! {
                 #krate::__private::JobRegistration {
                     name: <#ident as #krate::jobs::Job>::NAME,
@@ -244,12 +238,12 @@ mod tests {
         );
         assert!(out.contains("pub (crate) struct SendEmail"), "{out}");
         assert!(
-            out.contains("pub (crate) to : :: std :: string :: String"),
+            out.contains("# [serde (with = \"::taquba_workflow::__private::job_field\")] pub (crate) to : :: std :: string :: String"),
             "{out}"
         );
         assert!(out.contains("pub (crate) n : u32"), "{out}");
         assert!(out.contains("const NAME : & 'static str = \"email.send\""));
-        assert!(out.contains("send_email (__taquba_ctx , & self . to , :: core :: clone :: Clone :: clone (& self . n))"), "{out}");
+        assert!(out.contains("send_email (__taquba_ctx , & self . to , :: taquba_workflow :: __private :: clone_param (& self . n))"), "{out}");
         assert!(out.contains("\"email:{}\""), "{out}");
         assert!(out.contains(":: core :: option :: Option :: Some (4)"));
         assert!(out.contains("# [doc = r\" Sends one email.\"]"), "{out}");

@@ -52,6 +52,10 @@ fn step_enum(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
     let type_ident = &model.type_ident;
     let derives = &model.options.derives;
     let serde_path = serde_path(krate);
+    let field_with = format!(
+        "{}::__private::step_field",
+        krate.to_string().replace(' ', "")
+    );
     let doc = format!(
         " The steps of the `{}` workflow: one variant per `#[step]` fn of `{type_ident}`, whose fields are that step's parameters.",
         model.name
@@ -75,7 +79,9 @@ fn step_enum(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
             let field = &param.ident;
             let ty = &param.field_ty;
             let doc = format!(" The `{}` parameter of `{}`.", param.name(), step.fn_ident);
-            quote!(#[doc = #doc] #field: #ty)
+            // The bounds are checked by `step_field`, at the parameter's span.
+            let with = syn::LitStr::new(&field_with, param.ty.span());
+            quote!(#[doc = #doc] #[serde(with = #with)] #field: #ty)
         });
         quote! {
             #(#cfgs)*
@@ -169,7 +175,9 @@ fn workflow_impl(model: &WorkflowModel, krate: &TokenStream, fallback: bool) -> 
     let step_enum = &model.step_enum;
     let name = &model.name;
     let output = match &model.options.output {
-        Some(ty) => quote!(#ty),
+        Some(ty) => {
+            quote_spanned!(ty.span()=> <#ty as #krate::__private::WorkflowOutputType>::Type)
+        }
         None => quote!(()),
     };
     let step = Ident::new("__taquba_step", Span::mixed_site());
@@ -281,29 +289,12 @@ fn dispatch_arm(
 
 fn registration(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
     let self_ty = &model.self_ty;
-    let mut checks = Vec::new();
-    for step in &model.steps {
-        for param in &step.params {
-            let ty = &param.field_ty;
-            let span = param.ty.span();
-            checks.push(quote_spanned!(span=> #krate::__private::assert_step_field::<#ty>();));
-        }
-    }
-    if let Some(output) = &model.options.output {
-        let span = output.span();
-        checks.push(quote_spanned!(span=> #krate::__private::assert_workflow_output::<#output>();));
-    }
     let type_name = model.type_ident.to_string();
     let span = model.type_ident.span();
     let file = quote_spanned!(span=> ::core::file!());
     let line = quote_spanned!(span=> ::core::line!());
     quote! {
         const _: () = {
-            #[allow(dead_code, clippy::all)]
-            fn __taquba_workflow_bounds() {
-                #(#checks)*
-            }
-
             fn __taquba_make() -> ::core::option::Option<
                 ::std::boxed::Box<dyn #krate::__private::ErasedWorkflow>,
             > {
@@ -358,7 +349,7 @@ mod tests {
     fn the_enum_has_one_renamed_variant_per_step() {
         let out = expand(quote!(output = Receipt), ORDER.parse().unwrap());
         assert!(out.contains("] enum OrderStep"), "{out}");
-        assert!(out.contains("# [serde (rename = \"charge\")] Charge { # [doc = \" The `order_id` parameter of `charge`.\"] order_id : :: std :: string :: String"), "{out}");
+        assert!(out.contains("# [serde (rename = \"charge\")] Charge { # [doc = \" The `order_id` parameter of `charge`.\"] # [serde (with = \"::taquba_workflow::__private::step_field\")] order_id : :: std :: string :: String"), "{out}");
         assert!(out.contains("# [cfg (feature = \"ship\")] # [doc = \" The `ship_it` step: runs `Order::ship`.\"] # [serde (rename = \"ship_it\")] Ship"), "{out}");
         assert!(out.contains("# [doc = \" Charges the card.\"] # [serde (rename = \"charge\")]"));
         assert!(!out.contains("# [step"), "{out}");
@@ -371,6 +362,8 @@ mod tests {
         assert!(out.contains("impl :: core :: convert :: From < OrderInput > for OrderStep"));
         assert!(out.contains("type Step = OrderStep"));
         assert!(out.contains("type Output = ()"));
+        let out = expand(quote!(output = Receipt), ORDER.parse().unwrap());
+        assert!(out.contains("type Output = < Receipt as :: taquba_workflow :: __private :: WorkflowOutputType > :: Type"), "{out}");
     }
 
     #[test]

@@ -180,6 +180,10 @@ pub(crate) fn validate(
     let Some(type_ident) = type_ident else {
         return (item, None);
     };
+    if item.trait_.is_some() {
+        // No stand-in types for a trait impl: nothing refers to them.
+        return (item, None);
+    }
     if steps.is_empty() && errors.is_empty() {
         errors.spanned(
             &item.self_ty,
