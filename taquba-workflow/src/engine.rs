@@ -84,6 +84,15 @@ pub(crate) struct RuntimeCore {
     pub(crate) last_dead_count: AtomicI64,
 }
 
+/// What a submission does with a run id whose run terminated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnTerminated {
+    /// Start a new run under the id (runs and groups).
+    Restart,
+    /// Answer with the recorded run (idempotent jobs).
+    Keep,
+}
+
 /// The queue options of a run's next step.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct StepEnqueueOpts {
@@ -201,6 +210,23 @@ impl RuntimeCore {
         spec: RunSpec,
         membership: Option<&Membership>,
     ) -> Result<SubmitOutcome> {
+        self.submit_as(spec, membership, OnTerminated::Restart)
+            .await
+    }
+
+    /// [`submit`](Self::submit), with `on_terminated` deciding what a run id
+    /// that is not active but has a terminal record means. With
+    /// [`OnTerminated::Keep`] the recorded run answers the submission
+    /// (`newly_submitted: false`, no job id; [`Error::InputMismatch`] for
+    /// another input). The terminal record is read after the run record is
+    /// found absent, in the same retry loop as the commit, so a run that
+    /// terminates while it is submitted again is not started a second time.
+    pub(crate) async fn submit_as(
+        &self,
+        spec: RunSpec,
+        membership: Option<&Membership>,
+        on_terminated: OnTerminated,
+    ) -> Result<SubmitOutcome> {
         let RunSpec {
             run_id,
             input,
@@ -228,6 +254,18 @@ impl RuntimeCore {
         for _ in 0..SUBMIT_RACE_RETRIES {
             if let Some(existing) = self.view.run_record(&run_id).await? {
                 return self.duplicate(&run_id, &existing, &input_hash).await;
+            }
+            if on_terminated == OnTerminated::Keep
+                && let Some(termination) = self.view.terminal_record(&run_id).await?
+            {
+                if termination.input_hash != input_hash {
+                    return Err(Error::InputMismatch(run_id));
+                }
+                return Ok(SubmitOutcome {
+                    run_id,
+                    newly_submitted: false,
+                    job_id: String::new(),
+                });
             }
             let record = DurableRunRecord {
                 input_hash: input_hash.clone(),

@@ -65,6 +65,7 @@ use taquba::object_store::ObjectStore;
 use taquba::{Clock, Queue};
 
 use crate::durable::{self, DurableJobInput};
+use crate::engine::OnTerminated;
 use crate::error::{Error, Result};
 use crate::group::{GroupMember, GroupStatus, MemberResult, RunGroup};
 use crate::keys::{RunId, sha256};
@@ -515,25 +516,25 @@ impl JobRunner {
         let run_id = job
             .idempotency_key()
             .map(|key| RunId::digest(&[key.as_bytes()]));
-        if let Some(run_id) = &run_id {
-            let core = &self.runtime.inner.core;
-            if core.view.run_record(run_id).await?.is_none()
-                && let Some(termination) = core.view.terminal_record(run_id).await?
-            {
-                if termination.input_hash != sha256(&input) {
-                    return Err(Error::InputMismatch(run_id.clone()));
-                }
-                return Ok(self.handle(run_id.clone(), false));
-            }
-        }
+        // A keyed job that terminated is answered by its record; the check
+        // shares the submission's retry loop, so a job terminating while it
+        // is submitted again does not run twice.
+        let on_terminated = if run_id.is_some() {
+            OnTerminated::Keep
+        } else {
+            OnTerminated::Restart
+        };
+        let spec = RunSpec {
+            run_id,
+            input,
+            options,
+            ..Default::default()
+        };
         let outcome = self
             .runtime
-            .submit(RunSpec {
-                run_id,
-                input,
-                options,
-                ..Default::default()
-            })
+            .inner
+            .core
+            .submit_as(spec, None, on_terminated)
             .await?;
         Ok(self.handle(outcome.run_id, outcome.newly_submitted))
     }
