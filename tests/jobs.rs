@@ -755,3 +755,59 @@ async fn submit_with_options_override_the_job_and_retention_ends_joins() {
     ));
     worker.shutdown().await.unwrap();
 }
+
+/// Counts its runs in the runner's state; keyed by `key`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Once {
+    key: String,
+}
+
+impl Job for Once {
+    const NAME: &'static str = "test.once";
+    type Output = u32;
+    type Error = MathError;
+
+    async fn run(&self, ctx: JobContext<'_>) -> Result<u32, MathError> {
+        ctx.state::<Calls>().record(self.key.clone());
+        Ok(1)
+    }
+
+    fn idempotency_key(&self) -> Option<String> {
+        Some(self.key.clone())
+    }
+}
+
+/// Re-submissions racing with the job's termination (a real clock, two
+/// threads) must find the job running or recorded, never start it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_job_re_submitted_while_it_terminates_runs_once() {
+    let store: Arc<dyn ObjectStore> = Arc::new(taquba::object_store::memory::InMemory::new());
+    let queue = Arc::new(
+        Queue::open_with_options(
+            store.clone(),
+            "db",
+            taquba::OpenOptions::default().flush_interval(Duration::from_millis(1)),
+        )
+        .await
+        .unwrap(),
+    );
+    let calls = Calls::default();
+    let runner = JobRunner::builder(queue, store)
+        .register::<Once>()
+        .state(calls.clone())
+        .poll_interval(Duration::from_millis(5))
+        .build();
+    let worker = runner.spawn(std::future::pending::<()>());
+    for i in 0..60 {
+        let key = format!("once-{i}");
+        let mut handles = Vec::new();
+        for _ in 0..20 {
+            handles.push(runner.submit(Once { key: key.clone() }).await.unwrap());
+        }
+        for handle in handles {
+            assert_eq!(within(30, handle.into_future()).await.unwrap(), 1);
+        }
+        assert_eq!(calls.of(&key), 1, "{key} ran more than once");
+    }
+    worker.shutdown().await.unwrap();
+}
