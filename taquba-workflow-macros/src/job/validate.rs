@@ -208,15 +208,18 @@ pub(crate) fn validate<'a>(
     })
 }
 
-/// `Some` when `ty` is a path ending in `Result` (possibly an alias such as
-/// `io::Result<T>`), with its `T` and `E` when written out.
+/// `Some` when `ty` is a path, which may name a `Result` (directly, or
+/// through an alias such as `io::Result<T>`), with its `T` and `E` when
+/// written out as `Result<T, E>`.
 fn result_args(ty: &Type) -> Option<(Option<Type>, Option<Type>)> {
     let Type::Path(TypePath { qself: None, path }) = ty else {
         return None;
     };
     let last = path.segments.last()?;
     if last.ident != "Result" {
-        return None;
+        // Maybe an alias (`type JobResult = Result<u32, MyError>`): the
+        // `JobReturn` check of the expansion decides, at this type's span.
+        return Some((None, None));
     }
     let types: Vec<&Type> = match &last.arguments {
         PathArguments::AngleBracketed(args) => args
@@ -273,7 +276,7 @@ mod tests {
         let (_, messages) = run(
             quote!(),
             quote!(
-                fn bad<T>(self, (a, b): (u8, u8), x: impl Display) -> u32 {}
+                fn bad<T>(self, (a, b): (u8, u8), x: impl Display) -> (u32, u32) {}
             ),
         );
         let expected = [
@@ -331,8 +334,19 @@ mod tests {
 
     #[test]
     fn result_aliases_are_accepted() {
-        assert!(result_args(&syn::parse_quote!(io::Result<u8>)).is_some());
-        assert!(result_args(&syn::parse_quote!(Option<u8>)).is_none());
+        assert!(matches!(
+            result_args(&syn::parse_quote!(io::Result<u8>)),
+            Some((Some(_), None))
+        ));
+        assert!(matches!(
+            result_args(&syn::parse_quote!(Result<u8, E>)),
+            Some((Some(_), Some(_)))
+        ));
+        assert!(matches!(
+            result_args(&syn::parse_quote!(JobResult)),
+            Some((None, None))
+        ));
+        assert!(result_args(&syn::parse_quote!(&str)).is_none());
         assert!(result_args(&syn::parse_quote!((u8, u8))).is_none());
     }
 }

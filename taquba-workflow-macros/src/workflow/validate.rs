@@ -377,9 +377,9 @@ fn validate_step(
             None
         }
         ReturnType::Type(_, ty) => {
-            let is_result = matches!(&**ty, Type::Path(TypePath { qself: None, path })
-                if path.segments.last().is_some_and(|s| s.ident == "Result"));
-            if is_result {
+            // A path may be an alias of a `Result`: the `StepReturn` check of
+            // the expansion decides, at this type's span.
+            if matches!(&**ty, Type::Path(TypePath { qself: None, .. })) {
                 Some((**ty).clone())
             } else {
                 errors.spanned(
@@ -483,7 +483,7 @@ mod tests {
             quote!(),
             quote!(impl Order {
                 #[step(start)]
-                fn a(&mut self, (x, y): (u8, u8)) -> u8 {}
+                fn a(&mut self, (x, y): (u8, u8)) -> (u8, u8) {}
                 #[step]
                 async fn b(step: &Step, v: impl Trait) -> Result<Transition<OrderStep>, StepError> {}
                 #[step]
