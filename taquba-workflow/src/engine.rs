@@ -91,6 +91,9 @@ pub(crate) enum OnTerminated {
     Restart,
     /// Answer with the recorded run (idempotent jobs).
     Keep,
+    /// Answer with the recorded run when it succeeded, start a new run
+    /// otherwise (group members).
+    KeepSucceeded,
 }
 
 /// The queue options of a run's next step.
@@ -216,11 +219,13 @@ impl RuntimeCore {
 
     /// [`submit`](Self::submit), with `on_terminated` deciding what a run id
     /// that is not active but has a terminal record means. With
-    /// [`OnTerminated::Keep`] the recorded run answers the submission
-    /// (`newly_submitted: false`, no job id; [`Error::InputMismatch`] for
-    /// another input). The terminal record is read after the run record is
-    /// found absent, in the same retry loop as the commit, so a run that
-    /// terminates while it is submitted again is not started a second time.
+    /// [`OnTerminated::Keep`] (and, for a success, with
+    /// [`OnTerminated::KeepSucceeded`]) the recorded run answers the
+    /// submission (`newly_submitted: false`, no job id;
+    /// [`Error::InputMismatch`] for another input). The terminal record is
+    /// read after the run record is found absent, in the same retry loop as
+    /// the commit, so a run that terminates while it is submitted again is
+    /// not started a second time.
     pub(crate) async fn submit_as(
         &self,
         spec: RunSpec,
@@ -255,8 +260,10 @@ impl RuntimeCore {
             if let Some(existing) = self.view.run_record(&run_id).await? {
                 return self.duplicate(&run_id, &existing, &input_hash).await;
             }
-            if on_terminated == OnTerminated::Keep
+            if on_terminated != OnTerminated::Restart
                 && let Some(termination) = self.view.terminal_record(&run_id).await?
+                && (on_terminated == OnTerminated::Keep
+                    || termination.status == durable::DurableStatus::Succeeded)
             {
                 if termination.input_hash != input_hash {
                     return Err(Error::InputMismatch(run_id));

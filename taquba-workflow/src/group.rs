@@ -16,7 +16,7 @@ use tracing::warn;
 
 use crate::blob::ObjectPrefix;
 use crate::durable::{self, DurableMember, DurableTermination};
-use crate::engine::RuntimeCore;
+use crate::engine::{OnTerminated, RuntimeCore};
 use crate::error::{Error, Result};
 use crate::keys::{
     HEADER_GROUP, HEADER_GROUP_KEY, RunId, group_member_kv_key, group_members_kv_prefix,
@@ -370,7 +370,12 @@ impl RunGroup {
                     options: options.clone(),
                     effects: SettlementEffects::default(),
                 };
-                self.core.submit(spec, Some(&membership)).await.map(drop)
+                // A member that succeeds after the read above is answered by
+                // its record, not run again.
+                self.core
+                    .submit_as(spec, Some(&membership), OnTerminated::KeepSucceeded)
+                    .await
+                    .map(drop)
             })
             .buffer_unordered(SUBMIT_CONCURRENCY)
             .try_collect::<Vec<()>>()
