@@ -632,3 +632,42 @@ async fn a_slow_first_member_does_not_hold_back_a_group_larger_than_the_window()
     assert!(within(5, results.next()).await.is_none());
     worker.shutdown().await.unwrap();
 }
+
+/// Re-submissions of a group racing with its members' terminations (a
+/// real clock, two threads) must leave running members alone and never run
+/// a succeeded member again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_re_submitted_while_members_finish_runs_each_member_once() {
+    let store: Arc<dyn ObjectStore> = Arc::new(taquba::object_store::memory::InMemory::new());
+    let queue = Arc::new(
+        Queue::open_with_options(
+            store.clone(),
+            "db",
+            taquba::OpenOptions::default().flush_interval(Duration::from_millis(1)),
+        )
+        .await
+        .unwrap(),
+    );
+    let runner = Members::default();
+    let runtime = WorkflowRuntime::builder(queue, store, runner.clone(), NoopTerminalHook)
+        .poll_interval(Duration::from_millis(5))
+        .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    for round in 0..10 {
+        let id = format!("race-{round}");
+        let group = runtime.group(rid(&id));
+        let members: Vec<GroupMember> = (0..20).map(|i| member(&format!("m{i}"), "ok")).collect();
+        for _ in 0..15 {
+            group.submit(members.clone(), &RunOptions::default()).await.unwrap();
+        }
+        let results = within(30, async { group.results().await.unwrap().try_collect::<Vec<_>>().await })
+            .await
+            .unwrap();
+        assert_eq!(results.len(), 20);
+        for i in 0..20 {
+            let run_id = member_run_id(&id, &format!("m{i}"));
+            assert_eq!(runner.calls_of(&run_id), 1, "{id}/m{i} ran more than once");
+        }
+    }
+    worker.shutdown().await.unwrap();
+}
