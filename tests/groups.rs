@@ -658,11 +658,16 @@ async fn a_group_re_submitted_while_members_finish_runs_each_member_once() {
         let group = runtime.group(rid(&id));
         let members: Vec<GroupMember> = (0..20).map(|i| member(&format!("m{i}"), "ok")).collect();
         for _ in 0..15 {
-            group.submit(members.clone(), &RunOptions::default()).await.unwrap();
+            group
+                .submit(members.clone(), &RunOptions::default())
+                .await
+                .unwrap();
         }
-        let results = within(30, async { group.results().await.unwrap().try_collect::<Vec<_>>().await })
-            .await
-            .unwrap();
+        let results = within(30, async {
+            group.results().await.unwrap().try_collect::<Vec<_>>().await
+        })
+        .await
+        .unwrap();
         assert_eq!(results.len(), 20);
         for i in 0..20 {
             let run_id = member_run_id(&id, &format!("m{i}"));
