@@ -60,21 +60,18 @@ pub(crate) fn expand(model: &JobModel<'_>) -> TokenStream {
     // impl Job.
     let ret = &model.ret;
     let ret_span = ret.span();
-    // `T` and `E` are checked at their own spans when written out, else
-    // (a `Result` alias) at the return type's.
-    let output = match &model.ok_ty {
-        Some(ok) if model.err_ty.is_some() => {
-            quote_spanned!(ok.span()=> <#ok as #krate::__private::JobOutputType>::Type)
-        }
-        _ => quote_spanned!(ret_span=>
-            <<#ret as #krate::__private::JobReturn>::Ok as #krate::__private::JobOutputType>::Type),
-    };
-    let error = match (&model.ok_ty, &model.err_ty) {
-        (Some(_), Some(err)) => {
-            quote_spanned!(err.span()=> <#err as #krate::__private::JobErrorType>::Type)
-        }
-        _ => quote_spanned!(ret_span=>
-            <<#ret as #krate::__private::JobReturn>::Err as #krate::__private::JobErrorType>::Type),
+    // `T` and `E` written out are used as they are, so a missing bound
+    // (`Job::Output`'s, `Job::Error`'s) is reported once, at their own
+    // spans; a `Result` alias goes through `JobReturn`, checked at the
+    // return type's span.
+    let (output, error) = match (&model.ok_ty, &model.err_ty) {
+        (Some(ok), Some(err)) => (quote!(#ok), quote!(#err)),
+        _ => (
+            quote_spanned!(ret_span=>
+                <<#ret as #krate::__private::JobReturn>::Ok as #krate::__private::JobOutputType>::Type),
+            quote_spanned!(ret_span=>
+                <<#ret as #krate::__private::JobReturn>::Err as #krate::__private::JobErrorType>::Type),
+        ),
     };
     let name = &model.name;
     let ctx = Ident::new("__taquba_ctx", Span::mixed_site());

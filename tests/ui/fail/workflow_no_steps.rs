@@ -1,0 +1,10 @@
+use taquba_workflow::workflow;
+
+struct Order;
+
+#[workflow]
+impl Order {
+    fn helper(&self) {}
+}
+
+fn main() {}

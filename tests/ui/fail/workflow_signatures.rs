@@ -1,0 +1,22 @@
+use taquba_workflow::workflow;
+use taquba_workflow::workflows::Transition;
+use taquba_workflow::{Step, StepError};
+
+struct Order;
+
+#[workflow(outptu = u32)]
+impl Order {
+    #[step(start, begin)]
+    fn charge(&mut self, (a, b): (u32, u32)) -> Result<Transition<OrderStep>, StepError> {
+        let _ = (a, b);
+        Ok(Transition::done(()))
+    }
+
+    #[step]
+    async fn ship(step: &Step, order: Self) -> u32 {
+        let _ = (step, order);
+        0
+    }
+}
+
+fn main() {}

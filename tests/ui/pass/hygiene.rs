@@ -1,0 +1,182 @@
+//! The generated code compiles under `#![deny(warnings, missing_docs)]`,
+//! with user types named like the prelude's in scope, raw identifiers,
+//! `mut` parameters, parameters named like generated items, `pub(crate)`
+//! visibility, `#[cfg]` and other attributes, and nested modules.
+#![deny(warnings, missing_docs)]
+#![allow(dead_code)]
+
+/// Types that shadow the prelude: the generated code must not use them.
+pub mod shadow {
+    /// Not `core::result::Result`.
+    pub struct Result;
+    /// Not `Option::Some`.
+    pub struct Some;
+    /// Not `Result::Ok`.
+    pub struct Ok;
+    /// Not `std::boxed::Box`.
+    pub struct Box;
+    /// Not `core::option::Option`.
+    pub struct Option;
+    /// Not `std::string::String`.
+    pub struct String;
+    /// Not `std::vec::Vec`.
+    pub struct Vec;
+    /// Not `core::future::Future`.
+    pub trait Future {}
+    /// Not `core::marker::Send`.
+    pub trait Send {}
+    /// Not `core::clone::Clone`.
+    pub trait Clone {}
+}
+
+/// Jobs in a nested module, with the prelude shadowed.
+pub mod jobs {
+    #[allow(unused_imports)]
+    use crate::shadow::*;
+    use taquba_workflow::job;
+    use taquba_workflow::jobs::JobContext;
+
+    /// A job's error.
+    #[derive(Debug)]
+    pub struct Failed;
+
+    impl std::fmt::Display for Failed {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("failed")
+        }
+    }
+
+    impl std::error::Error for Failed {}
+
+    /// Parameters named like the generated items, a raw identifier, `mut`.
+    #[job(name = "hygiene.rename", key = "rename:{type}:{run}")]
+    #[inline]
+    pub async fn rename(
+        r#type: &str,
+        run: u32,
+        mut register: std::vec::Vec<u8>,
+        ctx: JobContext<'_>,
+        input: std::string::String,
+        step: std::option::Option<u8>,
+    ) -> core::result::Result<std::string::String, Failed> {
+        register.push(1);
+        let _ = (ctx.attempts, input, step);
+        core::result::Result::Ok(format!("{type}{run}{}", register.len()))
+    }
+
+    /// Crate-visible, without context, returning a `Result` alias.
+    #[job]
+    pub(crate) async fn crate_only(items: &[u64]) -> std::io::Result<u64> {
+        std::io::Result::Ok(items.iter().sum())
+    }
+
+    /// Only in some builds (`#[cfg]` below the macro reaches the generated items).
+    #[job]
+    #[cfg(any())]
+    pub async fn gated(x: NotDefinedAnywhere) -> core::result::Result<(), Failed> {
+        let _ = x;
+        core::result::Result::Ok(())
+    }
+
+    /// A job's result, through an alias.
+    pub type JobResult = core::result::Result<u64, Failed>;
+
+    /// Returns an alias of `Result`.
+    #[job]
+    pub async fn aliased(n: u64) -> JobResult {
+        core::result::Result::Ok(n)
+    }
+
+    /// A job with no parameters is a unit struct.
+    #[job(struct_name = Heartbeat)]
+    pub async fn beat() -> core::result::Result<(), Failed> {
+        core::result::Result::Ok(())
+    }
+
+    pub(crate) fn construct() {
+        let _ = Rename {
+            r#type: std::string::String::from("a"),
+            run: 1,
+            register: std::vec::Vec::new(),
+            input: std::string::String::new(),
+            step: std::option::Option::None,
+        };
+        let _ = CrateOnly { items: vec![1] };
+        let _ = Heartbeat;
+        let _ = Aliased { n: 1 };
+    }
+}
+
+/// Workflows in a nested module, with the prelude shadowed.
+pub mod flows {
+    #[allow(unused_imports)]
+    use crate::shadow::*;
+    use std::time::Duration;
+    use taquba_workflow::workflow;
+    use taquba_workflow::workflows::{StepContext, Transition};
+
+    /// A workflow's error type.
+    pub(crate) type StepResult =
+        core::result::Result<Transition<ReviewStep>, taquba_workflow::StepError>;
+
+    /// Reviews a document.
+    #[derive(Default)]
+    pub struct Review {
+        reviewer: std::string::String,
+    }
+
+    #[workflow(name = "review", output = std::string::String, vis = pub(crate))]
+    impl Review {
+        /// A helper that is not a step.
+        fn helper(&self) -> &str {
+            &self.reviewer
+        }
+
+        /// Starts the review.
+        #[step(start)]
+        #[allow(clippy::needless_lifetimes)]
+        async fn submit(
+            &self,
+            r#type: &str,
+            mut step: u32,
+            ctx: StepContext<'_>,
+        ) -> StepResult {
+            step += ctx.step_number;
+            let _ = self.helper();
+            core::result::Result::Ok(Transition::after(
+                ReviewStep::Decide {
+                    input: std::format!("{type}{step}"),
+                    run: std::vec::Vec::new(),
+                },
+                Duration::from_secs(1),
+            ))
+        }
+
+        /// Decides.
+        #[step(name = "decide")]
+        async fn decide(input: std::string::String, run: std::vec::Vec<u8>) -> StepResult {
+            let _ = run;
+            core::result::Result::Ok(Transition::done(input))
+        }
+
+        /// Only in some builds.
+        #[step]
+        #[cfg(any())]
+        async fn gated(x: NotDefinedAnywhere) -> StepResult {
+            let _ = x;
+            core::result::Result::Ok(Transition::fail("gated"))
+        }
+    }
+
+    pub(crate) fn construct() -> ReviewInput {
+        ReviewInput {
+            r#type: std::string::String::from("doc"),
+            step: 0,
+        }
+    }
+}
+
+fn main() {
+    jobs::construct();
+    let _ = flows::construct();
+}
