@@ -811,3 +811,43 @@ async fn a_keyed_job_re_submitted_while_it_terminates_runs_once() {
     }
     worker.shutdown().await.unwrap();
 }
+
+async fn objects_under(store: &Arc<dyn ObjectStore>, prefix: &str) -> usize {
+    use futures_util::StreamExt;
+    store
+        .list(Some(&taquba::object_store::path::Path::from(prefix)))
+        .count()
+        .await
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_queue_name_and_memo_prefix_place_the_jobs_state() {
+    let fx = Fixture::new().await;
+    let billing = fx.builder().queue_name("billing").build();
+    let worker = billing.spawn(std::future::pending::<()>());
+    assert_eq!(
+        within(
+            5,
+            billing.submit(Add::new(1, 1)).await.unwrap().into_future()
+        )
+        .await
+        .unwrap(),
+        2
+    );
+    worker.shutdown().await.unwrap();
+    assert_eq!(fx.queue.view().stats("billing").await.unwrap().done, 1);
+    assert_eq!(fx.queue.view().stats("jobs").await.unwrap().done, 0);
+    assert!(
+        objects_under(&fx.store, "billing-memo").await > 0,
+        "the memo prefix follows the queue name"
+    );
+
+    let custom = fx.builder().memo_prefix("elsewhere").build();
+    let worker = custom.spawn(std::future::pending::<()>());
+    let handle = custom.submit(Add::new(2, 2)).await.unwrap();
+    assert_eq!(within(5, handle.into_future()).await.unwrap(), 4);
+    worker.shutdown().await.unwrap();
+    assert_eq!(fx.queue.view().stats("jobs").await.unwrap().done, 1);
+    assert!(objects_under(&fx.store, "elsewhere").await > 0);
+    assert_eq!(objects_under(&fx.store, "jobs-memo").await, 0);
+}
