@@ -98,6 +98,8 @@ mod signal;
 mod sweep;
 mod terminal;
 mod view;
+#[cfg(feature = "webhooks")]
+mod webhook;
 mod worker;
 
 #[doc(hidden)]
@@ -119,8 +121,14 @@ pub use runtime::{
     WorkflowRuntime, WorkflowRuntimeBuilder,
 };
 pub use signal::SignalOutcome;
+/// The webhook delivery crate the [`WebhookTerminalHook`] enqueues for
+/// (run its `WebhookWorker` on the delivery queue).
+#[cfg(feature = "webhooks")]
+pub use taquba_webhooks;
 pub use terminal::{NoopTerminalHook, RunOutcome, TerminalHook, TerminalStatus};
 pub use view::WorkflowView;
+#[cfg(feature = "webhooks")]
+pub use webhook::{CALLBACK_URL_HEADER, DEFAULT_WEBHOOK_QUEUE, WebhookTerminalHook};
 
 #[cfg(feature = "macros")]
 pub use taquba_workflow_macros::{job, workflow};
