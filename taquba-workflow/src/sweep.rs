@@ -12,7 +12,9 @@ use crate::durable::{self, DurableCurrentStep, DurableRunRecord, DurableTerminat
 use crate::engine::RuntimeCore;
 use crate::error::Result;
 use crate::group::Membership;
-use crate::keys::{HEADER_RUN_ID, HEADER_STEP, HEADER_TERMINAL, RunId, outcome_kv_key, run_kv_key, step_kv_key};
+use crate::keys::{
+    HEADER_RUN_ID, HEADER_STEP, HEADER_TERMINAL, RunId, outcome_kv_key, run_kv_key, step_kv_key,
+};
 use crate::terminal::TerminalStatus;
 
 /// The future of one expired entry, boxed so the sweep stays `Send` for
@@ -95,9 +97,14 @@ impl RuntimeCore {
         if let Some(retention) = self.memo_retention {
             removed += self
                 .terminals
-                .pass(&self.queue, now, retention, |at_ms, suffix| -> ExpiryFuture<'_> {
-                    Box::pin(self.expire_run(at_ms, suffix))
-                })
+                .pass(
+                    &self.queue,
+                    now,
+                    retention,
+                    |at_ms, suffix| -> ExpiryFuture<'_> {
+                        Box::pin(self.expire_run(at_ms, suffix))
+                    },
+                )
                 .await?;
         }
         if let Some(retention) = self.group_retention {
@@ -107,9 +114,12 @@ impl RuntimeCore {
             let window = retention.saturating_add(Duration::from_millis(1));
             removed += self
                 .group_terminals
-                .pass(&self.queue, now, window, |_, suffix| -> ExpiryFuture<'_> {
-                    Box::pin(self.expire_group(suffix))
-                })
+                .pass(
+                    &self.queue,
+                    now,
+                    window,
+                    |_, suffix| -> ExpiryFuture<'_> { Box::pin(self.expire_group(suffix)) },
+                )
                 .await?;
         }
         Ok(removed)
@@ -120,7 +130,10 @@ impl RuntimeCore {
     /// record, unless the run id is active again under a new submission,
     /// whose state is left alone.
     async fn expire_run(&self, at_ms: u64, suffix: Vec<u8>) -> Expired {
-        let Some(run_id) = std::str::from_utf8(&suffix).ok().and_then(|s| RunId::new(s).ok()) else {
+        let Some(run_id) = std::str::from_utf8(&suffix)
+            .ok()
+            .and_then(|s| RunId::new(s).ok())
+        else {
             warn!("terminal marker with an invalid run id; removed");
             return Expired::Delete(SettlementEffects::default());
         };
@@ -161,7 +174,10 @@ impl RuntimeCore {
     }
 
     async fn expire_group(&self, suffix: Vec<u8>) -> Expired {
-        let Some(group_id) = std::str::from_utf8(&suffix).ok().and_then(|s| RunId::new(s).ok()) else {
+        let Some(group_id) = std::str::from_utf8(&suffix)
+            .ok()
+            .and_then(|s| RunId::new(s).ok())
+        else {
             warn!("group terminal marker with an invalid group id; removed");
             return Expired::Delete(SettlementEffects::default());
         };
@@ -181,7 +197,8 @@ pub(crate) async fn reconcile_job(core: &RuntimeCore, job: &JobRecord) -> Result
     if job.headers.contains_key(HEADER_TERMINAL) {
         return Ok(0);
     }
-    let (Some(run_id), Some(step)) = (job.headers.get(HEADER_RUN_ID), job.headers.get(HEADER_STEP)) else {
+    let (Some(run_id), Some(step)) = (job.headers.get(HEADER_RUN_ID), job.headers.get(HEADER_STEP))
+    else {
         return Ok(0);
     };
     let (Ok(run_id), Ok(step_number)) = (RunId::new(run_id.as_str()), step.parse::<u32>()) else {
@@ -191,13 +208,17 @@ pub(crate) async fn reconcile_job(core: &RuntimeCore, job: &JobRecord) -> Result
     let Some(pointer_bytes) = core.queue.view().kv_get(&pointer_key).await? else {
         return Ok(0);
     };
-    let Some(pointer) = durable::decode_or_absent::<DurableCurrentStep>(&pointer_bytes, "step pointer", &run_id) else {
+    let Some(pointer) =
+        durable::decode_or_absent::<DurableCurrentStep>(&pointer_bytes, "step pointer", &run_id)
+    else {
         return Ok(0);
     };
     if pointer.job_id != job.id {
         return Ok(0);
     }
-    let Some(record) = durable::kv_record::<DurableRunRecord>(core.queue.view(), &run_kv_key(&run_id)).await? else {
+    let Some(record) =
+        durable::kv_record::<DurableRunRecord>(core.queue.view(), &run_kv_key(&run_id)).await?
+    else {
         return Ok(0);
     };
     let (status, error) = if record.cancel_requested {
@@ -205,14 +226,21 @@ pub(crate) async fn reconcile_job(core: &RuntimeCore, job: &JobRecord) -> Result
     } else {
         (
             TerminalStatus::Failed,
-            Some(job.last_error.clone().unwrap_or_else(|| "step dead-lettered".to_string())),
+            Some(
+                job.last_error
+                    .clone()
+                    .unwrap_or_else(|| "step dead-lettered".to_string()),
+            ),
         )
     };
     let outcome = RuntimeCore::detached_outcome(&run_id, job, step_number, status, error);
     let termination = core.termination(&outcome, None, &record.input_hash);
     let membership = Membership::from_headers(&job.headers)?;
-    let mut effects = core.terminate_effects(&outcome, termination, membership.as_ref(), job.max_attempts);
-    effects.kv_deletes.extend(crate::signal::waiter_cleanup(job));
+    let mut effects =
+        core.terminate_effects(&outcome, termination, membership.as_ref(), job.max_attempts);
+    effects
+        .kv_deletes
+        .extend(crate::signal::waiter_cleanup(job));
     // Only while the pointer still names this job: a concurrent settlement
     // or reconciliation wins otherwise.
     let committed = core
