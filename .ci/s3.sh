@@ -7,7 +7,8 @@
 # the benchmark against a local directory, and the kill -9 torture on the
 # bucket), and stops the server by its PID whatever happens.
 #
-# Environment: S3_PORT (default: a free port), KILL9_KILLS (default 50).
+# Environment: S3_PORT (default: a free port), KILL9_KILLS (default 50),
+# FEATURES (cargo features of the test build, default `aws`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -58,5 +59,5 @@ export AWS_REGION=us-east-1
 export AWS_ALLOW_HTTP=true
 
 started=$(date +%s)
-cargo test --features aws --test s3 -- --nocapture --test-threads=1
+cargo test --features "${FEATURES:-aws}" --test s3 -- --nocapture --test-threads=1
 echo "== S3 test group took $(( $(date +%s) - started ))s"
