@@ -14,9 +14,11 @@ use futures_util::FutureExt;
 use taquba::{Claim, EnqueueResult, NackOutcome, Queue};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::durable::{self, DurableCurrentStep};
+use crate::engine::RuntimeCore;
 use crate::error::Result;
 use crate::keys::step_kv_key;
 use crate::runner::StepRunner;
@@ -50,17 +52,18 @@ where
     let lease = queue.queue_lease_duration(&queue_name);
     let mut tasks = JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
-    let mut maintenance = tokio::time::interval(core.poll_interval.max(Duration::from_millis(1)));
-    maintenance.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Maintenance runs beside the claim loop, so a slow sweep (many expired
+    // runs on a remote store) never holds up claiming.
+    let stop_maintenance = CancellationToken::new();
+    let maintenance = tokio::spawn(maintain_until(core.clone(), stop_maintenance.clone()));
+    // Stops the maintenance task also when this loop's future is dropped
+    // (an aborted worker task), so it never outlives the loop.
+    let _stop_on_drop = stop_maintenance.clone().drop_guard();
     let mut claim_backoff = Duration::ZERO;
 
     loop {
         while let Some(done) = tasks.try_join_next() {
             note_task(done);
-        }
-        // Maintenance at startup and every poll interval.
-        if maintenance.tick().now_or_never().is_some() {
-            core.maintain().boxed().await;
         }
         // Wait for a runner slot and room for its settlement.
         let first = tokio::select! {
@@ -105,7 +108,6 @@ where
                 biased;
                 _ = &mut shutdown => break,
                 _ = queue.wait_for_jobs_on(&queue_name, core.poll_interval).boxed() => {}
-                _ = maintenance.tick() => core.maintain().boxed().await,
             }
             continue;
         }
@@ -128,7 +130,31 @@ where
     while let Some(done) = tasks.join_next().await {
         note_task(done);
     }
+    stop_maintenance.cancel();
+    if let Err(err) = maintenance.await {
+        warn!("maintenance task ended abnormally: {err}");
+    }
     Ok(())
+}
+
+/// Dead-letter reconciliation and retention sweeps at startup and every poll
+/// interval, until `stop` fires. A round in progress when `stop` fires is
+/// abandoned: each of its commits is whole, and the next start redoes the
+/// rest.
+async fn maintain_until(core: Arc<RuntimeCore>, stop: CancellationToken) {
+    let period = core.poll_interval.max(Duration::from_millis(1));
+    loop {
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
+            () = core.maintain().boxed() => {}
+        }
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(period) => {}
+        }
+    }
 }
 
 async fn acquire_both(
