@@ -139,12 +139,7 @@ pub mod flows {
         /// Starts the review.
         #[step(start)]
         #[allow(clippy::needless_lifetimes)]
-        async fn submit(
-            &self,
-            r#type: &str,
-            mut step: u32,
-            ctx: StepContext<'_>,
-        ) -> StepResult {
+        async fn submit(&self, r#type: &str, mut step: u32, ctx: StepContext<'_>) -> StepResult {
             step += ctx.step_number;
             let _ = self.helper();
             core::result::Result::Ok(Transition::after(
