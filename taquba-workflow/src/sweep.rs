@@ -114,12 +114,9 @@ impl RuntimeCore {
             let window = retention.saturating_add(Duration::from_millis(1));
             removed += self
                 .group_terminals
-                .pass(
-                    &self.queue,
-                    now,
-                    window,
-                    |_, suffix| -> ExpiryFuture<'_> { Box::pin(self.expire_group(suffix)) },
-                )
+                .pass(&self.queue, now, window, |_, suffix| -> ExpiryFuture<'_> {
+                    Box::pin(self.expire_group(suffix))
+                })
                 .await?;
         }
         Ok(removed)
