@@ -1,7 +1,9 @@
-//! The first program to run: a durable multi-step run over real files.
+//! `word_report` written by hand: the same durable multi-step run over real
+//! files, with a hand-written [`StepRunner`] that matches on its own payload
+//! enum instead of the `#[workflow]` macro (compare with `word_report.rs`).
 //!
 //! ```text
-//! cargo run --release --example word_report -- [DIR] [--store STORE_DIR]
+//! cargo run --release --example word_report_manual -- [DIR] [--store STORE_DIR] [--again] [--slow-ms MS]
 //! ```
 //!
 //! One run counts the lines, words and bytes of every `*.rs` and `*.md` file
@@ -14,10 +16,11 @@
 //! * the last step writes a Markdown report and succeeds.
 //!
 //! Every step commits to a queue in `STORE_DIR` (a local directory; the
-//! path is printed). Kill the process at any moment (`kill -9`, Ctrl-C) and
-//! run the same command again: the run resumes at its last committed step.
-//! A missing directory or an unreadable file ends the run `Failed` with a
-//! message naming the path.
+//! path is printed; default `<temp>/taquba-word-report-manual`, apart from
+//! `word_report`'s, whose payloads differ). Kill the process at any moment
+//! (`kill -9`, Ctrl-C) and run the same command again: the run resumes at
+//! its last committed step. A missing directory or an unreadable file ends
+//! the run `Failed` with a message naming the path.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -29,8 +32,8 @@ use taquba::object_store::ObjectStore;
 use taquba::object_store::local::LocalFileSystem;
 use taquba::{OpenOptions, Queue};
 use taquba_workflow::{
-    NoopTerminalHook, RunId, RunSpec, RunState, Step, StepError, StepOutcome, StepRunner,
-    TerminalStatus, WorkflowRuntime,
+    MemoStore, NoopTerminalHook, RunId, RunSpec, RunState, Step, StepError, StepOutcome,
+    StepRunner, TerminalStatus, WorkflowRuntime,
 };
 
 #[derive(Parser, Debug)]
@@ -40,7 +43,7 @@ use taquba_workflow::{
 struct Args {
     /// The directory to report on (default: this repository).
     dir: Option<PathBuf>,
-    /// Where the queue and memos live (default: <temp>/taquba-word-report).
+    /// Where the queue and memos live (default: <temp>/taquba-word-report-manual).
     #[arg(long)]
     store: Option<PathBuf>,
     /// Pause this long in each counting step, to leave time for a kill.
@@ -269,12 +272,16 @@ impl StepRunner for WordReport {
     }
 }
 
+/// Where the runtime keeps memos and run results in the store.
+const MEMO_PREFIX: &str = "word-report-memo";
+
 /// The run id of a report over `dir`: stable across invocations, so a second
 /// invocation resumes the first one's run.
 fn run_id_for(dir: &str) -> RunId {
     use sha2::Digest;
     let digest = sha2::Sha256::digest(dir.as_bytes());
-    RunId::new(format!("word-report-{}", &hex::encode(digest)[..16])).expect("a valid run id")
+    RunId::new(format!("word-report-manual-{}", &hex::encode(digest)[..16]))
+        .expect("a valid run id")
 }
 
 #[tokio::main]
@@ -290,7 +297,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .into_owned();
     let store_dir = args
         .store
-        .unwrap_or_else(|| std::env::temp_dir().join("taquba-word-report"));
+        .unwrap_or_else(|| std::env::temp_dir().join("taquba-word-report-manual"));
     std::fs::create_dir_all(&store_dir)?;
     println!("state store: {}", store_dir.display());
 
@@ -302,13 +309,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let report_path = store_dir.join(format!("{run_id}.md"));
     let runtime = WorkflowRuntime::builder(
         queue.clone(),
-        store,
+        store.clone(),
         WordReport {
             slow: Duration::from_millis(args.slow_ms),
             report_path,
         },
         NoopTerminalHook,
     )
+    .memo_prefix(MEMO_PREFIX)
     .build();
 
     match runtime.status(&run_id).await? {
@@ -323,28 +331,45 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 {
                     println!("report: {}", String::from_utf8_lossy(&result));
                 }
+                if let Some(error) = &termination.error {
+                    println!("error: {error}");
+                }
                 println!("(pass --again to run it anew)");
                 drop(runtime);
                 queue_close(queue).await;
+                if termination.status != TerminalStatus::Succeeded {
+                    std::process::exit(1);
+                }
                 return Ok(());
             }
-            RunState::Terminated(_) => submit(&runtime, &run_id, &dir).await?,
+            RunState::Terminated(_) => {
+                // The new run reuses the run id: drop the old run's memos,
+                // or its steps would read back the old counts.
+                MemoStore::new(store, MEMO_PREFIX)
+                    .clear_memos_for_run(&run_id)
+                    .await?;
+                submit(&runtime, &run_id, &dir).await?
+            }
             _ => println!("resuming run {run_id} at step {}", status.current_step),
         },
         None => submit(&runtime, &run_id, &dir).await?,
     }
 
-    let worker = runtime.spawn(async {
-        let _ = tokio::signal::ctrl_c().await;
-    });
+    let worker = runtime.spawn(std::future::pending::<()>());
     let follower = follow(&runtime, &run_id);
     let end = tokio::select! {
-        end = runtime.wait(&run_id) => end?,
+        end = runtime.wait(&run_id) => Some(end?),
         () = follower => unreachable!("the follower runs until the run ends"),
+        _ = tokio::signal::ctrl_c() => None,
     };
+    // Stop claiming steps and let the steps in flight settle.
     worker.shutdown().await?;
     drop(runtime);
     queue_close(queue).await;
+    let Some(end) = end else {
+        eprintln!("interrupted: run the same command to resume run {run_id}");
+        std::process::exit(130);
+    };
 
     match end.termination.status {
         TerminalStatus::Succeeded => {
