@@ -1,6 +1,6 @@
 //! Fan-out with a job group: count the lines, words and bytes of every
 //! `*.rs` and `*.md` file of a directory (default: this repository), one
-//! typed job per file, stream the results as they finish and roll them up.
+//! `#[job]` per file, stream the results as they finish and roll them up.
 //!
 //! The group id derives from the directory, and the group lives in a local
 //! store directory, so running the example again (after a kill, say) runs
@@ -26,8 +26,8 @@ use sha2::{Digest, Sha256};
 use taquba::Queue;
 use taquba::object_store::ObjectStore;
 use taquba::object_store::local::LocalFileSystem;
-use taquba_workflow::jobs::{Job, JobContext, JobRunner};
-use taquba_workflow::{Error, RunId};
+use taquba_workflow::jobs::{JobContext, JobRunner};
+use taquba_workflow::{Error, RunId, job};
 
 #[derive(Parser)]
 #[command(about = "Count words per file with a durable job group")]
@@ -53,15 +53,6 @@ struct Args {
     fresh: bool,
 }
 
-/// Count one file. The member key is the path relative to the directory.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct CountWords {
-    /// The file to read.
-    file: PathBuf,
-    /// Its path relative to the counted directory.
-    relative: String,
-}
-
 /// The pause before counting each file (runner state, so it is not part
 /// of the members' inputs).
 struct Delay(Duration);
@@ -84,36 +75,33 @@ struct ReadError {
 #[derive(Default)]
 struct Executed(AtomicUsize);
 
-impl Job for CountWords {
-    const NAME: &'static str = "wordcount.file";
-    type Output = Counts;
-    type Error = ReadError;
-
-    async fn run(&self, ctx: JobContext<'_>) -> Result<Counts, ReadError> {
-        ctx.state::<Arc<Executed>>()
-            .0
-            .fetch_add(1, Ordering::SeqCst);
-        let delay = ctx.state::<Delay>().0;
-        if !delay.is_zero() {
-            tokio::time::sleep(delay).await;
-        }
-        let bytes = tokio::fs::read(&self.file)
-            .await
-            .map_err(|source| ReadError {
-                path: self.file.display().to_string(),
-                source,
-            })?;
-        let text = String::from_utf8_lossy(&bytes);
-        Ok(Counts {
-            lines: text.lines().count() as u64,
-            words: text.split_whitespace().count() as u64,
-            bytes: bytes.len() as u64,
-        })
+/// Count one file: `#[job]` makes the struct `CountWords { root, relative }`
+/// from the parameters, with the member key `relative` (the path relative
+/// to the counted directory).
+#[job(name = "wordcount.file", key = "{relative}", derive(Debug, Clone))]
+async fn count_words(
+    ctx: JobContext<'_>,
+    root: &Path,
+    relative: &str,
+) -> Result<Counts, ReadError> {
+    ctx.state::<Arc<Executed>>()
+        .0
+        .fetch_add(1, Ordering::SeqCst);
+    let delay = ctx.state::<Delay>().0;
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
     }
-
-    fn idempotency_key(&self) -> Option<String> {
-        Some(self.relative.clone())
-    }
+    let file = root.join(relative);
+    let bytes = tokio::fs::read(&file).await.map_err(|source| ReadError {
+        path: file.display().to_string(),
+        source,
+    })?;
+    let text = String::from_utf8_lossy(&bytes);
+    Ok(Counts {
+        lines: text.lines().count() as u64,
+        words: text.split_whitespace().count() as u64,
+        bytes: bytes.len() as u64,
+    })
 }
 
 /// Every `*.rs` / `*.md` file under `root`, skipping build output, VCS
@@ -162,7 +150,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let jobs: Vec<CountWords> = files
         .iter()
         .map(|file| CountWords {
-            file: file.clone(),
+            root: root.clone(),
             relative: file
                 .strip_prefix(&root)
                 .unwrap_or(file)
@@ -177,7 +165,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let queue = Arc::new(Queue::open(store.clone(), "wordcount").await?);
     let executed = Arc::new(Executed::default());
     let runner = JobRunner::builder(queue, store)
-        .register::<CountWords>()
+        .register_all()
         .state(executed.clone())
         .state(Delay(Duration::from_millis(args.delay_ms)))
         .max_concurrent_jobs(args.concurrency)

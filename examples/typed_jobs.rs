@@ -1,6 +1,7 @@
-//! Typed jobs: define a job, submit it, await its typed output, submit it
-//! again under the same idempotency key (no second run, the same result),
-//! and watch a job that fails permanently end after one attempt.
+//! Typed jobs with `#[job]`: define a job as an async fn, submit it, await
+//! its typed output, submit it again under the same idempotency key (no
+//! second run, the same result), and watch a job that fails permanently
+//! end after one attempt.
 //!
 //! ```text
 //! cargo run --example typed_jobs
@@ -13,8 +14,8 @@ use serde::{Deserialize, Serialize};
 use taquba::Queue;
 use taquba::object_store::ObjectStore;
 use taquba::object_store::memory::InMemory;
-use taquba_workflow::StepErrorKind;
-use taquba_workflow::jobs::{Job, JobContext, JobRunner, JoinError, payload_idempotency_key};
+use taquba_workflow::jobs::{Job, JobContext, JobRunner, JoinError};
+use taquba_workflow::{StepErrorKind, job};
 
 /// How many times each job body ran in this process, by job name; shared
 /// with the jobs as runner state.
@@ -36,14 +37,6 @@ impl Runs {
     }
 }
 
-/// A quote for an order: idempotent on its payload, so submitting the same
-/// order twice prices it once.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Quote {
-    order_id: String,
-    items: Vec<(String, u32, u64)>,
-}
-
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Priced {
     order_id: String,
@@ -57,43 +50,32 @@ enum QuoteError {
     Empty(String),
 }
 
-impl Job for Quote {
-    const NAME: &'static str = "shop.quote";
-    type Output = Priced;
-    type Error = QuoteError;
-
-    async fn run(&self, ctx: JobContext<'_>) -> Result<Priced, QuoteError> {
-        ctx.state::<Arc<Runs>>().bump(Self::NAME);
-        if self.items.is_empty() {
-            return Err(QuoteError::Empty(self.order_id.clone()));
-        }
-        println!(
-            "  [worker] pricing {} (job {}, attempt {})",
-            self.order_id, ctx.run_id, ctx.attempts
-        );
-        let total_cents = self
-            .items
-            .iter()
-            .map(|(_, qty, cents)| u64::from(*qty) * cents)
-            .sum();
-        Ok(Priced {
-            order_id: self.order_id.clone(),
-            total_cents,
-            lines: self.items.len(),
-        })
+/// A quote for an order: idempotent on its payload (`idempotent`), so
+/// submitting the same order twice prices it once. `#[job]` generates
+/// `struct Quote { order_id: String, items: Vec<(String, u32, u64)> }`.
+#[job(name = "shop.quote", idempotent, derive(Debug, Clone))]
+async fn quote(
+    ctx: JobContext<'_>,
+    order_id: &str,
+    items: &[(String, u32, u64)],
+) -> Result<Priced, QuoteError> {
+    ctx.state::<Arc<Runs>>().bump(Quote::NAME);
+    if items.is_empty() {
+        return Err(QuoteError::Empty(order_id.to_string()));
     }
-
-    fn idempotency_key(&self) -> Option<String> {
-        payload_idempotency_key(self).ok()
-    }
-}
-
-/// A charge that a card processor declines: the decline is permanent, so
-/// the job ends after its first attempt instead of retrying.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Charge {
-    card: String,
-    cents: u64,
+    println!(
+        "  [worker] pricing {order_id} (job {}, attempt {})",
+        ctx.run_id, ctx.attempts
+    );
+    let total_cents = items
+        .iter()
+        .map(|(_, qty, cents)| u64::from(*qty) * cents)
+        .sum();
+    Ok(Priced {
+        order_id: order_id.to_string(),
+        total_cents,
+        lines: items.len(),
+    })
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -105,36 +87,31 @@ enum ChargeError {
     Timeout,
 }
 
-impl Job for Charge {
-    const NAME: &'static str = "shop.charge";
-    type Output = String;
-    type Error = ChargeError;
-
-    async fn run(&self, ctx: JobContext<'_>) -> Result<String, ChargeError> {
-        ctx.state::<Arc<Runs>>().bump(Self::NAME);
-        println!(
-            "  [worker] charging {} cents to {} (attempt {} of {})",
-            self.cents, self.card, ctx.attempts, ctx.max_attempts
-        );
-        if self.card.ends_with("0000") {
-            return Err(ChargeError::Declined {
-                card: self.card.clone(),
-                cents: self.cents,
-            });
-        }
-        Ok(format!("ch_{}_{}", self.card, self.cents))
+/// A decline is permanent (the job ends after its first attempt); a
+/// timeout is transient (retried, up to `max_attempts`).
+fn classify_charge(error: &ChargeError) -> StepErrorKind {
+    match error {
+        ChargeError::Declined { .. } => StepErrorKind::Permanent,
+        ChargeError::Timeout => StepErrorKind::Transient,
     }
+}
 
-    fn classify(&self, error: &ChargeError) -> StepErrorKind {
-        match error {
-            ChargeError::Declined { .. } => StepErrorKind::Permanent,
-            ChargeError::Timeout => StepErrorKind::Transient,
-        }
+/// A charge that a card processor may decline. `#[job]` generates
+/// `struct Charge { card: String, cents: u64 }`.
+#[job(name = "shop.charge", max_attempts = 5, classify = classify_charge)]
+async fn charge(ctx: JobContext<'_>, card: &str, cents: u64) -> Result<String, ChargeError> {
+    ctx.state::<Arc<Runs>>().bump(Charge::NAME);
+    println!(
+        "  [worker] charging {cents} cents to {card} (attempt {} of {})",
+        ctx.attempts, ctx.max_attempts
+    );
+    if card.ends_with("0000") {
+        return Err(ChargeError::Declined {
+            card: card.to_string(),
+            cents,
+        });
     }
-
-    fn max_attempts(&self) -> Option<u32> {
-        Some(5)
-    }
+    Ok(format!("ch_{card}_{cents}"))
 }
 
 #[tokio::main]
@@ -143,8 +120,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let queue = Arc::new(Queue::open(store.clone(), "typed-jobs").await?);
     let runs = Arc::new(Runs::default());
     let runner = JobRunner::builder(queue, store)
-        .register::<Quote>()
-        .register::<Charge>()
+        .register_all()
         .state(runs.clone())
         .build();
     let worker = runner.spawn(std::future::pending::<()>());
