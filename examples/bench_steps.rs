@@ -45,6 +45,11 @@ struct Args {
     /// Only the step figures (skip jobs and groups).
     #[arg(long)]
     steps_only: bool,
+    /// Run one case alone (for instruction counts under valgrind):
+    /// `raw16`, `raw100`, `rt16`, `rt100`, `defaults`, `replay` or `memo`,
+    /// on InMemory.
+    #[arg(long)]
+    only: Option<String>,
 }
 
 /// Process CPU time (user + system), from /proc/self/stat, in µs.
@@ -391,6 +396,51 @@ async fn main() {
         "{} runs x {} steps, runner continues at once, 1 ms WAL flush; CPU = process user+system time",
         args.runs, args.steps
     );
+    if let Some(case) = &args.only {
+        let kind = StoreKind::Memory;
+        let plain = |in_flight| RuntimeCase {
+            in_flight,
+            replay: false,
+            memo: false,
+        };
+        let figure = match case.as_str() {
+            "raw16" => raw_steps(kind, &args, 16).await,
+            "raw100" => raw_steps(kind, &args, 100).await,
+            "rt16" => runtime_steps(kind, &args, plain(Some(16))).await,
+            "rt100" => runtime_steps(kind, &args, plain(Some(100))).await,
+            "defaults" => runtime_steps(kind, &args, plain(None)).await,
+            "replay" => {
+                runtime_steps(
+                    kind,
+                    &args,
+                    RuntimeCase {
+                        in_flight: None,
+                        replay: true,
+                        memo: false,
+                    },
+                )
+                .await
+            }
+            "memo" => {
+                runtime_steps(
+                    kind,
+                    &args,
+                    RuntimeCase {
+                        in_flight: None,
+                        replay: false,
+                        memo: true,
+                    },
+                )
+                .await
+            }
+            other => {
+                eprintln!("unknown case {other:?}");
+                std::process::exit(2);
+            }
+        };
+        row(case, figure, None);
+        return;
+    }
     let mut raw100 = None;
     for kind in [StoreKind::Memory, StoreKind::Dir] {
         println!("\n== {}", kind.name());

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::AtomicI64;
+use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use taquba::object_store::ObjectStore;
@@ -82,6 +82,8 @@ pub(crate) struct RuntimeCore {
     pub(crate) own_dead_letters: AtomicI64,
     /// The queue's dead count at the last look; -1 before the first.
     pub(crate) last_dead_count: AtomicI64,
+    /// Maintenance rounds done, for the periodic full reconciliation.
+    pub(crate) maintenance_rounds: AtomicU64,
 }
 
 /// What a submission does with a run id whose run terminated.
@@ -143,6 +145,7 @@ impl RuntimeCore {
             observes: settings.observes,
             own_dead_letters: AtomicI64::new(0),
             last_dead_count: AtomicI64::new(-1),
+            maintenance_rounds: AtomicU64::new(0),
         }
     }
 

@@ -21,6 +21,9 @@ use crate::terminal::TerminalStatus;
 /// every lifetime the worker loop is spawned with.
 type ExpiryFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Expired> + Send + 'a>>;
 
+/// Maintenance rounds between two unconditional reconciliation passes.
+const FULL_RECONCILE_EVERY: u64 = 120;
+
 /// Dead jobs read per page by a reconciliation pass.
 const DEAD_PAGE: usize = 256;
 
@@ -51,16 +54,27 @@ impl RuntimeCore {
     }
 
     /// Reconcile when the queue's dead count grew by more than the worker's
-    /// own dead letters since the last look (always on the first look).
+    /// own dead letters since the last look (always on the first look), and
+    /// every [`FULL_RECONCILE_EVERY`] rounds regardless: a dead-retention
+    /// sweep removing old dead jobs while a new one arrives leaves the count
+    /// unchanged. A failed pass is retried at the next round.
     async fn reconcile_if_dead_count_changed(&self) -> Result<()> {
         let dead = self.queue.view().stats(&self.queue_name).await?.dead;
         let own = self.own_dead_letters.swap(0, Ordering::Relaxed);
         let last = self.last_dead_count.swap(dead, Ordering::Relaxed);
+        let round = self.maintenance_rounds.fetch_add(1, Ordering::Relaxed);
         let unexplained = last < 0 || dead > last.saturating_add(own);
-        if unexplained {
-            let reconciled = self.reconcile_dead_steps().await?;
-            if reconciled > 0 {
-                debug!(queue = %self.queue_name, reconciled, "terminated runs of dead-lettered steps");
+        if unexplained || round % FULL_RECONCILE_EVERY == FULL_RECONCILE_EVERY - 1 {
+            match self.reconcile_dead_steps().await {
+                Ok(reconciled) if reconciled > 0 => {
+                    debug!(queue = %self.queue_name, reconciled, "terminated runs of dead-lettered steps");
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    // Look again next round.
+                    self.last_dead_count.store(-1, Ordering::Relaxed);
+                    return Err(err);
+                }
             }
         }
         Ok(())
@@ -245,4 +259,78 @@ pub(crate) async fn reconcile_job(core: &RuntimeCore, job: &JobRecord) -> Result
         .kv_compare_commit(&pointer_key, Some(&pointer_bytes), effects)
         .await?;
     Ok(usize::from(committed.is_some()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use taquba::Queue;
+    use taquba::object_store::memory::InMemory;
+
+    use super::*;
+    use crate::runner::{Step, StepError, StepOutcome, StepRunner};
+    use crate::runtime::{RunSpec, WorkflowRuntime};
+    use crate::terminal::NoopTerminalHook;
+
+    struct Never;
+
+    impl StepRunner for Never {
+        async fn run_step(&self, _: &Step) -> std::result::Result<StepOutcome, StepError> {
+            Err(StepError::permanent("not run in this test"))
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dead_letter_the_count_does_not_show_is_reconciled_by_the_periodic_pass() {
+        let store = Arc::new(InMemory::new());
+        let queue = Arc::new(Queue::open(store.clone(), "db").await.expect("open"));
+        let runtime =
+            WorkflowRuntime::builder(queue.clone(), store, Never, NoopTerminalHook).build();
+        let core = runtime.inner.core.clone();
+        let run = runtime.submit(RunSpec::default()).await.expect("submit");
+        core.maintain().await;
+
+        let claim = queue
+            .claim("workflow-steps", Duration::from_secs(30))
+            .await
+            .expect("claim")
+            .expect("the step job");
+        queue
+            .dead_letter(&claim, "hung")
+            .await
+            .expect("dead letter");
+        // As if a dead-retention sweep had removed another dead job meanwhile:
+        // the count the next look compares against has not moved.
+        let dead = queue
+            .view()
+            .stats("workflow-steps")
+            .await
+            .expect("stats")
+            .dead;
+        core.last_dead_count.store(dead, Ordering::Relaxed);
+        let rounds = core.maintenance_rounds.load(Ordering::Relaxed);
+        for _ in rounds..FULL_RECONCILE_EVERY - 1 {
+            core.maintain().await;
+        }
+        assert!(
+            core.view
+                .run_record(&run.run_id)
+                .await
+                .expect("read")
+                .is_some(),
+            "not reconciled before the periodic pass"
+        );
+        core.maintain().await;
+        let status = runtime
+            .status(&run.run_id)
+            .await
+            .expect("status")
+            .expect("known");
+        assert!(
+            matches!(status.state, crate::RunState::Terminated(ref t) if t.error.as_deref() == Some("hung")),
+            "{status:?}"
+        );
+    }
 }
