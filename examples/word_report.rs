@@ -27,6 +27,7 @@
 //! `StepRunner`.
 
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -302,8 +303,18 @@ const MEMO_PREFIX: &str = "word-report-memo";
 type Runtime = WorkflowRuntime<WordReport, NoopTerminalHook>;
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = Args::parse();
+async fn main() -> ExitCode {
+    match run_cli(Args::parse()).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("word_report: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The exit code: success, 1 when the run failed, 130 when interrupted.
+async fn run_cli(args: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let dir = args
         .dir
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
@@ -362,10 +373,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 println!("(pass --again to run it anew)");
                 drop((run, runtime));
                 close(queue).await;
-                if failed {
-                    std::process::exit(1);
-                }
-                return Ok(());
+                return Ok(if failed {
+                    ExitCode::FAILURE
+                } else {
+                    ExitCode::SUCCESS
+                });
             }
             RunState::Terminated(_) => {
                 // The new run reuses the run id: drop the old run's memos,
@@ -394,16 +406,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     match result {
         None => {
             eprintln!("interrupted: run the same command to resume run {run_id}");
-            std::process::exit(130);
+            Ok(ExitCode::from(130))
         }
         Some(Ok(report)) => {
             println!("run {run_id} succeeded");
             print_report(&report);
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
         Some(Err(error)) => {
             eprintln!("{error}");
-            std::process::exit(1);
+            Ok(ExitCode::FAILURE)
         }
     }
 }
