@@ -255,15 +255,20 @@ impl RuntimeCore {
         {
             StagedKv::check_key(key)?;
         }
+        // A fresh ULID names no recorded run: its first attempt skips the
+        // reads (the compare-and-commit below still guards the record).
+        let mut fresh_id = run_id.is_none();
         let run_id = run_id.unwrap_or_else(RunId::generate);
         let input_hash = sha256(&input).to_vec();
         let run_key = run_kv_key(&run_id);
 
         for _ in 0..SUBMIT_RACE_RETRIES {
-            if let Some(existing) = self.view.run_record(&run_id).await? {
+            let fresh = std::mem::take(&mut fresh_id);
+            if !fresh && let Some(existing) = self.view.run_record(&run_id).await? {
                 return self.duplicate(&run_id, &existing, &input_hash).await;
             }
-            if on_terminated != OnTerminated::Restart
+            if !fresh
+                && on_terminated != OnTerminated::Restart
                 && let Some(termination) = self.view.terminal_record(&run_id).await?
                 && (on_terminated == OnTerminated::Keep
                     || termination.status == durable::DurableStatus::Succeeded)
@@ -607,8 +612,13 @@ impl RuntimeCore {
 
     /// Wait until `run_id` terminates.
     pub(crate) async fn wait_run(&self, run_id: &RunId) -> Result<RunEnd> {
+        // The job a pointer named that was found absent: absent again under
+        // the same pointer means the records disagree.
+        let mut missing: Option<String> = None;
         loop {
-            let Some((_, job)) = self.view.current_job(run_id).await? else {
+            // The pointer alone: the completion wait reads the job itself,
+            // so following a run costs one read per step.
+            let Some(pointer) = self.view.current_step_if_active(run_id).await? else {
                 let Some(termination) = self.view.terminal_record(run_id).await? else {
                     return Err(Error::RunNotFound(run_id.clone()));
                 };
@@ -623,17 +633,25 @@ impl RuntimeCore {
                     outcome,
                 });
             };
-            match self.queue.wait_for_completion(&job.id).await? {
+            match self.queue.wait_for_completion(&pointer.job_id).await? {
                 WaitOutcome::Dead(dead) => {
                     // A step dead-lettered outside the worker: terminate the
                     // run now rather than spin until the worker reconciles.
-                    // The dead record, not the one read before the wait,
-                    // carries the error the run fails with.
+                    // The dead record, not one read before the wait, carries
+                    // the error the run fails with.
                     if crate::sweep::reconcile_job(self, &dead).await? == 0 {
                         tokio::time::sleep(self.poll_interval).await;
                     }
                 }
-                WaitOutcome::Done(_) | WaitOutcome::Cancelled | WaitOutcome::NotFound => {}
+                WaitOutcome::NotFound => {
+                    // Settled between the pointer read and the wait (the
+                    // pointer moved with it), or a pointer without its job.
+                    if missing.as_deref() == Some(pointer.job_id.as_str()) {
+                        return Err(Error::InconsistentRunState(run_id.clone()));
+                    }
+                    missing = Some(pointer.job_id);
+                }
+                WaitOutcome::Done(_) | WaitOutcome::Cancelled => missing = None,
             }
         }
     }
