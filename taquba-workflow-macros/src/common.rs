@@ -7,10 +7,12 @@ use std::fmt::Display;
 use proc_macro2::{Delimiter, Span, TokenStream, TokenTree};
 use quote::{ToTokens, quote};
 use syn::ext::IdentExt;
+use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
 use syn::visit::Visit;
 use syn::{
-    Attribute, FnArg, Ident, LitInt, LitStr, Pat, PatType, Path, Type, TypePath, TypeReference,
+    Attribute, FnArg, Ident, LitInt, LitStr, Pat, PatType, Path, Token, Type, TypePath,
+    TypeReference,
 };
 
 /// Accumulates every error of one expansion so a single compile shows all
@@ -194,6 +196,29 @@ impl OptionArg {
         Some(lit)
     }
 
+    /// `derive(Debug, Clone)`: the paths in the list (none when the
+    /// option is malformed, which is reported).
+    pub(crate) fn derives(&self, errors: &mut Errors) -> Vec<Path> {
+        let Some(tokens) = self.list("derive(Debug, Clone)", errors) else {
+            return Vec::new();
+        };
+        match syn::parse::Parser::parse2(
+            Punctuated::<Path, Token![,]>::parse_terminated,
+            tokens.clone(),
+        ) {
+            Ok(paths) => paths.into_iter().collect(),
+            Err(error) => {
+                errors.push(error);
+                Vec::new()
+            }
+        }
+    }
+
+    /// `crate = path`: where the runtime crate is.
+    pub(crate) fn crate_path(&self, errors: &mut Errors) -> Option<Path> {
+        self.parse_value("a path", "crate = ::taquba_workflow", errors)
+    }
+
     pub(crate) fn positive_u32(&self, example: &str, errors: &mut Errors) -> Option<LitInt> {
         let lit: LitInt = self.parse_value("a positive integer", example, errors)?;
         match lit.base10_parse::<u32>() {
@@ -309,13 +334,38 @@ fn skip_to_comma(iter: &mut std::iter::Peekable<proc_macro2::token_stream::IntoI
     iter.next();
 }
 
+/// Parses the option list of `#[attribute(...)]` and hands each known,
+/// first-seen option to `apply` with its name; malformed, unknown
+/// (`known` lists the accepted names) and duplicate options are reported
+/// and skipped.
+pub(crate) fn for_each_option(
+    tokens: TokenStream,
+    attribute: &str,
+    known: &[&str],
+    errors: &mut Errors,
+    mut apply: impl FnMut(&str, &OptionArg, &mut Errors),
+) {
+    let mut seen = Seen::default();
+    for arg in parse_options(tokens, errors) {
+        let name = arg.name();
+        if !known.contains(&name.as_str()) {
+            errors.spanned(&arg.key, unknown_option(&arg, attribute, known));
+            continue;
+        }
+        if !seen.first(&arg, errors) {
+            continue;
+        }
+        apply(&name, &arg, errors);
+    }
+}
+
 /// Tracks option names already seen, to report duplicates.
 #[derive(Default)]
-pub(crate) struct Seen(HashSet<String>);
+struct Seen(HashSet<String>);
 
 impl Seen {
     /// Whether `arg` is new; reports it otherwise.
-    pub(crate) fn first(&mut self, arg: &OptionArg, errors: &mut Errors) -> bool {
+    fn first(&mut self, arg: &OptionArg, errors: &mut Errors) -> bool {
         if self.0.insert(arg.name()) {
             true
         } else {
@@ -442,6 +492,52 @@ pub(crate) enum ParamKind {
     Field(Box<Param>),
     /// An error was reported.
     Invalid,
+}
+
+/// Where each of a fn's parameters comes from in the generated call.
+pub(crate) enum Slot {
+    /// The context (`JobContext<'_>` / `StepContext<'_>`) the runtime
+    /// passes.
+    Context,
+    /// The field with this index.
+    Field(usize),
+}
+
+/// A fn's parameters as they are classified one by one: the fields, and
+/// where each parameter comes from.
+#[derive(Default)]
+pub(crate) struct Params {
+    /// The fields, in parameter order.
+    pub(crate) params: Vec<Param>,
+    /// The fn's parameters in order.
+    pub(crate) slots: Vec<Slot>,
+    context_seen: bool,
+}
+
+impl Params {
+    /// Classifies the next parameter, reporting a second context.
+    pub(crate) fn push(&mut self, arg: &PatType, rules: &ParamRules<'_>, errors: &mut Errors) {
+        match classify_param(arg, rules, errors) {
+            ParamKind::Context => {
+                if self.context_seen {
+                    errors.spanned(
+                        arg,
+                        format!(
+                            "a `{}` fn takes at most one `{}<'_>` parameter: remove this one",
+                            rules.attribute, rules.context
+                        ),
+                    );
+                }
+                self.context_seen = true;
+                self.slots.push(Slot::Context);
+            }
+            ParamKind::Field(param) => {
+                self.slots.push(Slot::Field(self.params.len()));
+                self.params.push(*param);
+            }
+            ParamKind::Invalid => {}
+        }
+    }
 }
 
 /// Where in a macro a parameter is classified, for the messages.
@@ -861,6 +957,50 @@ mod tests {
         };
         let kind = classify_param(&arg, &rules, &mut errors);
         (kind, errors.messages())
+    }
+
+    #[test]
+    fn params_record_slots_and_report_a_second_context() {
+        for (rules, first, second, message) in [
+            (
+                ParamRules {
+                    attribute: "#[job]",
+                    what: "job",
+                    context: "JobContext",
+                    forbid_self: false,
+                },
+                quote!(ctx: JobContext<'_>),
+                quote!(again: JobContext<'_>),
+                "a `#[job]` fn takes at most one `JobContext<'_>` parameter: remove this one",
+            ),
+            (
+                ParamRules {
+                    attribute: "#[step]",
+                    what: "step",
+                    context: "StepContext",
+                    forbid_self: true,
+                },
+                quote!(ctx: StepContext<'_>),
+                quote!(again: StepContext<'_>),
+                "a `#[step]` fn takes at most one `StepContext<'_>` parameter: remove this one",
+            ),
+        ] {
+            let args: Vec<PatType> = [quote!(a: u8), first, quote!(b: &str), second]
+                .into_iter()
+                .map(|t| syn::parse2(t).unwrap())
+                .collect();
+            let mut errors = Errors::new();
+            let mut fields = Params::default();
+            for arg in &args {
+                fields.push(arg, &rules, &mut errors);
+            }
+            assert_eq!(errors.messages(), [message]);
+            assert_eq!(fields.params.len(), 2);
+            assert!(matches!(
+                fields.slots[..],
+                [Slot::Field(0), Slot::Context, Slot::Field(1), Slot::Context]
+            ));
+        }
     }
 
     #[test]

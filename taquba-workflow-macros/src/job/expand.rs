@@ -7,8 +7,8 @@ use quote::{quote, quote_spanned};
 use syn::Ident;
 use syn::spanned::Spanned;
 
-use super::validate::{JobModel, Slot};
-use crate::common::{Piece, cfg_attrs, crate_path, doc_attrs};
+use super::validate::JobModel;
+use crate::common::{Piece, Slot, cfg_attrs, crate_path, doc_attrs};
 
 /// The full expansion of one `#[job]`.
 pub(crate) fn expand(model: &JobModel<'_>) -> TokenStream {

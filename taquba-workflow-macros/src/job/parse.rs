@@ -1,10 +1,9 @@
 //! The options of `#[job(...)]`.
 
 use proc_macro2::TokenStream;
-use syn::punctuated::Punctuated;
-use syn::{Ident, LitInt, LitStr, Path, Token};
+use syn::{Ident, LitInt, LitStr, Path};
 
-use crate::common::{Errors, Seen, parse_options, unknown_option};
+use crate::common::{Errors, for_each_option};
 
 /// Every option `#[job]` accepts, for the unknown-option message.
 pub(crate) const OPTIONS: &[&str] = &[
@@ -45,17 +44,12 @@ pub(crate) struct JobOptions {
 /// duplicate option.
 pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> JobOptions {
     let mut options = JobOptions::default();
-    let mut seen = Seen::default();
-    for arg in parse_options(attr, errors) {
-        let name = arg.name();
-        if !OPTIONS.contains(&name.as_str()) {
-            errors.spanned(&arg.key, unknown_option(&arg, "job", OPTIONS));
-            continue;
-        }
-        if !seen.first(&arg, errors) {
-            continue;
-        }
-        match name.as_str() {
+    for_each_option(
+        attr,
+        "job",
+        OPTIONS,
+        errors,
+        |name, arg, errors| match name {
             "name" => options.name = arg.name_str("name = \"email.send\"", errors),
             "key" => options.key = arg.lit_str("key = \"email:{to}\"", errors),
             "idempotent" if arg.flag(errors) => options.idempotent = Some(arg.key.clone()),
@@ -68,23 +62,11 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> JobOptions {
                 options.struct_name =
                     arg.parse_value("an identifier", "struct_name = SendEmail", errors)
             }
-            "derive" => {
-                if let Some(tokens) = arg.list("derive(Debug, Clone)", errors) {
-                    match syn::parse::Parser::parse2(
-                        Punctuated::<Path, Token![,]>::parse_terminated,
-                        tokens.clone(),
-                    ) {
-                        Ok(paths) => options.derives = paths.into_iter().collect(),
-                        Err(error) => errors.push(error),
-                    }
-                }
-            }
-            "crate" => {
-                options.krate = arg.parse_value("a path", "crate = ::taquba_workflow", errors)
-            }
+            "derive" => options.derives = arg.derives(errors),
+            "crate" => options.krate = arg.crate_path(errors),
             _ => {}
-        }
-    }
+        },
+    );
     if let (Some(_), Some(idempotent)) = (&options.key, &options.idempotent) {
         errors.spanned(
             idempotent,

@@ -5,17 +5,8 @@ use syn::{GenericArgument, Ident, ItemFn, PathArguments, ReturnType, Type, TypeP
 
 use super::parse::JobOptions;
 use crate::common::{
-    Errors, Param, ParamKind, ParamRules, Piece, classify_param, parse_template, pascal_case,
-    typed_inputs,
+    Errors, Param, ParamRules, Params, Piece, Slot, parse_template, pascal_case, typed_inputs,
 };
-
-/// Where each of the fn's parameters comes from in the generated call.
-pub(crate) enum Slot {
-    /// The `JobContext<'_>` the runner passes.
-    Context,
-    /// The field with this index.
-    Field(usize),
-}
 
 /// A checked `#[job]` fn.
 pub(crate) struct JobModel<'a> {
@@ -97,28 +88,11 @@ pub(crate) fn validate<'a>(
         ),
         errors,
     );
-    let mut params = Vec::new();
-    let mut slots = Vec::new();
-    let mut context_seen = false;
+    let mut fields = Params::default();
     for arg in typed {
-        match classify_param(arg, &RULES, errors) {
-            ParamKind::Context => {
-                if context_seen {
-                    errors.spanned(
-                        arg,
-                        "a `#[job]` fn takes at most one `JobContext<'_>` parameter: remove this one",
-                    );
-                }
-                context_seen = true;
-                slots.push(Slot::Context);
-            }
-            ParamKind::Field(param) => {
-                slots.push(Slot::Field(params.len()));
-                params.push(*param);
-            }
-            ParamKind::Invalid => {}
-        }
+        fields.push(arg, &RULES, errors);
     }
+    let Params { params, slots, .. } = fields;
 
     let (ret, ok_ty, err_ty) = match &sig.output {
         ReturnType::Default => {

@@ -14,8 +14,8 @@ use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Ident, Visibility};
 
-use super::validate::{Slot, StepModel, WorkflowModel};
-use crate::common::crate_path;
+use super::validate::{StepModel, WorkflowModel};
+use crate::common::{Slot, crate_path};
 
 /// The full expansion of one `#[workflow]`.
 pub(crate) fn expand(model: &WorkflowModel, fallback: bool) -> TokenStream {

@@ -1,10 +1,9 @@
 //! The options of `#[workflow(...)]` and `#[step(...)]`.
 
 use proc_macro2::TokenStream;
-use syn::punctuated::Punctuated;
-use syn::{Attribute, Ident, LitStr, Meta, Path, Token, Type, Visibility};
+use syn::{Attribute, Ident, LitStr, Meta, Path, Type, Visibility};
 
-use crate::common::{Errors, Seen, parse_options, unknown_option};
+use crate::common::{Errors, for_each_option};
 
 /// Every option `#[workflow]` accepts.
 pub(crate) const OPTIONS: &[&str] = &[
@@ -44,17 +43,12 @@ pub(crate) struct WorkflowOptions {
 /// duplicate option.
 pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> WorkflowOptions {
     let mut options = WorkflowOptions::default();
-    let mut seen = Seen::default();
-    for arg in parse_options(attr, errors) {
-        let name = arg.name();
-        if !OPTIONS.contains(&name.as_str()) {
-            errors.spanned(&arg.key, unknown_option(&arg, "workflow", OPTIONS));
-            continue;
-        }
-        if !seen.first(&arg, errors) {
-            continue;
-        }
-        match name.as_str() {
+    for_each_option(
+        attr,
+        "workflow",
+        OPTIONS,
+        errors,
+        |name, arg, errors| match name {
             "name" => options.name = arg.name_str("name = \"order\"", errors),
             "output" => options.output = arg.parse_value("a type", "output = Receipt", errors),
             "step_enum" => {
@@ -65,23 +59,11 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> WorkflowOptions {
                 options.input = arg.parse_value("an identifier", "input = OrderInput", errors)
             }
             "vis" => options.vis = arg.parse_value("a visibility", "vis = pub(crate)", errors),
-            "derive" => {
-                if let Some(tokens) = arg.list("derive(Debug, Clone)", errors) {
-                    match syn::parse::Parser::parse2(
-                        Punctuated::<Path, Token![,]>::parse_terminated,
-                        tokens.clone(),
-                    ) {
-                        Ok(paths) => options.derives = paths.into_iter().collect(),
-                        Err(error) => errors.push(error),
-                    }
-                }
-            }
-            "crate" => {
-                options.krate = arg.parse_value("a path", "crate = ::taquba_workflow", errors)
-            }
+            "derive" => options.derives = arg.derives(errors),
+            "crate" => options.krate = arg.crate_path(errors),
             _ => {}
-        }
-    }
+        },
+    );
     options
 }
 
@@ -116,22 +98,17 @@ pub(crate) fn parse_step(attr: &Attribute, errors: &mut Errors) -> StepOptions {
             return options;
         }
     };
-    let mut seen = Seen::default();
-    for arg in parse_options(tokens, errors) {
-        let name = arg.name();
-        if !STEP_OPTIONS.contains(&name.as_str()) {
-            errors.spanned(&arg.key, unknown_option(&arg, "step", STEP_OPTIONS));
-            continue;
-        }
-        if !seen.first(&arg, errors) {
-            continue;
-        }
-        match name.as_str() {
+    for_each_option(
+        tokens,
+        "step",
+        STEP_OPTIONS,
+        errors,
+        |name, arg, errors| match name {
             "start" if arg.flag(errors) => options.start = Some(arg.key.clone()),
             "name" => options.name = arg.name_str("name = \"charge\"", errors),
             _ => {}
-        }
-    }
+        },
+    );
     options
 }
 

@@ -11,17 +11,7 @@ use syn::{
 };
 
 use super::parse::{StepOptions, WorkflowOptions, is_step_attr, parse_step};
-use crate::common::{
-    Errors, Param, ParamKind, ParamRules, classify_param, pascal_case, typed_inputs,
-};
-
-/// Where each of a step fn's parameters comes from in the generated call.
-pub(crate) enum Slot {
-    /// The `StepContext<'_>`.
-    Context,
-    /// The variant field with this index.
-    Field(usize),
-}
+use crate::common::{Errors, Param, ParamRules, Params, Slot, pascal_case, typed_inputs};
 
 /// One checked `#[step]` fn.
 pub(crate) struct StepModel {
@@ -334,9 +324,7 @@ fn validate_step(
             errors.spanned(lifetime, "write `&self` without a lifetime");
         }
     }
-    let mut params = Vec::new();
-    let mut slots = Vec::new();
-    let mut context_seen = false;
+    let mut fields = Params::default();
     for arg in typed {
         if let Type::Reference(r) = &*arg.ty
             && crate::common::is_named(&r.elem, "Step")
@@ -347,24 +335,9 @@ fn validate_step(
             );
             continue;
         }
-        match classify_param(arg, &RULES, errors) {
-            ParamKind::Context => {
-                if context_seen {
-                    errors.spanned(
-                        arg,
-                        "a `#[step]` fn takes at most one `StepContext<'_>` parameter: remove this one",
-                    );
-                }
-                context_seen = true;
-                slots.push(Slot::Context);
-            }
-            ParamKind::Field(param) => {
-                slots.push(Slot::Field(params.len()));
-                params.push(*param);
-            }
-            ParamKind::Invalid => {}
-        }
+        fields.push(arg, &RULES, errors);
     }
+    let Params { params, slots, .. } = fields;
     let ret = match &sig.output {
         ReturnType::Default => {
             errors.at(
