@@ -218,16 +218,7 @@ async fn cancelling_a_step_waiting_on_a_timer_removes_it() {
     let runtime = WorkflowRuntime::builder(queue.clone(), store, runner, NoopTerminalHook).build();
     let worker = runtime.spawn(std::future::pending::<()>());
     runtime.submit(spec("t", "x")).await.unwrap();
-    eventually("step 1 to be scheduled", || async {
-        runtime
-            .status(&rid("t"))
-            .await
-            .unwrap()
-            .unwrap()
-            .current_step
-            == 1
-    })
-    .await;
+    until_step("step 1 to be scheduled", &runtime, "t", 1).await;
     assert_eq!(queue.view().stats(STEPS).await.unwrap().scheduled, 1);
     assert!(runtime.cancel(&rid("t")).await.unwrap());
     let status = runtime.status(&rid("t")).await.unwrap().unwrap();

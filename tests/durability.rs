@@ -47,23 +47,8 @@ async fn an_after_trigger_is_a_durable_timer_on_the_queue_clock() {
     };
     let runtime = WorkflowRuntime::builder(queue.clone(), store, runner, NoopTerminalHook).build();
     let worker = runtime.spawn(std::future::pending::<()>());
-    runtime
-        .submit(RunSpec {
-            run_id: Some(rid("timer")),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    eventually("step 0 to commit", || async {
-        runtime
-            .status(&rid("timer"))
-            .await
-            .unwrap()
-            .unwrap()
-            .current_step
-            == 1
-    })
-    .await;
+    submit_run(&runtime, "timer").await;
+    until_step("step 0 to commit", &runtime, "timer", 1).await;
 
     // Tokio time passes, the queue clock does not: the step stays put.
     tokio::time::sleep(Duration::from_secs(30)).await;
@@ -150,16 +135,7 @@ async fn run_options_apply_to_every_step_job() {
     queue.nack(&claim, "inspected").await.unwrap();
 
     let worker = runtime.spawn(std::future::pending::<()>());
-    eventually("step 0 to commit", || async {
-        runtime
-            .status(&rid("opts"))
-            .await
-            .unwrap()
-            .unwrap()
-            .current_step
-            == 1
-    })
-    .await;
+    until_step("step 0 to commit", &runtime, "opts", 1).await;
     worker.shutdown().await.unwrap();
     let current = runtime.submit(spec).await.unwrap();
     assert!(!current.newly_submitted);
@@ -200,24 +176,12 @@ async fn the_worker_fails_a_run_whose_step_was_dead_lettered_elsewhere() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     worker.shutdown().await.unwrap();
 
-    runtime
-        .submit(RunSpec {
-            run_id: Some(rid("hung")),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    submit_run(&runtime, "hung").await;
     let claim = claim_step(&queue).await.expect("the step job");
     queue.dead_letter(&claim, "hung").await.unwrap();
 
     let worker = runtime.spawn(std::future::pending::<()>());
-    eventually("reconciliation", || async {
-        matches!(
-            runtime.status(&rid("hung")).await.unwrap().map(|s| s.state),
-            Some(RunState::Terminated(_))
-        )
-    })
-    .await;
+    until_terminated("reconciliation", &runtime, "hung").await;
     let end = within(5, runtime.wait(&rid("hung"))).await.unwrap();
     assert_eq!(end.termination.status, TerminalStatus::Failed);
     assert_eq!(end.termination.error.as_deref(), Some("hung"));
@@ -233,13 +197,7 @@ async fn wait_returns_when_the_step_is_dead_lettered_outside_the_worker() {
     let (queue, store, clock) = memory_queue().await;
     let runtime =
         WorkflowRuntime::builder(queue.clone(), store, never_called(), NoopTerminalHook).build();
-    runtime
-        .submit(RunSpec {
-            run_id: Some(rid("hung")),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    submit_run(&runtime, "hung").await;
     let waiting = {
         let runtime = runtime.clone();
         tokio::spawn(async move { runtime.wait(&rid("hung")).await })
@@ -277,24 +235,6 @@ impl Counts {
             .copied()
             .unwrap_or(0)
     }
-}
-
-/// Take sole ownership of the queue back from the dropped runtime's tasks
-/// and close it.
-async fn close(mut queue: Arc<Queue>) {
-    for _ in 0..1_000 {
-        match Arc::try_unwrap(queue) {
-            Ok(queue) => {
-                queue.close().await.expect("close");
-                return;
-            }
-            Err(shared) => {
-                queue = shared;
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    }
-    panic!("the queue is still shared");
 }
 
 /// A four-step run: step `n` continues with `n + 1`, step 3 succeeds. Step
@@ -339,13 +279,7 @@ async fn a_restarted_runtime_finishes_the_run_without_repeating_committed_steps(
         NoopTerminalHook,
     )
     .build();
-    runtime
-        .submit(RunSpec {
-            run_id: Some(rid("restart")),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    submit_run(&runtime, "restart").await;
     let task = {
         let runtime = runtime.clone();
         tokio::spawn(async move { runtime.run(std::future::pending::<()>()).await })
@@ -418,23 +352,8 @@ async fn a_durable_timer_survives_a_clean_restart() {
     )
     .build();
     let worker = runtime.spawn(std::future::pending::<()>());
-    runtime
-        .submit(RunSpec {
-            run_id: Some(rid("sleepy")),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    eventually("step 0 to commit", || async {
-        runtime
-            .status(&rid("sleepy"))
-            .await
-            .unwrap()
-            .unwrap()
-            .current_step
-            == 1
-    })
-    .await;
+    submit_run(&runtime, "sleepy").await;
+    until_step("step 0 to commit", &runtime, "sleepy", 1).await;
     worker.shutdown().await.unwrap();
     drop(runtime);
     close(queue).await;
@@ -526,13 +445,7 @@ async fn a_view_over_a_queue_reader_reports_status_and_outcome() {
 async fn waits_time_out_and_unknown_runs_are_not_found() {
     let (queue, store, _clock) = memory_queue().await;
     let runtime = WorkflowRuntime::builder(queue, store, never_called(), NoopTerminalHook).build();
-    runtime
-        .submit(RunSpec {
-            run_id: Some(rid("idle")),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    submit_run(&runtime, "idle").await;
     let waited = within(
         10,
         runtime.wait_timeout(&rid("idle"), Duration::from_secs(2)),
@@ -640,13 +553,7 @@ async fn a_step_that_fails_after_the_reaper_dead_lettered_it_is_still_reconciled
     clock.advance(Duration::from_secs(11));
     queue.reap_now().await.unwrap();
     gate.open();
-    eventually("the worker to terminate the run", || async {
-        matches!(
-            runtime.status(&rid("late")).await.unwrap().map(|s| s.state),
-            Some(RunState::Terminated(_))
-        )
-    })
-    .await;
+    until_terminated("the worker to terminate the run", &runtime, "late").await;
     let status = runtime.status(&rid("late")).await.unwrap().unwrap();
     let RunState::Terminated(termination) = status.state else {
         unreachable!()

@@ -638,16 +638,7 @@ async fn a_slow_first_member_does_not_hold_back_a_group_larger_than_the_window()
 /// a succeeded member again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_re_submitted_while_members_finish_runs_each_member_once() {
-    let store: Arc<dyn ObjectStore> = Arc::new(taquba::object_store::memory::InMemory::new());
-    let queue = Arc::new(
-        Queue::open_with_options(
-            store.clone(),
-            "db",
-            taquba::OpenOptions::default().flush_interval(Duration::from_millis(1)),
-        )
-        .await
-        .unwrap(),
-    );
+    let (queue, store) = real_clock_queue().await;
     let runner = Members::default();
     let runtime = WorkflowRuntime::builder(queue, store, runner.clone(), NoopTerminalHook)
         .poll_interval(Duration::from_millis(5))

@@ -781,16 +781,7 @@ impl Job for Once {
 /// threads) must find the job running or recorded, never start it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keyed_job_re_submitted_while_it_terminates_runs_once() {
-    let store: Arc<dyn ObjectStore> = Arc::new(taquba::object_store::memory::InMemory::new());
-    let queue = Arc::new(
-        Queue::open_with_options(
-            store.clone(),
-            "db",
-            taquba::OpenOptions::default().flush_interval(Duration::from_millis(1)),
-        )
-        .await
-        .unwrap(),
-    );
+    let (queue, store) = real_clock_queue().await;
     let calls = Calls::default();
     let runner = JobRunner::builder(queue, store)
         .register::<Once>()

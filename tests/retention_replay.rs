@@ -180,16 +180,7 @@ async fn a_replayed_delay_keeps_its_original_schedule() {
     clock.advance(Duration::from_secs(30));
 
     let worker = runtime.spawn(std::future::pending::<()>());
-    eventually("the replayed step 0 to commit", || async {
-        runtime
-            .status(&rid("delayed"))
-            .await
-            .unwrap()
-            .unwrap()
-            .current_step
-            == 1
-    })
-    .await;
+    until_step("the replayed step 0 to commit", &runtime, "delayed", 1).await;
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     let current = runtime.submit(spec("delayed")).await.unwrap();
     let job = queue
@@ -330,16 +321,7 @@ async fn memo_retention_removes_an_expired_runs_state_and_keeps_active_runs() {
     runtime.submit(spec("active")).await.unwrap();
     let end = within(30, runtime.wait(&rid("done"))).await.unwrap();
     assert_eq!(end.termination.status, TerminalStatus::Succeeded);
-    eventually("the active run to reach step 1", || async {
-        runtime
-            .status(&rid("active"))
-            .await
-            .unwrap()
-            .unwrap()
-            .current_step
-            == 1
-    })
-    .await;
+    until_step("the active run to reach step 1", &runtime, "active", 1).await;
     let done_dir = format!("{MEMO_PREFIX}/runs/done");
     let active_dir = format!("{MEMO_PREFIX}/runs/active");
     // Step memo, run memo, run result record and replay record.
@@ -481,13 +463,7 @@ async fn runs_terminated_without_a_worker_settlement_are_swept_too() {
     queue.promote_scheduled_now().await.unwrap();
     let claim = claim_step(&queue).await.expect("the step of `dead`");
     queue.dead_letter(&claim, "hung").await.unwrap();
-    eventually("the reconciliation", || async {
-        matches!(
-            runtime.status(&rid("dead")).await.unwrap().map(|s| s.state),
-            Some(RunState::Terminated(_))
-        )
-    })
-    .await;
+    until_terminated("the reconciliation", &runtime, "dead").await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(runtime.status(&rid("dead")).await.unwrap().is_some());
 

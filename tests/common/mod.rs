@@ -66,7 +66,8 @@ use std::sync::Mutex;
 
 use taquba::Claim;
 use taquba_workflow::{
-    RunOutcome, Step, StepError, StepOutcome, StepRunner, TerminalEffects, TerminalHook,
+    RunOutcome, RunSpec, RunState, Step, StepError, StepOutcome, StepRunner, SubmitOutcome,
+    TerminalEffects, TerminalHook, WorkflowRuntime,
 };
 
 /// The runtime's default queue name.
@@ -157,6 +158,87 @@ where
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("timed out waiting for {what}");
+}
+
+/// An in-memory queue on the real clock (for multi-threaded races).
+pub async fn real_clock_queue() -> (Arc<Queue>, Arc<dyn ObjectStore>) {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = Arc::new(
+        Queue::open_with_options(
+            store.clone(),
+            "db",
+            OpenOptions::default().flush_interval(Duration::from_millis(1)),
+        )
+        .await
+        .unwrap(),
+    );
+    (queue, store)
+}
+
+/// Take sole ownership of the queue back from the dropped runtime's tasks
+/// and close it.
+pub async fn close(mut queue: Arc<Queue>) {
+    for _ in 0..1_000 {
+        match Arc::try_unwrap(queue) {
+            Ok(queue) => {
+                queue.close().await.expect("close");
+                return;
+            }
+            Err(shared) => {
+                queue = shared;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+    panic!("the queue is still shared");
+}
+
+/// Submit run `id` with an otherwise default spec.
+pub async fn submit_run<R: StepRunner, H: TerminalHook>(
+    runtime: &WorkflowRuntime<R, H>,
+    id: &str,
+) -> SubmitOutcome {
+    runtime
+        .submit(RunSpec {
+            run_id: Some(rid(id)),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+}
+
+/// Poll until run `id` is at step `step` (see [`eventually`]).
+pub async fn until_step<R: StepRunner, H: TerminalHook>(
+    what: &str,
+    runtime: &WorkflowRuntime<R, H>,
+    id: &str,
+    step: u32,
+) {
+    eventually(what, || async {
+        runtime
+            .status(&rid(id))
+            .await
+            .unwrap()
+            .unwrap()
+            .current_step
+            == step
+    })
+    .await;
+}
+
+/// Poll until run `id` is terminated (see [`eventually`]).
+pub async fn until_terminated<R: StepRunner, H: TerminalHook>(
+    what: &str,
+    runtime: &WorkflowRuntime<R, H>,
+    id: &str,
+) {
+    eventually(what, || async {
+        matches!(
+            runtime.status(&rid(id)).await.unwrap().map(|s| s.state),
+            Some(RunState::Terminated(_))
+        )
+    })
+    .await;
 }
 
 /// Claim the next job of the runtime's queue directly (no worker).
