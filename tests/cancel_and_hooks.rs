@@ -11,9 +11,9 @@ use std::time::Duration;
 use common::*;
 use taquba::{EnqueueOptions, EnqueueRequest, JobRecord, Queue};
 use taquba_workflow::{
-    HEADER_RUN_ID, HEADER_TERMINAL, NoopTerminalHook, RunOptions, RunOutcome, RunSpec, RunState,
-    RunTermination, Step, StepError, StepErrorKind, StepOutcome, StepRunner, TerminalEffects,
-    TerminalHook, TerminalStatus, WorkflowRuntime,
+    HEADER_RUN_ID, HEADER_TERMINAL, NoopTerminalHook, RunEnd, RunOptions, RunOutcome, RunSpec,
+    RunState, RunTermination, Step, StepError, StepErrorKind, StepOutcome, StepRunner,
+    TerminalEffects, TerminalHook, TerminalStatus, WorkflowRuntime,
 };
 
 /// Submit `input` as run `id` with a `tenant` header.
@@ -61,20 +61,34 @@ fn verdicts(calls: Arc<AtomicU32>) -> impl StepRunner + use<> {
     })
 }
 
+/// A runtime over `queue` with the [`verdicts`] runner counting into
+/// `calls`, and `hook`.
+fn verdicts_runtime<H: TerminalHook + 'static>(
+    queue: Arc<Queue>,
+    store: Arc<dyn taquba::object_store::ObjectStore>,
+    calls: Arc<AtomicU32>,
+    hook: H,
+) -> WorkflowRuntime<impl StepRunner + use<H>, H> {
+    WorkflowRuntime::builder(queue, store, verdicts(calls), hook).build()
+}
+
+/// Submit [`spec`]`(id, input)` and wait (30 s at most) for the run's end.
+async fn submit_and_wait<R: StepRunner, H: TerminalHook>(
+    runtime: &WorkflowRuntime<R, H>,
+    id: &str,
+    input: &str,
+) -> RunEnd {
+    runtime.submit(spec(id, input)).await.unwrap();
+    within(30, runtime.wait(&rid(id))).await.unwrap()
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_permanent_step_error_dead_letters_at_once_and_fails_the_run() {
     let (queue, store, _clock) = memory_queue().await;
     let calls = Arc::new(AtomicU32::new(0));
-    let runtime = WorkflowRuntime::builder(
-        queue.clone(),
-        store,
-        verdicts(calls.clone()),
-        NoopTerminalHook,
-    )
-    .build();
+    let runtime = verdicts_runtime(queue.clone(), store, calls.clone(), NoopTerminalHook);
     let worker = runtime.spawn(std::future::pending::<()>());
-    runtime.submit(spec("perm", "permanent")).await.unwrap();
-    let end = within(30, runtime.wait(&rid("perm"))).await.unwrap();
+    let end = submit_and_wait(&runtime, "perm", "permanent").await;
     assert_eq!(end.termination.status, TerminalStatus::Failed);
     assert_eq!(end.termination.error.as_deref(), Some("boom"));
     assert_eq!(end.termination.error_kind, Some(StepErrorKind::Permanent));
@@ -101,16 +115,9 @@ async fn a_permanent_step_error_dead_letters_at_once_and_fails_the_run() {
 async fn a_fail_verdict_acknowledges_the_step_and_fails_the_run() {
     let (queue, store, _clock) = memory_queue().await;
     let calls = Arc::new(AtomicU32::new(0));
-    let runtime = WorkflowRuntime::builder(
-        queue.clone(),
-        store,
-        verdicts(calls.clone()),
-        NoopTerminalHook,
-    )
-    .build();
+    let runtime = verdicts_runtime(queue.clone(), store, calls.clone(), NoopTerminalHook);
     let worker = runtime.spawn(std::future::pending::<()>());
-    runtime.submit(spec("f", "fail")).await.unwrap();
-    let end = within(30, runtime.wait(&rid("f"))).await.unwrap();
+    let end = submit_and_wait(&runtime, "f", "fail").await;
     assert_eq!(end.termination.status, TerminalStatus::Failed);
     assert_eq!(end.termination.error.as_deref(), Some("nope"));
     assert_eq!(end.termination.error_kind, Some(StepErrorKind::Permanent));
@@ -127,12 +134,9 @@ async fn a_fail_verdict_acknowledges_the_step_and_fails_the_run() {
 async fn a_cancel_verdict_ends_cancelled_with_its_reason() {
     let (queue, store, _clock) = memory_queue().await;
     let hook = Recorder::default();
-    let runtime =
-        WorkflowRuntime::builder(queue.clone(), store, verdicts(Arc::default()), hook.clone())
-            .build();
+    let runtime = verdicts_runtime(queue.clone(), store, Arc::default(), hook.clone());
     let worker = runtime.spawn(std::future::pending::<()>());
-    runtime.submit(spec("c", "cancel")).await.unwrap();
-    let end = within(30, runtime.wait(&rid("c"))).await.unwrap();
+    let end = submit_and_wait(&runtime, "c", "cancel").await;
     assert_eq!(end.termination.status, TerminalStatus::Cancelled);
     assert_eq!(end.termination.error.as_deref(), Some("stop"));
     assert_eq!(end.termination.error_kind, None);
@@ -150,9 +154,7 @@ async fn cancelling_a_pending_step_terminates_the_run_before_cancel_returns() {
     let (queue, store, _clock) = memory_queue().await;
     let calls = Arc::new(AtomicU32::new(0));
     let hook = Recorder::default();
-    let runtime =
-        WorkflowRuntime::builder(queue.clone(), store, verdicts(calls.clone()), hook.clone())
-            .build();
+    let runtime = verdicts_runtime(queue.clone(), store, calls.clone(), hook.clone());
     runtime.submit(spec("p", "x")).await.unwrap();
     assert_eq!(
         runtime.status(&rid("p")).await.unwrap().unwrap().state,
@@ -347,13 +349,7 @@ async fn a_running_step_that_ignores_its_token_is_settled_cancelled_when_it_retu
 async fn a_step_claimed_after_the_request_is_settled_without_running() {
     let (queue, store, _clock) = memory_queue().await;
     let calls = Arc::new(AtomicU32::new(0));
-    let runtime = WorkflowRuntime::builder(
-        queue.clone(),
-        store,
-        verdicts(calls.clone()),
-        NoopTerminalHook,
-    )
-    .build();
+    let runtime = verdicts_runtime(queue.clone(), store, calls.clone(), NoopTerminalHook);
     runtime.submit(spec("late", "x")).await.unwrap();
     // Another holder has the step claimed when the request arrives.
     let claim = claim_step(&queue).await.expect("the step job");
@@ -399,19 +395,16 @@ async fn a_step_claimed_after_the_request_is_settled_without_running() {
 #[tokio::test(start_paused = true)]
 async fn cancelling_an_unknown_or_terminated_run_is_false() {
     let (queue, store, _clock) = memory_queue().await;
-    let runtime =
-        WorkflowRuntime::builder(queue, store, verdicts(Arc::default()), NoopTerminalHook).build();
+    let runtime = verdicts_runtime(queue, store, Arc::default(), NoopTerminalHook);
     assert!(!runtime.cancel(&rid("nobody")).await.unwrap());
     let worker = runtime.spawn(std::future::pending::<()>());
-    runtime.submit(spec("done", "ok")).await.unwrap();
-    let end = within(30, runtime.wait(&rid("done"))).await.unwrap();
+    let end = submit_and_wait(&runtime, "done", "ok").await;
     assert_eq!(end.termination.status, TerminalStatus::Succeeded);
     assert!(!runtime.cancel(&rid("done")).await.unwrap());
     let status = runtime.status(&rid("done")).await.unwrap().unwrap();
     assert_eq!(terminated(&status.state).status, TerminalStatus::Succeeded);
     // A cancelled run cannot be cancelled again either.
-    runtime.submit(spec("twice", "cancel")).await.unwrap();
-    within(30, runtime.wait(&rid("twice"))).await.unwrap();
+    submit_and_wait(&runtime, "twice", "cancel").await;
     assert!(!runtime.cancel(&rid("twice")).await.unwrap());
     worker.shutdown().await.unwrap();
 }
@@ -529,7 +522,7 @@ fn hooked(
     store: Arc<dyn taquba::object_store::ObjectStore>,
     hook: ScriptedHook,
 ) -> WorkflowRuntime<impl StepRunner + use<>, ScriptedHook> {
-    WorkflowRuntime::builder(queue, store, verdicts(Arc::default()), hook).build()
+    verdicts_runtime(queue, store, Arc::default(), hook)
 }
 
 #[tokio::test(start_paused = true)]
@@ -539,8 +532,7 @@ async fn the_hook_sees_each_termination_once_with_its_headers_result_and_error()
     let runtime = hooked(queue, store, hook.clone());
     let worker = runtime.spawn(std::future::pending::<()>());
     for (id, input) in [("ok", "result"), ("failed", "fail"), ("perm", "permanent")] {
-        runtime.submit(spec(id, input)).await.unwrap();
-        within(30, runtime.wait(&rid(id))).await.unwrap();
+        submit_and_wait(&runtime, id, input).await;
     }
     eventually("three notifications", || async { hook.calls().len() >= 3 }).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
@@ -654,8 +646,7 @@ async fn a_permanent_hook_error_dead_letters_the_notification() {
     let hook = ScriptedHook::new(|_, _, _| Err(StepError::permanent("bad callback url")));
     let runtime = hooked(queue.clone(), store, hook.clone());
     let worker = runtime.spawn(std::future::pending::<()>());
-    runtime.submit(spec("r", "x")).await.unwrap();
-    let end = within(30, runtime.wait(&rid("r"))).await.unwrap();
+    let end = submit_and_wait(&runtime, "r", "x").await;
     assert_eq!(end.termination.status, TerminalStatus::Succeeded);
     eventually("the notification to dead-letter", || async {
         !dead_jobs(&queue).await.is_empty()
@@ -747,8 +738,7 @@ async fn a_panicking_hook_is_retried() {
     assert_eq!(hook.calls().len(), 2);
     assert!(dead_jobs(&queue).await.is_empty());
     // The worker still serves runs.
-    runtime.submit(spec("after", "x")).await.unwrap();
-    within(30, runtime.wait(&rid("after"))).await.unwrap();
+    submit_and_wait(&runtime, "after", "x").await;
     worker.shutdown().await.unwrap();
 }
 
@@ -910,8 +900,7 @@ async fn a_cancel_from_another_runtime_reports_how_the_run_ended() {
         WorkflowRuntime::builder(queue.clone(), store.clone(), runner, NoopTerminalHook).build();
     // A second runtime over the same queue: it submits and cancels, and
     // runs no worker.
-    let front =
-        WorkflowRuntime::builder(queue, store, verdicts(Arc::default()), NoopTerminalHook).build();
+    let front = verdicts_runtime(queue, store, Arc::default(), NoopTerminalHook);
     let worker = worker_runtime.spawn(std::future::pending::<()>());
     let mut endings = HashMap::new();
     for n in 0..40u32 {

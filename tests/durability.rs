@@ -330,8 +330,10 @@ async fn a_durable_timer_survives_a_clean_restart() {
     let store = dir_store(dir.path());
     let clock = taquba::MockClock::new(T0);
     let counts = Counts::default();
-    let runner = |counts: Counts| {
-        FnRunner(move |step: Step| {
+    // A runtime over `queue` and its worker; step 0 sleeps 600 s.
+    let start = |queue: &Arc<Queue>| {
+        let counts = counts.clone();
+        let runner = FnRunner(move |step: Step| {
             let counts = counts.clone();
             async move {
                 counts.bump(step.step_number);
@@ -340,18 +342,16 @@ async fn a_durable_timer_survives_a_clean_restart() {
                     _ => StepOutcome::Succeed { result: vec![] },
                 })
             }
-        })
+        });
+        let runtime =
+            WorkflowRuntime::builder(queue.clone(), store.clone(), runner, NoopTerminalHook)
+                .build();
+        let worker = runtime.spawn(std::future::pending::<()>());
+        (runtime, worker)
     };
 
     let queue = open(&store, &clock).await;
-    let runtime = WorkflowRuntime::builder(
-        queue.clone(),
-        store.clone(),
-        runner(counts.clone()),
-        NoopTerminalHook,
-    )
-    .build();
-    let worker = runtime.spawn(std::future::pending::<()>());
+    let (runtime, worker) = start(&queue);
     submit_run(&runtime, "sleepy").await;
     until_step("step 0 to commit", &runtime, "sleepy", 1).await;
     worker.shutdown().await.unwrap();
@@ -360,14 +360,7 @@ async fn a_durable_timer_survives_a_clean_restart() {
 
     clock.advance(Duration::from_secs(600));
     let queue = open(&store, &clock).await;
-    let runtime = WorkflowRuntime::builder(
-        queue.clone(),
-        store.clone(),
-        runner(counts.clone()),
-        NoopTerminalHook,
-    )
-    .build();
-    let worker = runtime.spawn(std::future::pending::<()>());
+    let (runtime, worker) = start(&queue);
     queue.promote_scheduled_now().await.unwrap();
     let end = within(60, runtime.wait(&rid("sleepy"))).await.unwrap();
     assert_eq!(end.termination.status, TerminalStatus::Succeeded);

@@ -17,7 +17,7 @@ use taquba::object_store::ObjectStore;
 use taquba::object_store::path::Path;
 use taquba_workflow::{
     Error, GroupMember, MemberResult, NoopTerminalHook, RunGroup, RunId, RunOptions, Step,
-    StepError, StepOutcome, StepRunner, TerminalStatus, WorkflowRuntime,
+    StepError, StepOutcome, StepRunner, TerminalStatus, WorkflowRuntime, WorkflowRuntimeBuilder,
 };
 
 /// Every member runs two steps. Step 0 records the call and a run memo
@@ -73,7 +73,12 @@ impl StepRunner for Members {
 
 type Runtime = WorkflowRuntime<Members, NoopTerminalHook>;
 
-fn runtime(queue: &Arc<Queue>, store: &Arc<dyn ObjectStore>, runner: &Members) -> Runtime {
+/// The builder of [`runtime`], for tests that set more options.
+fn builder(
+    queue: &Arc<Queue>,
+    store: &Arc<dyn ObjectStore>,
+    runner: &Members,
+) -> WorkflowRuntimeBuilder<Members, NoopTerminalHook> {
     WorkflowRuntime::builder(
         queue.clone(),
         store.clone(),
@@ -81,7 +86,10 @@ fn runtime(queue: &Arc<Queue>, store: &Arc<dyn ObjectStore>, runner: &Members) -
         NoopTerminalHook,
     )
     .poll_interval(Duration::from_millis(50))
-    .build()
+}
+
+fn runtime(queue: &Arc<Queue>, store: &Arc<dyn ObjectStore>, runner: &Members) -> Runtime {
+    builder(queue, store, runner).build()
 }
 
 fn member(key: &str, input: &str) -> GroupMember {
@@ -477,15 +485,9 @@ async fn forget_removes_everything_and_a_later_submission_starts_afresh() {
 async fn group_retention_removes_a_group_a_window_after_its_results_were_consumed() {
     let (queue, store, clock) = memory_queue().await;
     let runner = Members::default();
-    let runtime = WorkflowRuntime::builder(
-        queue.clone(),
-        store.clone(),
-        runner.clone(),
-        NoopTerminalHook,
-    )
-    .poll_interval(Duration::from_millis(50))
-    .group_retention(Duration::from_secs(1))
-    .build();
+    let runtime = builder(&queue, &store, &runner)
+        .group_retention(Duration::from_secs(1))
+        .build();
     let worker = runtime.spawn(std::future::pending::<()>());
     let group = runtime.group(rid("kept"));
     group
@@ -602,15 +604,9 @@ async fn a_group_survives_a_restart_and_cancel_removes_its_members_signal_waits(
 async fn a_slow_first_member_does_not_hold_back_a_group_larger_than_the_window() {
     let (queue, store, _clock) = memory_queue().await;
     let runner = Members::default();
-    let runtime = WorkflowRuntime::builder(
-        queue.clone(),
-        store.clone(),
-        runner.clone(),
-        NoopTerminalHook,
-    )
-    .poll_interval(Duration::from_millis(50))
-    .max_concurrent_steps(64)
-    .build();
+    let runtime = builder(&queue, &store, &runner)
+        .max_concurrent_steps(64)
+        .build();
     let worker = runtime.spawn(std::future::pending::<()>());
     let group = runtime.group(rid("wide"));
     let mut members = vec![member("slow", "wait:wide-gate")];

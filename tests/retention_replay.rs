@@ -88,21 +88,34 @@ fn blocks_once(
     })
 }
 
-/// Run `runtime`'s first delivery of run `id` until its runner blocks, let
-/// its lease expire and the reaper re-queue the step, then stop the worker
-/// and release the runner, whose outcome is recorded but whose settlement
-/// finds the claim lost. Returns when that worker has drained.
-async fn outlive_the_lease<R: StepRunner + 'static>(
-    runtime: &WorkflowRuntime<R, NoopTerminalHook>,
-    queue: &Queue,
-    clock: &MockClock,
-    gate: &Gate,
-    started: &mut tokio::sync::mpsc::UnboundedReceiver<()>,
+/// A runtime with step-output replay over a [`short_lease_queue`], whose
+/// runner is [`blocks_once`] returning `first`. Runs the first delivery of
+/// run `id` until its runner blocks, lets its lease expire and the reaper
+/// re-queue the step, then stops the worker and releases the runner, whose
+/// outcome is recorded but whose settlement finds the claim lost. Returns
+/// when that worker has drained, with the queue, the store, the clock, the
+/// runner's call count and the runtime.
+async fn outlive_the_lease(
     id: &str,
+    first: StepOutcome,
+) -> (
+    Arc<Queue>,
+    Arc<dyn ObjectStore>,
+    MockClock,
+    Arc<AtomicU32>,
+    WorkflowRuntime<impl StepRunner + use<>, NoopTerminalHook>,
 ) {
+    let (queue, store, clock) = short_lease_queue().await;
+    let (calls, gate) = (Arc::new(AtomicU32::new(0)), Gate::default());
+    let (started, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let runner = blocks_once(calls.clone(), gate.clone(), started, first);
+    let runtime = WorkflowRuntime::builder(queue.clone(), store.clone(), runner, NoopTerminalHook)
+        .step_output_replay()
+        .max_concurrent_steps(1)
+        .build();
     let worker = runtime.spawn(std::future::pending::<()>());
     runtime.submit(spec(id)).await.unwrap();
-    within(10, started.recv()).await.expect("the first call");
+    within(10, seen.recv()).await.expect("the first call");
     clock.advance(LEASE + Duration::from_secs(1));
     queue.reap_now().await.unwrap();
     assert_eq!(
@@ -121,26 +134,18 @@ async fn outlive_the_lease<R: StepRunner + 'static>(
         "the lost settlement did not commit"
     );
     assert!(queue.view().kv_get(b"app/effect").await.unwrap().is_none());
+    (queue, store, clock, calls, runtime)
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_step_redelivered_after_its_lease_expired_replays_its_outcome() {
-    let (queue, store, clock) = short_lease_queue().await;
-    let (calls, gate) = (Arc::new(AtomicU32::new(0)), Gate::default());
-    let (started, mut seen) = tokio::sync::mpsc::unbounded_channel();
-    let runner = blocks_once(
-        calls.clone(),
-        gate.clone(),
-        started,
+    let (queue, _store, _clock, calls, runtime) = outlive_the_lease(
+        "replayed",
         StepOutcome::Succeed {
             result: b"once".to_vec(),
         },
-    );
-    let runtime = WorkflowRuntime::builder(queue.clone(), store, runner, NoopTerminalHook)
-        .step_output_replay()
-        .max_concurrent_steps(1)
-        .build();
-    outlive_the_lease(&runtime, &queue, &clock, &gate, &mut seen, "replayed").await;
+    )
+    .await;
 
     let worker = runtime.spawn(std::future::pending::<()>());
     let end = within(30, runtime.wait(&rid("replayed"))).await.unwrap();
@@ -161,20 +166,11 @@ async fn a_step_redelivered_after_its_lease_expired_replays_its_outcome() {
 
 #[tokio::test(start_paused = true)]
 async fn a_replayed_delay_keeps_its_original_schedule() {
-    let (queue, store, clock) = short_lease_queue().await;
-    let (calls, gate) = (Arc::new(AtomicU32::new(0)), Gate::default());
-    let (started, mut seen) = tokio::sync::mpsc::unbounded_channel();
-    let runner = blocks_once(
-        calls.clone(),
-        gate.clone(),
-        started,
+    let (queue, _store, clock, calls, runtime) = outlive_the_lease(
+        "delayed",
         StepOutcome::continue_after(b"next".to_vec(), Duration::from_secs(100)),
-    );
-    let runtime = WorkflowRuntime::builder(queue.clone(), store, runner, NoopTerminalHook)
-        .step_output_replay()
-        .max_concurrent_steps(1)
-        .build();
-    outlive_the_lease(&runtime, &queue, &clock, &gate, &mut seen, "delayed").await;
+    )
+    .await;
     // The outcome was recorded at T0 + 11 s; the redelivery runs 30 s later.
     let recorded_at = T0 + 11_000;
     clock.advance(Duration::from_secs(30));
@@ -204,22 +200,13 @@ async fn a_replayed_delay_keeps_its_original_schedule() {
 
 #[tokio::test(start_paused = true)]
 async fn a_corrupt_replay_record_is_ignored_and_the_step_runs_again() {
-    let (queue, store, clock) = short_lease_queue().await;
-    let (calls, gate) = (Arc::new(AtomicU32::new(0)), Gate::default());
-    let (started, mut seen) = tokio::sync::mpsc::unbounded_channel();
-    let runner = blocks_once(
-        calls.clone(),
-        gate.clone(),
-        started,
+    let (queue, store, _clock, calls, runtime) = outlive_the_lease(
+        "corrupt",
         StepOutcome::Succeed {
             result: b"once".to_vec(),
         },
-    );
-    let runtime = WorkflowRuntime::builder(queue.clone(), store.clone(), runner, NoopTerminalHook)
-        .step_output_replay()
-        .max_concurrent_steps(1)
-        .build();
-    outlive_the_lease(&runtime, &queue, &clock, &gate, &mut seen, "corrupt").await;
+    )
+    .await;
     let records = objects_under(&store, &format!("{MEMO_PREFIX}/runs/corrupt/replay")).await;
     assert_eq!(records.len(), 1, "{records:?}");
     store
