@@ -112,12 +112,7 @@ async fn run_options_apply_to_every_step_job() {
         assert_eq!(header(job, HEADER_STEP), Some(step));
         assert_eq!(header(job, "tenant"), Some("acme"));
     };
-    let job = queue
-        .view()
-        .job_record(&submitted.job_id)
-        .await
-        .unwrap()
-        .expect("step 0");
+    let job = job_record(&queue, &submitted.job_id, "step 0").await;
     check(&job, "0");
     assert_eq!(job.status, JobStatus::Scheduled);
     assert_eq!(job.run_at, Some(T0 + 30_000));
@@ -143,12 +138,7 @@ async fn run_options_apply_to_every_step_job() {
         current.job_id, submitted.job_id,
         "the pointer moved to step 1"
     );
-    let job = queue
-        .view()
-        .job_record(&current.job_id)
-        .await
-        .unwrap()
-        .expect("step 1");
+    let job = job_record(&queue, &current.job_id, "step 1").await;
     check(&job, "1");
     assert_eq!(job.dedup_key.as_deref(), Some("run:opts:1"));
     assert_eq!(job.run_at, Some(T0 + 30_000 + 3_600_000));

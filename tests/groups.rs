@@ -17,7 +17,7 @@ use taquba::object_store::ObjectStore;
 use taquba::object_store::path::Path;
 use taquba_workflow::{
     Error, GroupMember, MemberResult, NoopTerminalHook, RunGroup, RunId, RunOptions, Step,
-    StepError, StepOutcome, StepRunner, TerminalStatus, WorkflowRuntime, WorkflowRuntimeBuilder,
+    StepError, StepOutcome, StepRunner, TerminalStatus, WorkflowRuntime,
 };
 
 /// Every member runs two steps. Step 0 records the call and a run memo
@@ -73,23 +73,8 @@ impl StepRunner for Members {
 
 type Runtime = WorkflowRuntime<Members, NoopTerminalHook>;
 
-/// The builder of [`runtime`], for tests that set more options.
-fn builder(
-    queue: &Arc<Queue>,
-    store: &Arc<dyn ObjectStore>,
-    runner: &Members,
-) -> WorkflowRuntimeBuilder<Members, NoopTerminalHook> {
-    WorkflowRuntime::builder(
-        queue.clone(),
-        store.clone(),
-        runner.clone(),
-        NoopTerminalHook,
-    )
-    .poll_interval(Duration::from_millis(50))
-}
-
 fn runtime(queue: &Arc<Queue>, store: &Arc<dyn ObjectStore>, runner: &Members) -> Runtime {
-    builder(queue, store, runner).build()
+    workflow_builder(queue, store, runner).build()
 }
 
 fn member(key: &str, input: &str) -> GroupMember {
@@ -485,7 +470,7 @@ async fn forget_removes_everything_and_a_later_submission_starts_afresh() {
 async fn group_retention_removes_a_group_a_window_after_its_results_were_consumed() {
     let (queue, store, clock) = memory_queue().await;
     let runner = Members::default();
-    let runtime = builder(&queue, &store, &runner)
+    let runtime = workflow_builder(&queue, &store, &runner)
         .group_retention(Duration::from_secs(1))
         .build();
     let worker = runtime.spawn(std::future::pending::<()>());
@@ -604,7 +589,7 @@ async fn a_group_survives_a_restart_and_cancel_removes_its_members_signal_waits(
 async fn a_slow_first_member_does_not_hold_back_a_group_larger_than_the_window() {
     let (queue, store, _clock) = memory_queue().await;
     let runner = Members::default();
-    let runtime = builder(&queue, &store, &runner)
+    let runtime = workflow_builder(&queue, &store, &runner)
         .max_concurrent_steps(64)
         .build();
     let worker = runtime.spawn(std::future::pending::<()>());

@@ -13,7 +13,7 @@ use taquba::object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use taquba::{MockClock, Queue, QueueConfig};
 use taquba_workflow::{
     Error, MemoStore, NoopTerminalHook, RunSpec, RunState, Step, StepError, StepOutcome,
-    StepRunner, TerminalStatus, WorkflowRuntime,
+    StepRunner, TerminalStatus, WorkflowRuntime, WorkflowRuntimeBuilder,
 };
 
 const LEASE: Duration = Duration::from_secs(10);
@@ -179,12 +179,7 @@ async fn a_replayed_delay_keeps_its_original_schedule() {
     until_step("the replayed step 0 to commit", &runtime, "delayed", 1).await;
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     let current = runtime.submit(spec("delayed")).await.unwrap();
-    let job = queue
-        .view()
-        .job_record(&current.job_id)
-        .await
-        .unwrap()
-        .expect("step 1");
+    let job = job_record(&queue, &current.job_id, "step 1").await;
     assert_eq!(
         job.run_at,
         Some(recorded_at + 100_000),
@@ -290,19 +285,29 @@ fn memo_writer() -> impl StepRunner {
     })
 }
 
-#[tokio::test(start_paused = true)]
-async fn memo_retention_removes_an_expired_runs_state_and_keeps_active_runs() {
-    let (queue, store, clock) = memory_queue().await;
-    let runtime = WorkflowRuntime::builder(
+/// A [`memo_writer`] runtime keeping memos for `retention`, polling every
+/// 100 ms.
+fn memo_runtime(
+    queue: &Arc<Queue>,
+    store: &Arc<dyn ObjectStore>,
+    retention: Duration,
+) -> WorkflowRuntimeBuilder<impl StepRunner + use<>, NoopTerminalHook> {
+    WorkflowRuntime::builder(
         queue.clone(),
         store.clone(),
         memo_writer(),
         NoopTerminalHook,
     )
-    .memo_retention(Duration::from_secs(3600))
+    .memo_retention(retention)
     .poll_interval(Duration::from_millis(100))
-    .step_output_replay()
-    .build();
+}
+
+#[tokio::test(start_paused = true)]
+async fn memo_retention_removes_an_expired_runs_state_and_keeps_active_runs() {
+    let (queue, store, clock) = memory_queue().await;
+    let runtime = memo_runtime(&queue, &store, Duration::from_secs(3600))
+        .step_output_replay()
+        .build();
     let worker = runtime.spawn(std::future::pending::<()>());
     runtime.submit(spec("done")).await.unwrap();
     runtime.submit(spec("active")).await.unwrap();
@@ -404,15 +409,7 @@ async fn a_zero_retention_window_removes_the_state_at_the_next_pass() {
 #[tokio::test(start_paused = true)]
 async fn runs_terminated_without_a_worker_settlement_are_swept_too() {
     let (queue, store, clock) = memory_queue().await;
-    let runtime = WorkflowRuntime::builder(
-        queue.clone(),
-        store.clone(),
-        memo_writer(),
-        NoopTerminalHook,
-    )
-    .memo_retention(Duration::from_secs(60))
-    .poll_interval(Duration::from_millis(100))
-    .build();
+    let runtime = memo_runtime(&queue, &store, Duration::from_secs(60)).build();
     let worker = runtime.spawn(std::future::pending::<()>());
     // Let the sweeps find nothing to expire first.
     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -94,14 +94,7 @@ fn runtime(
     store: &Arc<dyn ObjectStore>,
     runner: &Waiter,
 ) -> WorkflowRuntime<Waiter, NoopTerminalHook> {
-    WorkflowRuntime::builder(
-        queue.clone(),
-        store.clone(),
-        runner.clone(),
-        NoopTerminalHook,
-    )
-    .poll_interval(Duration::from_millis(50))
-    .build()
+    workflow_builder(queue, store, runner).build()
 }
 
 async fn submit(

@@ -66,8 +66,8 @@ use std::sync::Mutex;
 
 use taquba::Claim;
 use taquba_workflow::{
-    RunOutcome, RunSpec, RunState, Step, StepError, StepOutcome, StepRunner, SubmitOutcome,
-    TerminalEffects, TerminalHook, WorkflowRuntime,
+    NoopTerminalHook, RunOutcome, RunSpec, RunState, Step, StepError, StepOutcome, StepRunner,
+    SubmitOutcome, TerminalEffects, TerminalHook, WorkflowRuntime, WorkflowRuntimeBuilder,
 };
 
 /// The runtime's default queue name.
@@ -191,6 +191,27 @@ pub async fn close(mut queue: Arc<Queue>) {
         }
     }
     panic!("the queue is still shared");
+}
+
+/// A runtime builder over clones of `queue`, `store` and `runner`, with no
+/// terminal hook and a 50 ms poll interval.
+pub fn workflow_builder<R: StepRunner + Clone>(
+    queue: &Arc<Queue>,
+    store: &Arc<dyn ObjectStore>,
+    runner: &R,
+) -> WorkflowRuntimeBuilder<R, NoopTerminalHook> {
+    WorkflowRuntime::builder(
+        queue.clone(),
+        store.clone(),
+        runner.clone(),
+        NoopTerminalHook,
+    )
+    .poll_interval(Duration::from_millis(50))
+}
+
+/// The record of job `job_id`, which must exist (`what` names it).
+pub async fn job_record(queue: &Queue, job_id: &str, what: &str) -> taquba::JobRecord {
+    queue.view().job_record(job_id).await.unwrap().expect(what)
 }
 
 /// Submit run `id` with an otherwise default spec.
