@@ -46,7 +46,7 @@ struct Args {
     #[arg(long)]
     steps_only: bool,
     /// Run one case alone (for instruction counts under valgrind):
-    /// `raw16`, `raw100`, `rt16`, `rt100`, `defaults`, `replay` or `memo`,
+    /// `raw16`, `raw100`, `shaped100`, `rt16`, `rt100`, `defaults`, `replay` or `memo`,
     /// on InMemory.
     #[arg(long)]
     only: Option<String>,
@@ -213,13 +213,26 @@ async fn runtime_steps(kind: StoreKind, args: &Args, case: RuntimeCase) -> Figur
 /// The raw loop: `in_flight` transitions at a time, each a claim and an
 /// acknowledgement carrying the next step's enqueue.
 async fn raw_steps(kind: StoreKind, args: &Args, in_flight: usize) -> Figure {
+    raw_loop(kind, args, in_flight, false).await
+}
+
+/// The raw loop with the runtime's transition shape: each next step carries
+/// a dedup key and a caller-chosen job id, and each acknowledgement also
+/// writes a small KV record (the runtime's current-step pointer). The gap
+/// between this and [`raw_steps`] is what the runtime's durable layout
+/// costs inside the queue; the gap between this and the runtime is the
+/// runtime's own.
+async fn raw_shaped_steps(kind: StoreKind, args: &Args, in_flight: usize) -> Figure {
+    raw_loop(kind, args, in_flight, true).await
+}
+
+async fn raw_loop(kind: StoreKind, args: &Args, in_flight: usize, shaped: bool) -> Figure {
     let opened = open(kind).await;
     let queue = opened.queue.clone();
-    for _ in 0..args.runs {
-        queue
-            .enqueue("raw", 0u32.to_le_bytes().to_vec())
-            .await
-            .expect("enqueue");
+    for run in 0..args.runs as u32 {
+        let mut payload = 0u32.to_le_bytes().to_vec();
+        payload.extend_from_slice(&run.to_le_bytes());
+        queue.enqueue("raw", payload).await.expect("enqueue");
     }
     let total = args.runs as u64 * u64::from(args.steps);
     let steps = args.steps;
@@ -251,12 +264,24 @@ async fn raw_steps(kind: StoreKind, args: &Args, in_flight: usize) -> Figure {
                 let finished = finished.clone();
                 tasks.spawn(async move {
                     let step = u32::from_le_bytes(claim.payload[..4].try_into().expect("4 bytes"));
+                    let run = u32::from_le_bytes(claim.payload[4..8].try_into().expect("4 bytes"));
                     let mut effects = SettlementEffects::default();
                     if step + 1 < steps {
+                        let mut payload = (step + 1).to_le_bytes().to_vec();
+                        payload.extend_from_slice(&run.to_le_bytes());
+                        let mut options = EnqueueOptions::default();
+                        if shaped {
+                            let id = queue.next_job_id();
+                            effects = effects
+                                .kv_put(format!("bench/steps/{run}"), id.clone().into_bytes());
+                            options = options
+                                .dedup_key(format!("run:{run}:{}", step + 1))
+                                .id_override(id);
+                        }
                         effects = effects.enqueue(EnqueueRequest {
                             queue: "raw".into(),
-                            payload: (step + 1).to_le_bytes().to_vec(),
-                            options: EnqueueOptions::default(),
+                            payload,
+                            options,
                         });
                     }
                     queue.ack_with(&claim, effects).await.expect("ack");
@@ -413,6 +438,7 @@ async fn main() {
         let figure = match case.as_str() {
             "raw16" => raw_steps(kind, &args, 16).await,
             "raw100" => raw_steps(kind, &args, 100).await,
+            "shaped100" => raw_shaped_steps(kind, &args, 100).await,
             "rt16" => runtime_steps(kind, &args, plain(Some(16))).await,
             "rt100" => runtime_steps(kind, &args, plain(Some(100))).await,
             "defaults" => runtime_steps(kind, &args, plain(None)).await,
@@ -455,6 +481,12 @@ async fn main() {
         row("raw taquba loop, 16 in flight", raw16, None);
         let raw_full = raw_steps(kind, &args, 100).await;
         row("raw taquba loop, 100 in flight", raw_full, None);
+        let shaped = raw_shaped_steps(kind, &args, 100).await;
+        row(
+            "raw loop, runtime's transition shape, 100 vs raw",
+            shaped,
+            Some(raw_full),
+        );
         let at16 = runtime_steps(
             kind,
             &args,
