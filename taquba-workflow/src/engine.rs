@@ -13,6 +13,7 @@ use taquba::{
     CancelOutcome, Clock, EnqueueOptions, EnqueueRequest, EnqueueResult, ExpiryIndex, JobRecord,
     JobStatus, Queue, SettlementEffects, WaitOutcome,
 };
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::durable::{
@@ -84,6 +85,10 @@ pub(crate) struct RuntimeCore {
     pub(crate) last_dead_count: AtomicI64,
     /// Maintenance rounds done, for the periodic full reconciliation.
     pub(crate) maintenance_rounds: AtomicU64,
+    /// Fired once the queue's store is closed to this process for good
+    /// (closed, or fenced by another process that opened it): the worker
+    /// loop stops and waits fail instead of waiting forever.
+    pub(crate) store_closed: CancellationToken,
 }
 
 /// What a submission does with a run id whose run terminated.
@@ -146,7 +151,28 @@ impl RuntimeCore {
             own_dead_letters: AtomicI64::new(0),
             last_dead_count: AtomicI64::new(-1),
             maintenance_rounds: AtomicU64::new(0),
+            store_closed: CancellationToken::new(),
         }
+    }
+
+    /// Record an error of the queue: one that says the store is closed to
+    /// this process fires [`Self::store_closed`].
+    pub(crate) fn note_error(&self, err: &Error) {
+        if err.is_store_closed() && !self.store_closed.is_cancelled() {
+            tracing::error!(queue = %self.queue_name, "the queue's store is closed to this process (another process opened it, or it was closed): {err}");
+            self.store_closed.cancel();
+        }
+    }
+
+    /// The error reported once the store is closed to this process.
+    pub(crate) fn store_closed_error(&self) -> Error {
+        Error::Queue(taquba::Error::Storage(slatedb::Error::closed(
+            format!(
+                "the store of queue `{}` is closed to this process: another process opened it (a store has one writer) or it was closed",
+                self.queue_name
+            ),
+            slatedb::CloseReason::Fenced,
+        )))
     }
 
     pub(crate) fn now_ms(&self) -> u64 {
@@ -633,7 +659,11 @@ impl RuntimeCore {
                     outcome,
                 });
             };
-            match self.queue.wait_for_completion(&pointer.job_id).await? {
+            let completed = tokio::select! {
+                completed = self.queue.wait_for_completion(&pointer.job_id) => completed?,
+                () = self.store_closed.cancelled() => return Err(self.store_closed_error()),
+            };
+            match completed {
                 WaitOutcome::Dead(dead) => {
                     // A step dead-lettered outside the worker: terminate the
                     // run now rather than spin until the worker reconciles.

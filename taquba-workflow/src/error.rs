@@ -98,6 +98,18 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether the queue's store is closed to this process for good: it was
+    /// closed, or another process opened the same store and fenced this one
+    /// (a store has one writer). No retry can succeed; the worker loop stops
+    /// with this error and waits fail with it.
+    pub fn is_store_closed(&self) -> bool {
+        matches!(
+            self,
+            Error::Queue(taquba::Error::Storage(err))
+                if matches!(err.kind(), slatedb::ErrorKind::Closed(_))
+        )
+    }
+
     /// Whether retrying the operation cannot change the outcome: bad input,
     /// malformed records, conflicts with recorded state. Storage errors are
     /// transient.

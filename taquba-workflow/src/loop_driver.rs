@@ -61,6 +61,7 @@ where
     let _stop_on_drop = stop_maintenance.clone().drop_guard();
     let mut claim_backoff = Duration::ZERO;
 
+    let closed = core.store_closed.clone();
     loop {
         while let Some(done) = tasks.try_join_next() {
             note_task(done);
@@ -69,6 +70,7 @@ where
         let first = tokio::select! {
             biased;
             _ = &mut shutdown => break,
+            () = closed.cancelled() => break,
             permits = acquire_both(runner_slots.clone(), settling.clone()) => permits,
         };
         let mut permits = vec![first];
@@ -88,6 +90,11 @@ where
                 claims
             }
             Err(err) => {
+                let err = crate::error::Error::from(err);
+                core.note_error(&err);
+                if closed.is_cancelled() {
+                    break;
+                }
                 claim_backoff = (claim_backoff * 2)
                     .max(core.poll_interval / 10)
                     .max(Duration::from_millis(1))
@@ -97,6 +104,7 @@ where
                 tokio::select! {
                     biased;
                     _ = &mut shutdown => break,
+                    () = closed.cancelled() => break,
                     _ = tokio::time::sleep(claim_backoff) => {}
                 }
                 continue;
@@ -107,6 +115,7 @@ where
             tokio::select! {
                 biased;
                 _ = &mut shutdown => break,
+                () = closed.cancelled() => break,
                 _ = queue.wait_for_jobs_on(&queue_name, core.poll_interval).boxed() => {}
             }
             continue;
@@ -133,6 +142,11 @@ where
     stop_maintenance.cancel();
     if let Err(err) = maintenance.await {
         warn!("maintenance task ended abnormally: {err}");
+    }
+    if closed.is_cancelled() {
+        // The store is closed to this process (another process opened it):
+        // nothing more can be committed here.
+        return Err(core.store_closed_error());
     }
     Ok(())
 }
@@ -257,7 +271,9 @@ async fn settle<R, H>(
             "step outlived its lease; the redelivered attempt settles it"
         ),
         Err(err) => {
-            warn!(job_id = %claim.id, "settlement failed; the lease expiry redelivers the step: {err}")
+            let err = crate::error::Error::from(err);
+            inner.core.note_error(&err);
+            warn!(job_id = %claim.id, "settlement failed; the lease expiry redelivers the step: {err}");
         }
     }
     drop(inflight);

@@ -31,9 +31,11 @@ impl RuntimeCore {
     /// One round of maintenance; failures are logged and retried next round.
     pub(crate) async fn maintain(&self) {
         if let Err(err) = self.reconcile_if_dead_count_changed().await {
+            self.note_error(&err);
             warn!(queue = %self.queue_name, "dead-letter reconciliation failed: {err}");
         }
         if let Err(err) = self.sweep_once().await {
+            self.note_error(&err);
             warn!(queue = %self.queue_name, "retention sweep failed: {err}");
         }
     }
