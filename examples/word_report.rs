@@ -41,6 +41,16 @@ use taquba_workflow::{
 };
 use taquba_workflow_suite::{open_queue, store_from_env_or_url};
 
+/// Prints a progress line. Output goes to a terminal or a pipe that may
+/// close (`| head`): a failed write is ignored, so it can never fail a step
+/// of a durable run.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 #[derive(Parser, Debug)]
 #[command(
     about = "Count lines, words and bytes of a directory's *.rs and *.md files as a durable run"
@@ -127,7 +137,7 @@ impl WordReport {
                 )));
             }
         };
-        println!(
+        say!(
             "  step {}: found {} files under {dir}",
             ctx.step_number,
             files.len()
@@ -183,9 +193,12 @@ impl WordReport {
             Err(e) => return Err(e),
         };
         totals.add(counts);
-        println!(
+        say!(
             "  step {}: {path}: {} lines, {} words, {} bytes",
-            ctx.step_number, counts.lines, counts.words, counts.bytes
+            ctx.step_number,
+            counts.lines,
+            counts.words,
+            counts.bytes
         );
         done.push(FileCounts { path, counts });
         if next + 1 < files.len() {
@@ -233,7 +246,7 @@ impl WordReport {
                 "cannot write the report {out}: {e}"
             )));
         }
-        println!("  step {}: wrote {out}", ctx.step_number);
+        say!("  step {}: wrote {out}", ctx.step_number);
         Ok(Transition::done(Report {
             path: out.to_string(),
             files: done.len(),
@@ -329,9 +342,9 @@ async fn run_cli(args: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let store = store_from_env_or_url(location, &default_dir)?;
     let local = local_dir(location, &default_dir);
     match (&local, location) {
-        (Some(path), _) => println!("state store: {}", path.display()),
-        (None, Some(url)) => println!("state store: {url}"),
-        (None, None) => println!("state store: {store}"),
+        (Some(path), _) => say!("state store: {}", path.display()),
+        (None, Some(url)) => say!("state store: {url}"),
+        (None, None) => say!("state store: {store}"),
     }
     // A 5 ms WAL flush interval: each step's commit waits for one flush.
     let options = OpenOptions::default().flush_interval(Duration::from_millis(5));
@@ -355,9 +368,10 @@ async fn run_cli(args: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     match runtime.status(&run_id).await? {
         Some(status) => match status.state {
             RunState::Terminated(termination) if !args.again => {
-                println!(
+                say!(
                     "run {run_id} already {} at step {}",
-                    termination.status, termination.final_step
+                    termination.status,
+                    termination.final_step
                 );
                 let failed = match run.outcome().await? {
                     Some(Ok(report)) => {
@@ -365,12 +379,12 @@ async fn run_cli(args: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
                         false
                     }
                     Some(Err(error)) => {
-                        println!("{error}");
+                        say!("{error}");
                         true
                     }
                     None => false,
                 };
-                println!("(pass --again to run it anew)");
+                say!("(pass --again to run it anew)");
                 drop((run, runtime));
                 close(queue).await;
                 return Ok(if failed {
@@ -387,7 +401,7 @@ async fn run_cli(args: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
                     .await?;
                 start(&runtime, &run_id, &dir).await?;
             }
-            _ => println!("resuming run {run_id} at step {}", status.current_step),
+            _ => say!("resuming run {run_id} at step {}", status.current_step),
         },
         None => start(&runtime, &run_id, &dir).await?,
     }
@@ -398,6 +412,17 @@ async fn run_cli(args: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         () = follow(&runtime, &run_id) => unreachable!("the follower runs until the process ends"),
         _ = tokio::signal::ctrl_c() => None,
     };
+    let interrupted = result.is_none();
+    if interrupted {
+        // The steps in flight finish and commit first; a second Ctrl-C quits
+        // at once (those steps then run again on resume).
+        eprintln!("stopping after the steps in flight commit (Ctrl-C again to quit now)");
+        tokio::spawn(async {
+            let _ = tokio::signal::ctrl_c().await;
+            eprintln!("quitting now: the interrupted step runs again on resume");
+            std::process::exit(130);
+        });
+    }
     // Stop claiming steps and let the steps in flight settle.
     worker.shutdown().await?;
     drop((run, runtime));
@@ -409,7 +434,7 @@ async fn run_cli(args: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
             Ok(ExitCode::from(130))
         }
         Some(Ok(report)) => {
-            println!("run {run_id} succeeded");
+            say!("run {run_id} succeeded");
             print_report(&report);
             Ok(ExitCode::SUCCESS)
         }
@@ -427,14 +452,18 @@ async fn start(runtime: &Runtime, run_id: &RunId, dir: &str) -> taquba_workflow:
     runtime
         .start_as(run_id.clone(), input, RunOptions::default())
         .await?;
-    println!("submitted run {run_id} over {dir}");
+    say!("submitted run {run_id} over {dir}");
     Ok(())
 }
 
 fn print_report(report: &Report) {
-    println!(
+    say!(
         "{} files, {} lines, {} words, {} bytes; report: {}",
-        report.files, report.totals.lines, report.totals.words, report.totals.bytes, report.path
+        report.files,
+        report.totals.lines,
+        report.totals.words,
+        report.totals.bytes,
+        report.path
     );
 }
 
@@ -450,7 +479,7 @@ async fn follow(runtime: &Runtime, run_id: &RunId) {
                 && status.current_step > previous
             {
                 for step in previous..status.current_step {
-                    println!("✔ step {step} committed");
+                    say!("✔ step {step} committed");
                 }
             }
             last = Some(status.current_step);

@@ -36,6 +36,16 @@ use taquba_workflow::{
     StepRunner, TerminalStatus, WorkflowRuntime,
 };
 
+/// Prints a progress line. Output goes to a terminal or a pipe that may
+/// close (`| head`): a failed write is ignored, so it can never fail a step
+/// of a durable run.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 #[derive(Parser, Debug)]
 #[command(
     about = "Count lines, words and bytes of a directory's *.rs and *.md files as a durable run"
@@ -160,7 +170,7 @@ impl StepRunner for WordReport {
                         });
                     }
                 };
-                println!(
+                say!(
                     "  step {}: found {} files under {dir}",
                     step.step_number,
                     files.len()
@@ -211,9 +221,12 @@ impl StepRunner for WordReport {
                     Err(e) => return Err(e),
                 };
                 totals.add(counts);
-                println!(
+                say!(
                     "  step {}: {path}: {} lines, {} words, {} bytes",
-                    step.step_number, counts.lines, counts.words, counts.bytes
+                    step.step_number,
+                    counts.lines,
+                    counts.words,
+                    counts.bytes
                 );
                 done.push(FileCounts { path, counts });
                 let stage = if next + 1 < files.len() {
@@ -263,7 +276,7 @@ impl StepRunner for WordReport {
                         reason: format!("cannot write the report {out}: {e}"),
                     });
                 }
-                println!("  step {}: wrote {out}", step.step_number);
+                say!("  step {}: wrote {out}", step.step_number);
                 Ok(StepOutcome::Succeed {
                     result: out.into_bytes(),
                 })
@@ -299,7 +312,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .store
         .unwrap_or_else(|| std::env::temp_dir().join("taquba-word-report-manual"));
     std::fs::create_dir_all(&store_dir)?;
-    println!("state store: {}", store_dir.display());
+    say!("state store: {}", store_dir.display());
 
     let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(&store_dir)?);
     // A 5 ms WAL flush interval: each step's commit waits for one flush.
@@ -322,19 +335,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     match runtime.status(&run_id).await? {
         Some(status) => match status.state {
             RunState::Terminated(termination) if !args.again => {
-                println!(
+                say!(
                     "run {run_id} already {} at step {}",
-                    termination.status, termination.final_step
+                    termination.status,
+                    termination.final_step
                 );
                 if let Some(outcome) = runtime.outcome(&run_id).await?
                     && let Some(result) = outcome.result
                 {
-                    println!("report: {}", String::from_utf8_lossy(&result));
+                    say!("report: {}", String::from_utf8_lossy(&result));
                 }
                 if let Some(error) = &termination.error {
-                    println!("error: {error}");
+                    say!("error: {error}");
                 }
-                println!("(pass --again to run it anew)");
+                say!("(pass --again to run it anew)");
                 drop(runtime);
                 queue_close(queue).await;
                 if termination.status != TerminalStatus::Succeeded {
@@ -350,7 +364,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .await?;
                 submit(&runtime, &run_id, &dir).await?
             }
-            _ => println!("resuming run {run_id} at step {}", status.current_step),
+            _ => say!("resuming run {run_id} at step {}", status.current_step),
         },
         None => submit(&runtime, &run_id, &dir).await?,
     }
@@ -362,6 +376,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         () = follower => unreachable!("the follower runs until the run ends"),
         _ = tokio::signal::ctrl_c() => None,
     };
+    let interrupted = end.is_none();
+    if interrupted {
+        // The steps in flight finish and commit first; a second Ctrl-C quits
+        // at once (those steps then run again on resume).
+        eprintln!("stopping after the steps in flight commit (Ctrl-C again to quit now)");
+        tokio::spawn(async {
+            let _ = tokio::signal::ctrl_c().await;
+            eprintln!("quitting now: the interrupted step runs again on resume");
+            std::process::exit(130);
+        });
+    }
     // Stop claiming steps and let the steps in flight settle.
     worker.shutdown().await?;
     drop(runtime);
@@ -377,12 +402,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .outcome
                 .and_then(|o| o.result)
                 .map(|r| String::from_utf8_lossy(&r).into_owned());
-            println!(
+            say!(
                 "run {run_id} succeeded at step {}",
                 end.termination.final_step
             );
             if let Some(report) = report {
-                println!("report: {report}");
+                say!("report: {report}");
             }
             Ok(())
         }
@@ -413,7 +438,7 @@ async fn submit(
             ..Default::default()
         })
         .await?;
-    println!("submitted run {run_id} over {dir}");
+    say!("submitted run {run_id} over {dir}");
     Ok(())
 }
 
@@ -429,7 +454,7 @@ async fn follow(runtime: &WorkflowRuntime<WordReport, NoopTerminalHook>, run_id:
                 && status.current_step > previous
             {
                 for step in previous..status.current_step {
-                    println!("✔ step {step} committed");
+                    say!("✔ step {step} committed");
                 }
             }
             last = Some(status.current_step);
