@@ -179,6 +179,15 @@ pub fn store_from_env_or_url(
 /// # Errors
 /// [`StoreError::CreateDir`], [`StoreError::Configure`].
 pub fn dir_store(dir: &Path) -> Result<Arc<dyn ObjectStore>, StoreError> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(StoreError::CreateDir {
+            path: dir.to_path_buf(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "the path is a file, not a directory",
+            ),
+        });
+    }
     std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
         path: dir.to_path_buf(),
         source,
@@ -329,6 +338,19 @@ pub async fn open_queue(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_is_not_a_store_directory() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("afile");
+        std::fs::write(&file, b"x").expect("write");
+        let err = dir_store(&file).err().expect("a file is rejected");
+        let message = err.to_string();
+        assert!(
+            message.contains("afile") && message.contains("not a directory"),
+            "{message}"
+        );
+    }
 
     #[test]
     fn locations_are_parsed() {
