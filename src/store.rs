@@ -344,7 +344,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let file = dir.path().join("afile");
         std::fs::write(&file, b"x").expect("write");
-        let err = dir_store(&file).err().expect("a file is rejected");
+        let err = dir_store(&file).expect_err("a file is rejected");
         let message = err.to_string();
         assert!(
             message.contains("afile") && message.contains("not a directory"),
