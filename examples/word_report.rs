@@ -39,6 +39,7 @@ use taquba_workflow::{
     MemoStore, NoopTerminalHook, RunId, RunOptions, RunState, StepError, StepErrorKind,
     WorkflowRuntime, workflow,
 };
+use taquba_workflow_suite::wordcount::{Counts, FileCounts, list_files};
 use taquba_workflow_suite::{open_queue, store_from_env_or_url};
 
 /// Prints a progress line. Output goes to a terminal or a pipe that may
@@ -68,38 +69,6 @@ struct Args {
     /// Start a new run even if the last one for DIR finished.
     #[arg(long)]
     again: bool,
-}
-
-/// Lines, words and bytes.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Counts {
-    lines: u64,
-    words: u64,
-    bytes: u64,
-}
-
-impl Counts {
-    fn of(text: &[u8]) -> Self {
-        let text = String::from_utf8_lossy(text);
-        Self {
-            lines: text.lines().count() as u64,
-            words: text.split_whitespace().count() as u64,
-            bytes: text.len() as u64,
-        }
-    }
-
-    fn add(&mut self, other: Counts) {
-        self.lines += other.lines;
-        self.words += other.words;
-        self.bytes += other.bytes;
-    }
-}
-
-/// One counted file.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct FileCounts {
-    path: String,
-    counts: Counts,
 }
 
 /// What a finished run returns.
@@ -264,30 +233,6 @@ impl WordReport {
             done,
         }
     }
-}
-
-/// The `*.rs` and `*.md` files under `dir`, sorted, skipping `target` and
-/// hidden directories.
-fn list_files(dir: &Path) -> std::io::Result<Vec<String>> {
-    let mut files = Vec::new();
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(current) = pending.pop() {
-        for entry in std::fs::read_dir(&current)? {
-            let entry = entry?;
-            let path = entry.path();
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
-            if entry.file_type()?.is_dir() {
-                if !name.starts_with('.') && name != "target" {
-                    pending.push(path);
-                }
-            } else if name.ends_with(".rs") || name.ends_with(".md") {
-                files.push(path.to_string_lossy().into_owned());
-            }
-        }
-    }
-    files.sort();
-    Ok(files)
 }
 
 /// The run id of a report over `dir`: stable across invocations, so a second

@@ -35,6 +35,7 @@ use taquba_workflow::{
     MemoStore, NoopTerminalHook, RunId, RunSpec, RunState, Step, StepError, StepOutcome,
     StepRunner, TerminalStatus, WorkflowRuntime,
 };
+use taquba_workflow_suite::wordcount::{Counts, FileCounts, list_files};
 
 /// Prints a progress line. Output goes to a terminal or a pipe that may
 /// close (`| head`): a failed write is ignored, so it can never fail a step
@@ -64,38 +65,6 @@ struct Args {
     again: bool,
 }
 
-/// Lines, words and bytes.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
-struct Counts {
-    lines: u64,
-    words: u64,
-    bytes: u64,
-}
-
-impl Counts {
-    fn of(text: &[u8]) -> Self {
-        let text = String::from_utf8_lossy(text);
-        Self {
-            lines: text.lines().count() as u64,
-            words: text.split_whitespace().count() as u64,
-            bytes: text.len() as u64,
-        }
-    }
-
-    fn add(&mut self, other: Counts) {
-        self.lines += other.lines;
-        self.words += other.words;
-        self.bytes += other.bytes;
-    }
-}
-
-/// One counted file.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct FileCounts {
-    path: String,
-    counts: Counts,
-}
-
 /// The payload of every step: where the run is.
 #[derive(Debug, Serialize, Deserialize)]
 enum Stage {
@@ -121,30 +90,6 @@ enum Stage {
 fn encode(stage: &Stage) -> Result<Vec<u8>, StepError> {
     rmp_serde::to_vec_named(stage)
         .map_err(|e| StepError::permanent(format!("cannot encode the stage: {e}")))
-}
-
-/// The `*.rs` and `*.md` files under `dir`, sorted, skipping `target` and
-/// hidden directories.
-fn list_files(dir: &Path) -> std::io::Result<Vec<String>> {
-    let mut files = Vec::new();
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(current) = pending.pop() {
-        for entry in std::fs::read_dir(&current)? {
-            let entry = entry?;
-            let path = entry.path();
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
-            if entry.file_type()?.is_dir() {
-                if !name.starts_with('.') && name != "target" {
-                    pending.push(path);
-                }
-            } else if name.ends_with(".rs") || name.ends_with(".md") {
-                files.push(path.to_string_lossy().into_owned());
-            }
-        }
-    }
-    files.sort();
-    Ok(files)
 }
 
 struct WordReport {

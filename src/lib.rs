@@ -7,10 +7,12 @@
 //! * [`testing`]: helpers for the durability tests: an object store that
 //!   injects faults and latency, and a clock that follows tokio's (possibly
 //!   paused) time.
+//! * [`wordcount`]: the word count of the `word_report` examples.
 
 #![warn(missing_docs)]
 
 pub mod store;
 pub mod testing;
+pub mod wordcount;
 
 pub use store::{StoreError, open_queue, store_from_env_or_url};
