@@ -42,12 +42,16 @@ struct Args {
     /// Members of the group whose peak memory is measured.
     #[arg(long, default_value_t = 10_000)]
     big_group: usize,
+    /// Times each step case is measured (on a fresh store each time); the
+    /// median is printed, since one run of 1,000 steps lasts ~50 ms.
+    #[arg(long, default_value_t = 7)]
+    repeat: usize,
     /// Only the step figures (skip jobs and groups).
     #[arg(long)]
     steps_only: bool,
     /// Run one case alone (for instruction counts under valgrind):
-    /// `raw16`, `raw100`, `shaped100`, `rt16`, `rt100`, `defaults`, `replay` or `memo`,
-    /// on InMemory.
+    /// `raw16`, `raw100`, `shaped100`, `rt16`, `rt100`, `defaults`, `replay`, `memo`,
+    /// `jobs` (always InMemory) or `group`, on InMemory.
     #[arg(long)]
     only: Option<String>,
     /// With `--only`: on a temporary directory instead of InMemory.
@@ -99,6 +103,21 @@ async fn measure<F: std::future::Future<Output = ()>>(count: u64, f: F) -> Figur
         per_sec: count as f64 / secs,
         cpu_us: cpu / count as f64,
     }
+}
+
+/// The median of `n` measurements by rate (CPU taken from the same
+/// measurement).
+async fn median<F, Fut>(n: usize, mut f: F) -> Figure
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Figure>,
+{
+    let mut figures = Vec::new();
+    for _ in 0..n.max(1) {
+        figures.push(f().await);
+    }
+    figures.sort_by(|a, b| a.per_sec.total_cmp(&b.per_sec));
+    figures[figures.len() / 2]
 }
 
 #[derive(Clone, Copy)]
@@ -163,13 +182,19 @@ impl StepRunner for Continue {
     }
 }
 
+#[derive(Clone, Copy)]
 struct RuntimeCase {
     in_flight: Option<usize>,
     replay: bool,
     memo: bool,
 }
 
+/// The median of `args.repeat` measurements of [`runtime_steps_once`].
 async fn runtime_steps(kind: StoreKind, args: &Args, case: RuntimeCase) -> Figure {
+    median(args.repeat, || runtime_steps_once(kind, args, case)).await
+}
+
+async fn runtime_steps_once(kind: StoreKind, args: &Args, case: RuntimeCase) -> Figure {
     let opened = open(kind).await;
     let mut builder = WorkflowRuntime::builder(
         opened.queue.clone(),
@@ -226,7 +251,12 @@ async fn raw_shaped_steps(kind: StoreKind, args: &Args, in_flight: usize) -> Fig
     raw_loop(kind, args, in_flight, true).await
 }
 
+/// The median of `args.repeat` measurements of [`raw_loop_once`].
 async fn raw_loop(kind: StoreKind, args: &Args, in_flight: usize, shaped: bool) -> Figure {
+    median(args.repeat, || raw_loop_once(kind, args, in_flight, shaped)).await
+}
+
+async fn raw_loop_once(kind: StoreKind, args: &Args, in_flight: usize, shaped: bool) -> Figure {
     let opened = open(kind).await;
     let queue = opened.queue.clone();
     for run in 0..args.runs as u32 {
@@ -421,8 +451,8 @@ fn row(label: &str, figure: Figure, baseline: Option<Figure>) {
 async fn main() {
     let args = Args::parse();
     println!(
-        "{} runs x {} steps, runner continues at once, 1 ms WAL flush; CPU = process user+system time",
-        args.runs, args.steps
+        "{} runs x {} steps, runner continues at once, 1 ms WAL flush; CPU = process user+system time; median of {}",
+        args.runs, args.steps, args.repeat
     );
     if let Some(case) = &args.only {
         let kind = if args.dir {
@@ -454,6 +484,8 @@ async fn main() {
                 )
                 .await
             }
+            "jobs" => jobs_per_sec(&args).await,
+            "group" => group_members(kind, args.jobs, false).await.0,
             "memo" => {
                 runtime_steps(
                     kind,

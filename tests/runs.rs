@@ -210,3 +210,49 @@ async fn a_panicking_runner_fails_its_run_and_the_worker_serves_others() {
     assert_eq!(end.termination.status, TerminalStatus::Succeeded);
     worker.shutdown().await.unwrap();
 }
+
+/// A runtime that only submits and waits, beside another over the same
+/// queue that runs the worker: the wait is woken by the worker's commit,
+/// not by its periodic look at the run (an hour here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_on_one_runtime_is_woken_by_the_worker_of_another_over_the_same_queue() {
+    let (queue, store) = real_clock_queue().await;
+    let hour = std::time::Duration::from_secs(3600);
+    let submitter = WorkflowRuntime::builder(
+        queue.clone(),
+        store.clone(),
+        Countdown::default(),
+        NoopTerminalHook,
+    )
+    .poll_interval(hour)
+    .build();
+    let worker_runtime =
+        WorkflowRuntime::builder(queue.clone(), store, Countdown::default(), NoopTerminalHook)
+            .poll_interval(hour)
+            .build();
+    let worker = worker_runtime.spawn(std::future::pending::<()>());
+    let mut waits = Vec::new();
+    for i in 0..20 {
+        let id = rid(&format!("shared-{i}"));
+        submitter
+            .submit(RunSpec {
+                run_id: Some(id.clone()),
+                input: b"4".to_vec(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let submitter = submitter.clone();
+        waits.push(tokio::spawn(async move { submitter.wait(&id).await }));
+    }
+    for wait in waits {
+        let end = within(20, wait).await.unwrap().unwrap();
+        assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+        assert_eq!(end.termination.final_step, 4);
+        assert_eq!(
+            end.outcome.and_then(|o| o.result).as_deref(),
+            Some(b"4".as_slice())
+        );
+    }
+    worker.shutdown().await.unwrap();
+}

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use taquba::object_store::ObjectStore;
 use taquba::{
     CancelOutcome, Clock, EnqueueOptions, EnqueueRequest, EnqueueResult, ExpiryIndex, JobRecord,
-    JobStatus, Queue, SettlementEffects, WaitOutcome,
+    JobStatus, Queue, SettlementEffects,
 };
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
@@ -29,6 +29,7 @@ use crate::keys::{
     RunId, TERMINALS_PREFIX, outcome_kv_key, run_kv_key, sha256, step_dedup_key, step_kv_key,
 };
 use crate::memo::{MemoStore, RUN_RESULT_MEMO_KEY};
+use crate::run_watch::RunWatchers;
 use crate::runner::StepErrorKind;
 use crate::runtime::{RunEnd, RunSpec, RunTermination, SubmitOutcome};
 use crate::signal::SignalLocks;
@@ -75,6 +76,8 @@ pub(crate) struct RuntimeCore {
     /// Group terminal markers (group retention).
     pub(crate) group_terminals: ExpiryIndex,
     pub(crate) inflight: Arc<InFlightRegistry>,
+    /// Waiters on run terminations in this process.
+    pub(crate) run_watchers: RunWatchers,
     pub(crate) signal_locks: SignalLocks,
     observes: Observes,
     /// Dead letters the worker performed since the last reconciliation look.
@@ -125,6 +128,7 @@ impl RuntimeCore {
         let memo_store =
             MemoStore::new(settings.object_store.clone(), settings.memo_prefix.clone());
         let view = WorkflowView::new(settings.queue.view().clone(), memo_store.clone());
+        let run_watchers = RunWatchers::for_queue(&settings.queue);
         let group_store = GroupStore::new(
             settings.object_store,
             settings.memo_prefix,
@@ -146,6 +150,7 @@ impl RuntimeCore {
             terminals: ExpiryIndex::new(TERMINALS_PREFIX.as_bytes().to_vec()),
             group_terminals: ExpiryIndex::new(GROUP_TERMINALS_PREFIX.as_bytes().to_vec()),
             inflight: Arc::default(),
+            run_watchers,
             signal_locks: SignalLocks::default(),
             observes: settings.observes,
             own_dead_letters: AtomicI64::new(0),
@@ -428,6 +433,25 @@ impl RuntimeCore {
         }
     }
 
+    /// The [`RunEnd`] a waiter reports for the termination `termination` of
+    /// `outcome`: with the outcome when its run result record was written.
+    pub(crate) fn run_end(
+        outcome: &RunOutcome,
+        termination: &DurableTermination,
+        recorded: bool,
+    ) -> RunEnd {
+        RunEnd {
+            termination: termination.clone().into(),
+            outcome: recorded.then(|| outcome.clone()),
+        }
+    }
+
+    /// Report the committed termination of `run_id` to its waiters in this
+    /// process; called once the commit returned.
+    pub(crate) fn notify_ended(&self, run_id: &RunId, end: &RunEnd) {
+        self.run_watchers.notify(run_id, end);
+    }
+
     /// Write the run result record of a worker-performed termination to the
     /// run memo; done before the terminating settlement.
     pub(crate) async fn store_run_result(
@@ -546,9 +570,12 @@ impl RuntimeCore {
             };
             match job.status {
                 JobStatus::Pending | JobStatus::Scheduled => {
-                    let effects = self.cancel_effects(run_id, &pointer, &job, &record)?;
+                    let (effects, end) = self.cancel_effects(run_id, &pointer, &job, &record)?;
                     match self.queue.cancel_with(&job.id, effects).await?.0 {
-                        CancelOutcome::Removed => return Ok(true),
+                        CancelOutcome::Removed => {
+                            self.notify_ended(run_id, &end);
+                            return Ok(true);
+                        }
                         // Claimed or settled meanwhile: look again.
                         CancelOutcome::Requested | CancelOutcome::NotFound => continue,
                     }
@@ -565,11 +592,15 @@ impl RuntimeCore {
                             // token; only the step's settlement tells
                             // whether the holder honoured the request, so
                             // wait for it and look again.
-                            let effects = self.cancel_effects(run_id, &pointer, &job, &record)?;
+                            let (effects, end) =
+                                self.cancel_effects(run_id, &pointer, &job, &record)?;
                             match self.queue.cancel_with(&job.id, effects).await?.0 {
                                 // Re-queued since the read: removed with the
                                 // run's termination.
-                                CancelOutcome::Removed => return Ok(true),
+                                CancelOutcome::Removed => {
+                                    self.notify_ended(run_id, &end);
+                                    return Ok(true);
+                                }
                                 CancelOutcome::Requested => {
                                     self.queue.wait_for_completion(&job.id).await?;
                                     continue;
@@ -603,14 +634,15 @@ impl RuntimeCore {
 
     /// The effects of cancelling `run_id` by removing its waiting step job
     /// `job`, which `pointer` names: the run's `Cancelled` termination and
-    /// the cleanup of a signal waiter the job registered.
+    /// the cleanup of a signal waiter the job registered; with the end the
+    /// run's waiters are told once they commit.
     fn cancel_effects(
         &self,
         run_id: &RunId,
         pointer: &DurableCurrentStep,
         job: &JobRecord,
         record: &DurableRunRecord,
-    ) -> Result<SettlementEffects> {
+    ) -> Result<(SettlementEffects, RunEnd)> {
         let outcome = Self::detached_outcome(
             run_id,
             job,
@@ -619,13 +651,14 @@ impl RuntimeCore {
             None,
         );
         let termination = self.termination(&outcome, None, &record.input_hash);
+        let end = Self::run_end(&outcome, &termination, false);
         let membership = Membership::from_headers(&job.headers)?;
         let mut effects =
             self.terminate_effects(&outcome, termination, membership.as_ref(), job.max_attempts);
         effects
             .kv_deletes
             .extend(crate::signal::waiter_cleanup(job));
-        Ok(effects)
+        Ok((effects, end))
     }
 
     async fn ended_cancelled(&self, run_id: &RunId) -> Result<bool> {
@@ -637,53 +670,69 @@ impl RuntimeCore {
     }
 
     /// Wait until `run_id` terminates.
+    ///
+    /// Woken in-process by the commit that terminates the run (see
+    /// [`RunWatchers`]), so following a run costs one read however many
+    /// steps it takes. Every poll interval the wait also looks at the run's
+    /// current step: a step dead-lettered outside the worker (the reaper)
+    /// is reconciled here rather than left to the next maintenance round.
     pub(crate) async fn wait_run(&self, run_id: &RunId) -> Result<RunEnd> {
         // The job a pointer named that was found absent: absent again under
         // the same pointer means the records disagree.
         let mut missing: Option<String> = None;
+        let mut look_at_step = false;
         loop {
-            // The pointer alone: the completion wait reads the job itself,
-            // so following a run costs one read per step.
+            // Registered before the reads: a termination committed after
+            // them reaches the watch.
+            let mut watch = self.run_watchers.watch(run_id);
             let Some(pointer) = self.view.current_step_if_active(run_id).await? else {
-                let Some(termination) = self.view.terminal_record(run_id).await? else {
-                    return Err(Error::RunNotFound(run_id.clone()));
-                };
-                let termination: RunTermination = termination.into();
-                let outcome = self
-                    .view
-                    .run_result_of(run_id, &termination)
-                    .await?
-                    .map(|result| result.outcome);
-                return Ok(RunEnd {
-                    termination,
-                    outcome,
-                });
+                return self.ended_run(run_id).await;
             };
-            let completed = tokio::select! {
-                completed = self.queue.wait_for_completion(&pointer.job_id) => completed?,
+            if look_at_step {
+                match self.queue.view().get_job(&pointer.job_id).await? {
+                    Some(job) if job.status == JobStatus::Dead => {
+                        // The dead record, not one read before, carries the
+                        // error the run fails with.
+                        missing = None;
+                        if crate::sweep::reconcile_job(self, &job).await? == 1 {
+                            continue;
+                        }
+                    }
+                    Some(_) => missing = None,
+                    None => {
+                        // Settled between the two reads (the pointer moved
+                        // with it), or a pointer without its job.
+                        if missing.as_deref() == Some(pointer.job_id.as_str()) {
+                            return Err(Error::InconsistentRunState(run_id.clone()));
+                        }
+                        missing = Some(pointer.job_id);
+                    }
+                }
+            }
+            look_at_step = true;
+            tokio::select! {
+                end = watch.ended() => return Ok(end),
                 () = self.store_closed.cancelled() => return Err(self.store_closed_error()),
-            };
-            match completed {
-                WaitOutcome::Dead(dead) => {
-                    // A step dead-lettered outside the worker: terminate the
-                    // run now rather than spin until the worker reconciles.
-                    // The dead record, not one read before the wait, carries
-                    // the error the run fails with.
-                    if crate::sweep::reconcile_job(self, &dead).await? == 0 {
-                        tokio::time::sleep(self.poll_interval).await;
-                    }
-                }
-                WaitOutcome::NotFound => {
-                    // Settled between the pointer read and the wait (the
-                    // pointer moved with it), or a pointer without its job.
-                    if missing.as_deref() == Some(pointer.job_id.as_str()) {
-                        return Err(Error::InconsistentRunState(run_id.clone()));
-                    }
-                    missing = Some(pointer.job_id);
-                }
-                WaitOutcome::Done(_) | WaitOutcome::Cancelled => missing = None,
+                () = tokio::time::sleep(self.poll_interval.max(Duration::from_millis(1))) => {}
             }
         }
+    }
+
+    /// The end of a run found terminated, from its records.
+    async fn ended_run(&self, run_id: &RunId) -> Result<RunEnd> {
+        let Some(termination) = self.view.terminal_record(run_id).await? else {
+            return Err(Error::RunNotFound(run_id.clone()));
+        };
+        let termination: RunTermination = termination.into();
+        let outcome = self
+            .view
+            .run_result_of(run_id, &termination)
+            .await?
+            .map(|result| result.outcome);
+        Ok(RunEnd {
+            termination,
+            outcome,
+        })
     }
 }
 

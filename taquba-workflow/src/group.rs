@@ -383,32 +383,26 @@ impl RunGroup {
         Ok(())
     }
 
-    /// Wait until member `key` terminates; its record.
-    async fn wait_member(&self, key: &str) -> Result<DurableMember> {
-        let not_submitted = || Error::MemberNotSubmitted {
-            group_id: self.id.clone(),
-            key: key.to_string(),
+    /// Wait until member `key` terminates; its result.
+    async fn wait_member(&self, key: String) -> Result<MemberResult> {
+        let Some(record) = self.store().member(&self.id, &key).await? else {
+            return Err(Error::MemberNotSubmitted {
+                group_id: self.id.clone(),
+                key,
+            });
         };
-        let record = self
-            .store()
-            .member(&self.id, key)
-            .await?
-            .ok_or_else(not_submitted)?;
         if record.terminated.is_some() {
-            return Ok(record);
+            return self.member_result(key, record).await;
         }
-        self.core.wait_run(&record.run_id).await?;
-        // The member record is rewritten in the transaction that removes
-        // the run's pointer.
-        let record = self
-            .store()
-            .member(&self.id, key)
-            .await?
-            .ok_or_else(not_submitted)?;
-        if record.terminated.is_none() {
-            return Err(Error::InconsistentRunState(record.run_id));
-        }
-        Ok(record)
+        // The member record is rewritten by the commit that ends the run,
+        // which is what the wait reports.
+        let end = self.core.wait_run(&record.run_id).await?;
+        Ok(MemberResult {
+            key,
+            run_id: record.run_id,
+            termination: end.termination,
+            outcome: end.outcome,
+        })
     }
 
     /// The members' results as they terminate (members already terminated
@@ -427,10 +421,7 @@ impl RunGroup {
         let waits = stream::iter(manifest.members.into_iter().map(|member| member.key))
             .map(move |key| {
                 let group = group.clone();
-                async move {
-                    let record = group.wait_member(&key).await?;
-                    group.member_result(key, record).await
-                }
+                async move { group.wait_member(key).await }
             })
             .buffer_unordered(RESULTS_WINDOW);
         let group = self.clone();

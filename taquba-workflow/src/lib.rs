@@ -92,6 +92,7 @@ mod kv;
 mod loop_driver;
 mod memo;
 mod replay;
+mod run_watch;
 mod runner;
 mod runtime;
 mod signal;

@@ -215,9 +215,16 @@ async fn settle<R, H>(
         inflight,
         signal_lock,
         next_step,
+        ended,
     } = settlement;
+    // Whether the run termination the settlement carries committed.
+    let mut ended_committed = false;
     let result = match kind {
-        SettleKind::Ack(effects) => queue.ack_with(claim, effects).await.map(Some),
+        SettleKind::Ack(effects) => {
+            let acked = queue.ack_with(claim, effects).await;
+            ended_committed = acked.is_ok();
+            acked.map(Some)
+        }
         SettleKind::Retry(error) => queue.nack(claim, &error).await.map(|()| None),
         SettleKind::Fail {
             error,
@@ -239,13 +246,17 @@ async fn settle<R, H>(
                     .await
                     .map(|outcome| matches!(outcome, NackOutcome::DeadLettered(_)))
             };
-            if !matches!(dead_lettered, Ok(true)) {
+            ended_committed = matches!(dead_lettered, Ok(true));
+            if !ended_committed {
                 inner.core.forget_own_dead_letter();
             }
             dead_lettered.map(|_| None)
         }
     };
     drop(signal_lock);
+    if ended_committed && let Some((run_id, end)) = &ended {
+        inner.core.notify_ended(run_id, end);
+    }
     match result {
         Ok(Some(results)) => {
             if let (Some((run_id, step_number)), Some(EnqueueResult::AlreadyEnqueued(existing))) =

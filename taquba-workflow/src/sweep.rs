@@ -248,6 +248,7 @@ pub(crate) async fn reconcile_job(core: &RuntimeCore, job: &JobRecord) -> Result
     };
     let outcome = RuntimeCore::detached_outcome(&run_id, job, step_number, status, error);
     let termination = core.termination(&outcome, None, &record.input_hash);
+    let end = RuntimeCore::run_end(&outcome, &termination, false);
     let membership = Membership::from_headers(&job.headers)?;
     let mut effects =
         core.terminate_effects(&outcome, termination, membership.as_ref(), job.max_attempts);
@@ -260,6 +261,9 @@ pub(crate) async fn reconcile_job(core: &RuntimeCore, job: &JobRecord) -> Result
         .queue
         .kv_compare_commit(&pointer_key, Some(&pointer_bytes), effects)
         .await?;
+    if committed.is_some() {
+        core.notify_ended(&run_id, &end);
+    }
     Ok(usize::from(committed.is_some()))
 }
 

@@ -22,7 +22,7 @@ use crate::inflight::InFlightGuard;
 use crate::keys::{HEADER_RUN_ID, HEADER_STEP, HEADER_TERMINAL, RunId};
 use crate::kv::KvReadHandle;
 use crate::runner::{Delivery, Step, StepError, StepErrorKind, StepOutcome, StepRunner, Trigger};
-use crate::runtime::RuntimeInner;
+use crate::runtime::{RunEnd, RuntimeInner};
 use crate::terminal::{RunOutcome, TerminalHook, TerminalStatus};
 
 /// How a claimed job is settled.
@@ -54,6 +54,9 @@ pub(crate) struct Settlement {
     /// The run and step whose pointer the acknowledgement moves, to adopt
     /// an already pending job of that step on a dedup hit.
     pub(crate) next_step: Option<(RunId, u32)>,
+    /// The run termination this settlement commits, reported to the run's
+    /// waiters once it did.
+    pub(crate) ended: Option<(RunId, RunEnd)>,
 }
 
 impl Settlement {
@@ -63,6 +66,15 @@ impl Settlement {
             inflight: None,
             signal_lock: None,
             next_step: None,
+            ended: None,
+        }
+    }
+
+    /// This settlement, reporting `ended` once it commits.
+    pub(crate) fn ending(self, run_id: &RunId, ended: RunEnd) -> Self {
+        Self {
+            ended: Some((run_id.clone(), ended)),
+            ..self
         }
     }
 
@@ -169,25 +181,27 @@ pub(crate) fn panic_message(panic: &(dyn Any + Send)) -> String {
 
 impl RuntimeCore {
     /// Terminate the run of `claimed` with `outcome` from an acknowledging
-    /// settlement: record the run result, then build the effects. A failed
-    /// record write retries the step.
+    /// settlement: record the run result, then build the settlement with
+    /// `extra` effects. A failed record write retries the step.
     async fn terminate_recorded(
         &self,
         claimed: &ClaimedStep<'_>,
         outcome: RunOutcome,
         error_kind: Option<StepErrorKind>,
         input_hash: &[u8],
-    ) -> std::result::Result<SettlementEffects, Settlement> {
+    ) -> Settlement {
         let termination = self.termination(&outcome, error_kind, input_hash);
-        self.store_run_result(&outcome, &termination)
-            .await
-            .map_err(Settlement::infrastructure)?;
-        Ok(self.terminate_effects(
+        if let Err(err) = self.store_run_result(&outcome, &termination).await {
+            return Settlement::infrastructure(err);
+        }
+        let end = Self::run_end(&outcome, &termination, true);
+        let effects = self.terminate_effects(
             &outcome,
             termination,
             claimed.membership.as_ref(),
             claimed.job.max_attempts,
-        ))
+        );
+        Settlement::of(SettleKind::Ack(effects)).ending(&claimed.run_id, end)
     }
 
     /// The settlement of a step error that ends the run (permanent, or
@@ -202,16 +216,21 @@ impl RuntimeCore {
     ) -> Settlement {
         let outcome = claimed.outcome(TerminalStatus::Failed, None, Some(error.message.clone()));
         let termination = self.termination(&outcome, Some(error.kind), input_hash);
-        if let Err(err) = self.store_run_result(&outcome, &termination).await {
-            warn!(run_id = %claimed.run_id, "failed to write the run result record: {err}");
-        }
+        let recorded = match self.store_run_result(&outcome, &termination).await {
+            Ok(()) => true,
+            Err(err) => {
+                warn!(run_id = %claimed.run_id, "failed to write the run result record: {err}");
+                false
+            }
+        };
+        let end = Self::run_end(&outcome, &termination, recorded);
         let effects = self.terminate_effects(
             &outcome,
             termination,
             claimed.membership.as_ref(),
             claimed.job.max_attempts,
         );
-        Settlement::failure(error, effects)
+        Settlement::failure(error, effects).ending(&claimed.run_id, end)
     }
 
     /// The effects that make `payload` the run's next step.
@@ -295,16 +314,13 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
             drop(permit);
             let _ = guard.decide();
             let outcome = claimed.outcome(TerminalStatus::Cancelled, None, None);
-            return match core
+            let mut settlement = core
                 .terminate_recorded(claimed, outcome, None, &record.input_hash)
-                .await
-            {
-                Ok(mut effects) => {
-                    effects.kv_deletes.extend(signal_deletes);
-                    Settlement::of(SettleKind::Ack(effects))
-                }
-                Err(settlement) => settlement,
-            };
+                .await;
+            if let SettleKind::Ack(effects) = &mut settlement.kind {
+                effects.kv_deletes.extend(signal_deletes);
+            }
+            return settlement;
         }
 
         let effects_handle = EffectsHandle::default();
@@ -415,13 +431,8 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
     ) -> Settlement {
         let core = &self.core;
         let terminate = |outcome, kind| async move {
-            match core
-                .terminate_recorded(claimed, outcome, kind, input_hash)
+            core.terminate_recorded(claimed, outcome, kind, input_hash)
                 .await
-            {
-                Ok(effects) => Settlement::of(SettleKind::Ack(effects)),
-                Err(settlement) => settlement,
-            }
         };
         match outcome {
             Ok(StepOutcome::Cancel { reason }) => {
