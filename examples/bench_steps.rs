@@ -39,6 +39,9 @@ struct Args {
     /// Jobs for the job and group figures.
     #[arg(long, default_value_t = 2000)]
     jobs: usize,
+    /// Concurrent submissions in the jobs figure.
+    #[arg(long, default_value_t = 256)]
+    submitters: usize,
     /// Members of the group whose peak memory is measured.
     #[arg(long, default_value_t = 10_000)]
     big_group: usize,
@@ -355,7 +358,7 @@ async fn jobs_per_sec(args: &Args) -> Figure {
                 let runner = runner.clone();
                 async move { runner.submit(Noop { i }).await.expect("submit") }
             })
-            .buffer_unordered(256)
+            .buffer_unordered(args.submitters)
             .collect::<Vec<_>>()
             .await;
         futures_util::stream::iter(handles)
@@ -390,18 +393,7 @@ async fn group_members(kind: StoreKind, members: usize, sample_memory: bool) -> 
     .build();
     let worker = runtime.spawn(std::future::pending::<()>());
     let group = runtime.new_group();
-    let baseline = rss_kib();
-    let peak = Arc::new(AtomicU64::new(baseline));
-    let sampling = Arc::new(AtomicBool::new(sample_memory));
-    let sampler = {
-        let (peak, sampling) = (peak.clone(), sampling.clone());
-        tokio::spawn(async move {
-            while sampling.load(Ordering::Relaxed) {
-                peak.fetch_max(rss_kib(), Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-    };
+    let sampler = sample_memory.then(PeakRss::start);
     let figure = measure(members as u64, async {
         let input: Vec<GroupMember> = (0..members)
             .map(|i| GroupMember {
@@ -422,13 +414,53 @@ async fn group_members(kind: StoreKind, members: usize, sample_memory: bool) -> 
         assert_eq!(seen, members);
     })
     .await;
-    sampling.store(false, Ordering::Relaxed);
-    sampler.await.ok();
+    let peak = match sampler {
+        Some(sampler) => sampler.finish().await,
+        None => 0,
+    };
     worker.shutdown().await.expect("shutdown");
-    (
-        figure,
-        peak.load(Ordering::Relaxed).saturating_sub(baseline),
-    )
+    (figure, peak)
+}
+
+/// Samples the process's RSS every 5 ms from `start` to `finish`.
+struct PeakRss {
+    baseline: u64,
+    peak: Arc<AtomicU64>,
+    sampling: Arc<AtomicBool>,
+    sampler: tokio::task::JoinHandle<()>,
+}
+
+impl PeakRss {
+    fn start() -> Self {
+        let baseline = rss_kib();
+        let peak = Arc::new(AtomicU64::new(baseline));
+        let sampling = Arc::new(AtomicBool::new(true));
+        let sampler = {
+            let (peak, sampling) = (peak.clone(), sampling.clone());
+            tokio::spawn(async move {
+                while sampling.load(Ordering::Relaxed) {
+                    peak.fetch_max(rss_kib(), Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+        };
+        Self {
+            baseline,
+            peak,
+            sampling,
+            sampler,
+        }
+    }
+
+    /// The peak growth over the baseline, in KiB.
+    async fn finish(self) -> u64 {
+        self.sampling.store(false, Ordering::Relaxed);
+        self.sampler.await.ok();
+        self.peak
+            .load(Ordering::Relaxed)
+            .max(rss_kib())
+            .saturating_sub(self.baseline)
+    }
 }
 
 fn row(label: &str, figure: Figure, baseline: Option<Figure>) {
@@ -598,14 +630,20 @@ async fn main() {
         return;
     }
     let Some((defaults, _)) = raw100 else { return };
-    println!("\n== jobs and groups (InMemory, runtime defaults)");
-    let jobs = jobs_per_sec(&args).await;
+    println!(
+        "\n== jobs and groups (InMemory, runtime defaults; median of {})",
+        args.repeat.div_ceil(2)
+    );
+    let jobs = median(args.repeat.div_ceil(2), || jobs_per_sec(&args)).await;
     row(
         &format!("{} trivial jobs, submitted and awaited vs steps", args.jobs),
         jobs,
         Some(defaults),
     );
-    let (members, _) = group_members(StoreKind::Memory, args.jobs, false).await;
+    let members = median(args.repeat.div_ceil(2), || async {
+        group_members(StoreKind::Memory, args.jobs, false).await.0
+    })
+    .await;
     row(
         &format!("group of {} members, submit + results vs steps", args.jobs),
         members,
@@ -627,5 +665,32 @@ async fn main() {
         args.big_group,
         peak_kib,
         peak_kib as f64 / args.big_group as f64
+    );
+    // The same number of runs through the raw queue (an enqueue and two
+    // acknowledgements each, with the runtime's dedup keys, ids and pointer
+    // writes), after the group: the store's own share of the growth
+    // (memtable, caches). Measured second, so the group is not flattered by
+    // memory this one freed.
+    let raw_args = Args {
+        runs: args.big_group,
+        steps: 2,
+        ..args.clone()
+    };
+    let sampler = PeakRss::start();
+    let raw = raw_loop_once(StoreKind::Dir, &raw_args, 100, true).await;
+    let raw_kib = sampler.finish().await;
+    row(
+        &format!(
+            "raw queue, {} runs of 2 steps on a temp dir",
+            args.big_group
+        ),
+        raw,
+        None,
+    );
+    println!(
+        "peak RSS growth during the raw queue's {} runs: {} KiB ({:.1} KiB per run)",
+        args.big_group,
+        raw_kib,
+        raw_kib as f64 / args.big_group as f64
     );
 }

@@ -26,7 +26,9 @@ pub(crate) const RUN_RESULT_MEMO_KEY: &str = "workflow.outcome";
 /// The memo entries of every run, in an object store under a path prefix.
 ///
 /// Layout: `{prefix}/runs/{run_id}/steps/{step_number}/{key}` for step
-/// memos, `{prefix}/runs/{run_id}/run/{key}` for the run memo and
+/// memos, `{prefix}/runs/{run_id}/run.{key}` for the run memo (flat in the
+/// run's directory: on a local file system the run result record every
+/// run gets then creates one directory, not two) and
 /// `{prefix}/runs/{run_id}/replay/...` for step-output replay records. The
 /// runtime's prefix is [`WorkflowRuntimeBuilder::memo_prefix`](crate::WorkflowRuntimeBuilder::memo_prefix)
 /// (default `"{queue_name}-memo"`); build a `MemoStore` at the same prefix
@@ -123,7 +125,9 @@ impl Memo {
                 self.objects
                     .path(&["runs", &self.run_id, "steps", &step, key])
             }
-            None => self.objects.path(&["runs", &self.run_id, "run", key]),
+            None => self
+                .objects
+                .path(&["runs", &self.run_id, &format!("run.{key}")]),
         }
     }
 
@@ -255,6 +259,26 @@ mod tests {
         assert_eq!(memos.clear_memos_for_run(&run).await.unwrap(), 3);
         assert!(memos.new_memo(&run, 1).get("k").await.unwrap().is_none());
         assert!(memos.new_run_memo(&other).get("k").await.unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn run_memo_entries_sit_in_the_runs_directory() {
+        use futures_util::TryStreamExt;
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let memos = MemoStore::new(store.clone(), "t-memo");
+        let run = RunId::new("r").unwrap();
+        memos.new_run_memo(&run).put("k", b"v").await.unwrap();
+        memos.new_memo(&run, 2).put("k", b"s").await.unwrap();
+        let mut paths: Vec<String> = store
+            .list(None)
+            .map_ok(|meta| meta.location.to_string())
+            .try_collect()
+            .await
+            .unwrap();
+        paths.sort();
+        // One directory per run on a local file system for the run result
+        // record, not two.
+        assert_eq!(paths, ["t-memo/runs/r/run.k", "t-memo/runs/r/steps/2/k"]);
     }
 
     #[tokio::test]

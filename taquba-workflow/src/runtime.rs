@@ -230,10 +230,14 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
         self.inner.core.view.outcome(run_id).await
     }
 
-    /// Wait until `run_id` terminates, following it from step to step, and
-    /// report its termination and outcome. A terminated run is reported at
-    /// once. The wait is woken in-process by the queue's completion
-    /// notifications, so it belongs in the process that runs the worker.
+    /// Wait until `run_id` terminates and report its termination and
+    /// outcome. A terminated run is reported at once. The wait is woken
+    /// in-process by the commit that terminates the run (one read when it
+    /// starts, none per step), so it belongs in the process that runs the
+    /// worker; every runtime over the same `Arc<Queue>` there wakes it.
+    /// Every [`poll_interval`](crate::WorkflowRuntimeBuilder::poll_interval)
+    /// it also looks at the run's current step, so a step dead-lettered
+    /// outside the worker (the queue's reaper) ends the wait promptly.
     ///
     /// # Errors
     /// [`Error::RunNotFound`](crate::Error::RunNotFound) for a run that is
