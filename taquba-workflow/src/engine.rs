@@ -33,6 +33,7 @@ use crate::run_watch::RunWatchers;
 use crate::runner::StepErrorKind;
 use crate::runtime::{RunEnd, RunSpec, RunTermination, SubmitOutcome};
 use crate::signal::SignalLocks;
+use crate::submit_batch::{Batched, SubmitBatcher};
 use crate::terminal::{RunOutcome, TerminalStatus};
 use crate::view::WorkflowView;
 
@@ -78,6 +79,8 @@ pub(crate) struct RuntimeCore {
     pub(crate) inflight: Arc<InFlightRegistry>,
     /// Waiters on run terminations in this process.
     pub(crate) run_watchers: RunWatchers,
+    /// The group commit of submissions under fresh run ids.
+    submit_batcher: SubmitBatcher,
     pub(crate) signal_locks: SignalLocks,
     observes: Observes,
     /// Dead letters the worker performed since the last reconciliation look.
@@ -129,6 +132,7 @@ impl RuntimeCore {
             MemoStore::new(settings.object_store.clone(), settings.memo_prefix.clone());
         let view = WorkflowView::new(settings.queue.view().clone(), memo_store.clone());
         let run_watchers = RunWatchers::for_queue(&settings.queue);
+        let submit_batcher = SubmitBatcher::new(settings.queue.clone());
         let group_store = GroupStore::new(
             settings.object_store,
             settings.memo_prefix,
@@ -151,6 +155,7 @@ impl RuntimeCore {
             group_terminals: ExpiryIndex::new(GROUP_TERMINALS_PREFIX.as_bytes().to_vec()),
             inflight: Arc::default(),
             run_watchers,
+            submit_batcher,
             signal_locks: SignalLocks::default(),
             observes: settings.observes,
             own_dead_letters: AtomicI64::new(0),
@@ -289,6 +294,11 @@ impl RuntimeCore {
         // A fresh ULID names no recorded run: its first attempt skips the
         // reads (the compare-and-commit below still guards the record).
         let mut fresh_id = run_id.is_none();
+        let batchable = membership.is_none()
+            && user_effects.enqueues.is_empty()
+            && user_effects.kv_writes.is_empty()
+            && user_effects.kv_deletes.is_empty()
+            && user_effects.expiry_entries.is_empty();
         let run_id = run_id.unwrap_or_else(RunId::generate);
         let input_hash = sha256(&input).to_vec();
         let run_key = run_kv_key(&run_id);
@@ -355,11 +365,20 @@ impl RuntimeCore {
                     durable::encode(&pending_member(&run_id)),
                 );
             }
-            match self
-                .queue
-                .kv_compare_commit(&run_key, None, effects)
-                .await?
-            {
+            // A fresh id with nothing of the caller's riding along joins the
+            // group commit; the rest compare-and-commit on the run record.
+            let committed = if fresh && batchable {
+                match self.submit_batcher.commit(effects).await? {
+                    Batched::Committed(results) => Some(results),
+                    // Unknown whether it committed: look, then submit again.
+                    Batched::Abandoned => continue,
+                }
+            } else {
+                self.queue
+                    .kv_compare_commit(&run_key, None, effects)
+                    .await?
+            };
+            match committed {
                 Some(results) => {
                     if let Some(EnqueueResult::AlreadyEnqueued(orphan)) = results.first() {
                         // A step-0 job of this run id was pending without a

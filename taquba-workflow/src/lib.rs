@@ -96,6 +96,7 @@ mod run_watch;
 mod runner;
 mod runtime;
 mod signal;
+mod submit_batch;
 mod sweep;
 mod terminal;
 mod view;
