@@ -1277,7 +1277,6 @@ async fn takeover_during_a_termination(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: after a takeover, a polling wait reports a termination the fenced process never committed"]
 async fn a_wait_does_not_report_a_termination_lost_to_a_takeover() {
     for round in 0..6 {
         let (reported, durable) = takeover_during_a_termination(round % 2 == 1).await;
@@ -1295,7 +1294,6 @@ async fn a_wait_does_not_report_a_termination_lost_to_a_takeover() {
 }
 
 #[tokio::test(start_paused = true)]
-#[ignore = "bug: every poll of a wait downloads the current step's offloaded payload"]
 async fn a_wait_does_not_read_the_steps_offloaded_payload_at_every_poll() {
     let clock = MockClock::new(T0);
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());

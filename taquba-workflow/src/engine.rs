@@ -29,7 +29,7 @@ use crate::keys::{
     RunId, TERMINALS_PREFIX, outcome_kv_key, run_kv_key, sha256, step_dedup_key, step_kv_key,
 };
 use crate::memo::{MemoStore, RUN_RESULT_MEMO_KEY};
-use crate::run_watch::RunWatchers;
+use crate::run_watch::{RunWatchers, store_closed_token};
 use crate::runner::StepErrorKind;
 use crate::runtime::{RunEnd, RunSpec, RunTermination, SubmitOutcome};
 use crate::signal::SignalLocks;
@@ -93,7 +93,8 @@ pub(crate) struct RuntimeCore {
     pub(crate) maintenance_rounds: AtomicU64,
     /// Fired once the queue's store is closed to this process for good
     /// (closed, or fenced by another process that opened it): the worker
-    /// loop stops and waits fail instead of waiting forever.
+    /// loop stops and waits fail instead of waiting forever. Shared by
+    /// every runtime over the same queue.
     pub(crate) store_closed: CancellationToken,
 }
 
@@ -132,6 +133,7 @@ impl RuntimeCore {
             MemoStore::new(settings.object_store.clone(), settings.memo_prefix.clone());
         let view = WorkflowView::new(settings.queue.view().clone(), memo_store.clone());
         let run_watchers = RunWatchers::for_queue(&settings.queue);
+        let store_closed = store_closed_token(&settings.queue);
         let submit_batcher = SubmitBatcher::new(settings.queue.clone());
         let group_store = GroupStore::new(
             settings.object_store,
@@ -161,7 +163,7 @@ impl RuntimeCore {
             own_dead_letters: AtomicI64::new(0),
             last_dead_count: AtomicI64::new(-1),
             maintenance_rounds: AtomicU64::new(0),
-            store_closed: CancellationToken::new(),
+            store_closed,
         }
     }
 
@@ -705,10 +707,23 @@ impl RuntimeCore {
             // them reaches the watch.
             let mut watch = self.run_watchers.watch(run_id);
             let Some(pointer) = self.view.current_step_if_active(run_id).await? else {
+                if self.run_watchers.is_terminating(run_id) {
+                    // The reads show a terminating commit of this process
+                    // that is still waiting for its flush, which a takeover
+                    // of the store would void: wait for its notification
+                    // (or the store's closing), then look again.
+                    tokio::select! {
+                        end = watch.ended() => return Ok(end),
+                        () = self.store_closed.cancelled() => return Err(self.store_closed_error()),
+                        () = tokio::time::sleep(self.poll_interval.max(Duration::from_millis(1))) => {}
+                    }
+                    continue;
+                }
                 return self.ended_run(run_id).await;
             };
             if look_at_step {
-                match self.queue.view().get_job(&pointer.job_id).await? {
+                // The record alone: the payload may be a large object.
+                match self.queue.view().job_record(&pointer.job_id).await? {
                     Some(job) if job.status == JobStatus::Dead => {
                         // The dead record, not one read before, carries the
                         // error the run fails with.

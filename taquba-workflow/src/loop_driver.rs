@@ -219,6 +219,9 @@ async fn settle<R, H>(
     } = settlement;
     // Whether the run termination the settlement carries committed.
     let mut ended_committed = false;
+    let terminating = ended
+        .as_ref()
+        .map(|(run_id, _)| inner.core.run_watchers.terminating(run_id));
     let result = match kind {
         SettleKind::Ack(effects) => {
             let acked = queue.ack_with(claim, effects).await;
@@ -287,5 +290,8 @@ async fn settle<R, H>(
             warn!(job_id = %claim.id, "settlement failed; the lease expiry redelivers the step: {err}");
         }
     }
+    // After a failed commit was noted (a closed store fires the token the
+    // waiters watch), so a waiter never trusts what that commit left.
+    drop(terminating);
     drop(inflight);
 }

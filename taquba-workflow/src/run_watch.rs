@@ -12,12 +12,15 @@
 //! process (a `WorkflowRuntime` that submits and waits and another that
 //! runs the worker, over clones of one `Arc<Queue>`): entries are keyed by
 //! the queue's address, which stays put while any runtime holds the queue.
+//! So is [`store_closed_token`], fired when the queue's store is found
+//! closed to this process, so that every waiter on the queue stops.
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError, Weak};
 
 use taquba::Queue;
 use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
 use crate::keys::RunId;
 use crate::runtime::RunEnd;
@@ -31,6 +34,9 @@ type WatchKey = (usize, RunId);
 struct Inner {
     next_token: u64,
     watches: HashMap<WatchKey, Senders>,
+    /// Runs whose terminating commit is in flight in this process, with
+    /// how many such commits there are.
+    terminating: HashMap<WatchKey, usize>,
 }
 
 static REGISTRY: LazyLock<Mutex<Inner>> = LazyLock::new(Mutex::default);
@@ -38,6 +44,27 @@ static REGISTRY: LazyLock<Mutex<Inner>> = LazyLock::new(Mutex::default);
 fn lock() -> MutexGuard<'static, Inner> {
     // The lock guards plain map updates that cannot leave it half-done.
     REGISTRY.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The tokens of the queues runtimes were built over, by address; the weak
+/// reference tells a live queue from a dropped one whose address was
+/// reused.
+static CLOSED: LazyLock<Mutex<HashMap<usize, ClosedEntry>>> = LazyLock::new(Mutex::default);
+
+/// A queue's store-closed token, with the queue it belongs to.
+type ClosedEntry = (Weak<Queue>, CancellationToken);
+
+/// The token fired once `queue`'s store is closed to this process, shared by
+/// every runtime over `queue`.
+pub(crate) fn store_closed_token(queue: &Arc<Queue>) -> CancellationToken {
+    let mut closed = CLOSED.lock().unwrap_or_else(PoisonError::into_inner);
+    // Entries of dropped queues go as new ones come.
+    closed.retain(|_, (weak, _)| weak.strong_count() > 0);
+    closed
+        .entry(Arc::as_ptr(queue) as usize)
+        .or_insert_with(|| (Arc::downgrade(queue), CancellationToken::new()))
+        .1
+        .clone()
 }
 
 /// The waiters on the runs of one queue. Cheap when nobody waits: a
@@ -79,6 +106,23 @@ impl RunWatchers {
         }
     }
 
+    /// Mark a terminating commit of `run_id` in flight until the returned
+    /// guard is dropped: a waiter that reads the run as terminated
+    /// meanwhile may be seeing a commit not yet durable, and waits for its
+    /// notification instead.
+    pub(crate) fn terminating(&self, run_id: &RunId) -> TerminatingGuard {
+        let key = (self.queue, run_id.clone());
+        *lock().terminating.entry(key.clone()).or_default() += 1;
+        TerminatingGuard { key }
+    }
+
+    /// Whether a terminating commit of `run_id` is in flight.
+    pub(crate) fn is_terminating(&self, run_id: &RunId) -> bool {
+        lock()
+            .terminating
+            .contains_key(&(self.queue, run_id.clone()))
+    }
+
     #[cfg(test)]
     fn watched(&self) -> usize {
         lock()
@@ -87,6 +131,23 @@ impl RunWatchers {
             .filter(|((queue, _), _)| *queue == self.queue)
             .map(|(_, senders)| senders.len())
             .sum()
+    }
+}
+
+/// A terminating commit in flight; see [`RunWatchers::terminating`].
+pub(crate) struct TerminatingGuard {
+    key: WatchKey,
+}
+
+impl Drop for TerminatingGuard {
+    fn drop(&mut self) {
+        let mut inner = lock();
+        if let Some(count) = inner.terminating.get_mut(&self.key) {
+            *count -= 1;
+            if *count == 0 {
+                inner.terminating.remove(&self.key);
+            }
+        }
     }
 }
 
