@@ -170,7 +170,12 @@ impl RuntimeCore {
     /// Record an error of the queue: one that says the store is closed to
     /// this process fires [`Self::store_closed`].
     pub(crate) fn note_error(&self, err: &Error) {
-        if err.is_store_closed() && !self.store_closed.is_cancelled() {
+        self.note_closed(err.is_store_closed(), err);
+    }
+
+    /// Fire [`Self::store_closed`] when `closed`, logging `err`.
+    fn note_closed(&self, closed: bool, err: &dyn std::fmt::Display) {
+        if closed && !self.store_closed.is_cancelled() {
             tracing::error!(queue = %self.queue_name, "the queue's store is closed to this process (another process opened it, or it was closed): {err}");
             self.store_closed.cancel();
         }
@@ -454,23 +459,31 @@ impl RuntimeCore {
         }
     }
 
-    /// The [`RunEnd`] a waiter reports for the termination `termination` of
-    /// `outcome`: with the outcome when its run result record was written.
-    pub(crate) fn run_end(
-        outcome: &RunOutcome,
-        termination: &DurableTermination,
-        recorded: bool,
-    ) -> RunEnd {
-        RunEnd {
-            termination: termination.clone().into(),
-            outcome: recorded.then(|| outcome.clone()),
+    /// Await `commit`, a queue commit that carries the termination of
+    /// `ended` (when given), and report that end to the run's waiters in
+    /// this process when `committed` says the termination is in it. While
+    /// the commit is in flight the run is marked terminating, so a waiter
+    /// that reads the not-yet-durable termination waits for this report; a
+    /// closed store is noted before the mark goes.
+    pub(crate) async fn commit_ending<T>(
+        &self,
+        ended: Option<&(RunId, RunEnd)>,
+        commit: impl Future<Output = taquba::Result<T>>,
+        committed: impl FnOnce(&T) -> bool,
+    ) -> taquba::Result<T> {
+        let _terminating = ended.map(|(run_id, _)| self.run_watchers.terminating(run_id));
+        let result = commit.await;
+        match &result {
+            Ok(value) => {
+                if let Some((run_id, end)) = ended
+                    && committed(value)
+                {
+                    self.run_watchers.notify(run_id, end);
+                }
+            }
+            Err(err) => self.note_closed(Error::is_queue_store_closed(err), err),
         }
-    }
-
-    /// Report the committed termination of `run_id` to its waiters in this
-    /// process; called once the commit returned.
-    pub(crate) fn notify_ended(&self, run_id: &RunId, end: &RunEnd) {
-        self.run_watchers.notify(run_id, end);
+        result
     }
 
     /// Write the run result record of a worker-performed termination to the
@@ -495,15 +508,22 @@ impl RuntimeCore {
     /// group member), the retention marker when retention is configured,
     /// and the notification job when the hook observes the outcome.
     /// `max_attempts` is the terminal step's attempt limit, which the
-    /// notification inherits.
+    /// notification inherits. With the effects, the end the run's waiters
+    /// are told once they commit: with `outcome` when `recorded` (its run
+    /// result record was written).
     pub(crate) fn terminate_effects(
         &self,
         outcome: &RunOutcome,
         termination: DurableTermination,
         membership: Option<&Membership>,
         max_attempts: u32,
-    ) -> SettlementEffects {
+        recorded: bool,
+    ) -> (SettlementEffects, (RunId, RunEnd)) {
         let run_id = &outcome.run_id;
+        let end = RunEnd {
+            termination: termination.clone().into(),
+            outcome: recorded.then(|| outcome.clone()),
+        };
         let at_ms = termination.terminated_at_ms;
         let mut effects = SettlementEffects::default()
             .kv_delete(run_kv_key(run_id))
@@ -534,7 +554,7 @@ impl RuntimeCore {
                     .max_attempts(max_attempts),
             });
         }
-        effects
+        (effects, (run_id.clone(), end))
     }
 
     /// The outcome of a run terminated outside any runner call, at the step
@@ -591,12 +611,11 @@ impl RuntimeCore {
             };
             match job.status {
                 JobStatus::Pending | JobStatus::Scheduled => {
-                    let (effects, end) = self.cancel_effects(run_id, &pointer, &job, &record)?;
-                    match self.queue.cancel_with(&job.id, effects).await?.0 {
-                        CancelOutcome::Removed => {
-                            self.notify_ended(run_id, &end);
-                            return Ok(true);
-                        }
+                    match self
+                        .cancel_removing(run_id, &pointer, &job, &record)
+                        .await?
+                    {
+                        CancelOutcome::Removed => return Ok(true),
                         // Claimed or settled meanwhile: look again.
                         CancelOutcome::Requested | CancelOutcome::NotFound => continue,
                     }
@@ -613,15 +632,13 @@ impl RuntimeCore {
                             // token; only the step's settlement tells
                             // whether the holder honoured the request, so
                             // wait for it and look again.
-                            let (effects, end) =
-                                self.cancel_effects(run_id, &pointer, &job, &record)?;
-                            match self.queue.cancel_with(&job.id, effects).await?.0 {
+                            match self
+                                .cancel_removing(run_id, &pointer, &job, &record)
+                                .await?
+                            {
                                 // Re-queued since the read: removed with the
                                 // run's termination.
-                                CancelOutcome::Removed => {
-                                    self.notify_ended(run_id, &end);
-                                    return Ok(true);
-                                }
+                                CancelOutcome::Removed => return Ok(true),
                                 CancelOutcome::Requested => {
                                     self.queue.wait_for_completion(&job.id).await?;
                                     continue;
@@ -653,17 +670,17 @@ impl RuntimeCore {
         }
     }
 
-    /// The effects of cancelling `run_id` by removing its waiting step job
-    /// `job`, which `pointer` names: the run's `Cancelled` termination and
-    /// the cleanup of a signal waiter the job registered; with the end the
-    /// run's waiters are told once they commit.
-    fn cancel_effects(
+    /// Cancel the step job `job` of `run_id` (which `pointer` names): when
+    /// it is still waiting it is removed together with the run's
+    /// `Cancelled` termination and the cleanup of a signal waiter the job
+    /// registered; a claimed one gets its cancellation requested.
+    async fn cancel_removing(
         &self,
         run_id: &RunId,
         pointer: &DurableCurrentStep,
         job: &JobRecord,
         record: &DurableRunRecord,
-    ) -> Result<(SettlementEffects, RunEnd)> {
+    ) -> Result<CancelOutcome> {
         let outcome = Self::detached_outcome(
             run_id,
             job,
@@ -672,14 +689,25 @@ impl RuntimeCore {
             None,
         );
         let termination = self.termination(&outcome, None, &record.input_hash);
-        let end = Self::run_end(&outcome, &termination, false);
         let membership = Membership::from_headers(&job.headers)?;
-        let mut effects =
-            self.terminate_effects(&outcome, termination, membership.as_ref(), job.max_attempts);
+        let (mut effects, ended) = self.terminate_effects(
+            &outcome,
+            termination,
+            membership.as_ref(),
+            job.max_attempts,
+            false,
+        );
         effects
             .kv_deletes
             .extend(crate::signal::waiter_cleanup(job));
-        Ok((effects, end))
+        let (outcome, _) = self
+            .commit_ending(
+                Some(&ended),
+                self.queue.cancel_with(&job.id, effects),
+                |(outcome, _)| *outcome == CancelOutcome::Removed,
+            )
+            .await?;
+        Ok(outcome)
     }
 
     async fn ended_cancelled(&self, run_id: &RunId) -> Result<bool> {

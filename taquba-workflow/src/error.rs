@@ -103,10 +103,14 @@ impl Error {
     /// (a store has one writer). No retry can succeed; the worker loop stops
     /// with this error and waits fail with it.
     pub fn is_store_closed(&self) -> bool {
+        matches!(self, Error::Queue(err) if Self::is_queue_store_closed(err))
+    }
+
+    /// [`is_store_closed`](Self::is_store_closed) for an error of the queue.
+    pub(crate) fn is_queue_store_closed(err: &taquba::Error) -> bool {
         matches!(
-            self,
-            Error::Queue(taquba::Error::Storage(err))
-                if matches!(err.kind(), slatedb::ErrorKind::Closed(_))
+            err,
+            taquba::Error::Storage(err) if matches!(err.kind(), slatedb::ErrorKind::Closed(_))
         )
     }
 

@@ -217,17 +217,12 @@ async fn settle<R, H>(
         next_step,
         ended,
     } = settlement;
-    // Whether the run termination the settlement carries committed.
-    let mut ended_committed = false;
-    let terminating = ended
-        .as_ref()
-        .map(|(run_id, _)| inner.core.run_watchers.terminating(run_id));
+    let core = &inner.core;
     let result = match kind {
-        SettleKind::Ack(effects) => {
-            let acked = queue.ack_with(claim, effects).await;
-            ended_committed = acked.is_ok();
-            acked.map(Some)
-        }
+        SettleKind::Ack(effects) => core
+            .commit_ending(ended.as_ref(), queue.ack_with(claim, effects), |_| true)
+            .await
+            .map(Some),
         SettleKind::Retry(error) => queue.nack(claim, &error).await.map(|()| None),
         SettleKind::Fail {
             error,
@@ -237,29 +232,30 @@ async fn settle<R, H>(
             // Counted before the commit, so a look between the commit and
             // the count cannot take it for a foreign dead letter; uncounted
             // when no dead letter happened.
-            inner.core.note_own_dead_letter();
-            let dead_lettered = if permanent {
-                queue
-                    .dead_letter_with(claim, &error, effects)
-                    .await
-                    .map(|_| true)
-            } else {
-                queue
-                    .nack_with(claim, &error, effects)
-                    .await
-                    .map(|outcome| matches!(outcome, NackOutcome::DeadLettered(_)))
+            core.note_own_dead_letter();
+            let dead_letter = async {
+                if permanent {
+                    queue
+                        .dead_letter_with(claim, &error, effects)
+                        .await
+                        .map(|_| true)
+                } else {
+                    queue
+                        .nack_with(claim, &error, effects)
+                        .await
+                        .map(|outcome| matches!(outcome, NackOutcome::DeadLettered(_)))
+                }
             };
-            ended_committed = matches!(dead_lettered, Ok(true));
-            if !ended_committed {
-                inner.core.forget_own_dead_letter();
+            let dead_lettered = core
+                .commit_ending(ended.as_ref(), dead_letter, |dead| *dead)
+                .await;
+            if !matches!(dead_lettered, Ok(true)) {
+                core.forget_own_dead_letter();
             }
             dead_lettered.map(|_| None)
         }
     };
     drop(signal_lock);
-    if ended_committed && let Some((run_id, end)) = &ended {
-        inner.core.notify_ended(run_id, end);
-    }
     match result {
         Ok(Some(results)) => {
             if let (Some((run_id, step_number)), Some(EnqueueResult::AlreadyEnqueued(existing))) =
@@ -290,8 +286,5 @@ async fn settle<R, H>(
             warn!(job_id = %claim.id, "settlement failed; the lease expiry redelivers the step: {err}");
         }
     }
-    // After a failed commit was noted (a closed store fires the token the
-    // waiters watch), so a waiter never trusts what that commit left.
-    drop(terminating);
     drop(inflight);
 }

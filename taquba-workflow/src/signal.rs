@@ -243,14 +243,14 @@ impl RuntimeCore {
             let termination =
                 self.termination(&outcome, Some(StepErrorKind::Permanent), input_hash);
             self.store_run_result(&outcome, &termination).await?;
-            let end = Self::run_end(&outcome, &termination, true);
-            let effects = self.terminate_effects(
+            let (effects, ended) = self.terminate_effects(
                 &outcome,
                 termination,
                 claimed.membership.as_ref(),
                 claimed.job.max_attempts,
+                true,
             );
-            return Ok(Settlement::of(SettleKind::Ack(effects)).ending(run_id, end));
+            return Ok(Settlement::of(SettleKind::Ack(effects)).ending(ended));
         }
         let buffer_key = signal_buffer_kv_key(correlation_key);
         let mut opts: StepEnqueueOpts = claimed.next_step_opts();

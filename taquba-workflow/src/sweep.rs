@@ -248,22 +248,27 @@ pub(crate) async fn reconcile_job(core: &RuntimeCore, job: &JobRecord) -> Result
     };
     let outcome = RuntimeCore::detached_outcome(&run_id, job, step_number, status, error);
     let termination = core.termination(&outcome, None, &record.input_hash);
-    let end = RuntimeCore::run_end(&outcome, &termination, false);
     let membership = Membership::from_headers(&job.headers)?;
-    let mut effects =
-        core.terminate_effects(&outcome, termination, membership.as_ref(), job.max_attempts);
+    let (mut effects, ended) = core.terminate_effects(
+        &outcome,
+        termination,
+        membership.as_ref(),
+        job.max_attempts,
+        false,
+    );
     effects
         .kv_deletes
         .extend(crate::signal::waiter_cleanup(job));
     // Only while the pointer still names this job: a concurrent settlement
     // or reconciliation wins otherwise.
     let committed = core
-        .queue
-        .kv_compare_commit(&pointer_key, Some(&pointer_bytes), effects)
+        .commit_ending(
+            Some(&ended),
+            core.queue
+                .kv_compare_commit(&pointer_key, Some(&pointer_bytes), effects),
+            Option::is_some,
+        )
         .await?;
-    if committed.is_some() {
-        core.notify_ended(&run_id, &end);
-    }
     Ok(usize::from(committed.is_some()))
 }
 

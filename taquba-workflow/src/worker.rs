@@ -71,9 +71,9 @@ impl Settlement {
     }
 
     /// This settlement, reporting `ended` once it commits.
-    pub(crate) fn ending(self, run_id: &RunId, ended: RunEnd) -> Self {
+    pub(crate) fn ending(self, ended: (RunId, RunEnd)) -> Self {
         Self {
-            ended: Some((run_id.clone(), ended)),
+            ended: Some(ended),
             ..self
         }
     }
@@ -181,8 +181,8 @@ pub(crate) fn panic_message(panic: &(dyn Any + Send)) -> String {
 
 impl RuntimeCore {
     /// Terminate the run of `claimed` with `outcome` from an acknowledging
-    /// settlement: record the run result, then build the settlement with
-    /// `extra` effects. A failed record write retries the step.
+    /// settlement: record the run result, then build the settlement. A
+    /// failed record write retries the step.
     async fn terminate_recorded(
         &self,
         claimed: &ClaimedStep<'_>,
@@ -194,14 +194,14 @@ impl RuntimeCore {
         if let Err(err) = self.store_run_result(&outcome, &termination).await {
             return Settlement::infrastructure(err);
         }
-        let end = Self::run_end(&outcome, &termination, true);
-        let effects = self.terminate_effects(
+        let (effects, ended) = self.terminate_effects(
             &outcome,
             termination,
             claimed.membership.as_ref(),
             claimed.job.max_attempts,
+            true,
         );
-        Settlement::of(SettleKind::Ack(effects)).ending(&claimed.run_id, end)
+        Settlement::of(SettleKind::Ack(effects)).ending(ended)
     }
 
     /// The settlement of a step error that ends the run (permanent, or
@@ -223,14 +223,14 @@ impl RuntimeCore {
                 false
             }
         };
-        let end = Self::run_end(&outcome, &termination, recorded);
-        let effects = self.terminate_effects(
+        let (effects, ended) = self.terminate_effects(
             &outcome,
             termination,
             claimed.membership.as_ref(),
             claimed.job.max_attempts,
+            recorded,
         );
-        Settlement::failure(error, effects).ending(&claimed.run_id, end)
+        Settlement::failure(error, effects).ending(ended)
     }
 
     /// The effects that make `payload` the run's next step.
