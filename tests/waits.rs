@@ -916,15 +916,7 @@ async fn hundreds_of_concurrent_fresh_submissions_each_run_once_to_their_own_end
             (input, submitted, end)
         }));
     }
-    let done = tokio::time::timeout(Duration::from_secs(60), async move {
-        let mut done = Vec::new();
-        for task in tasks {
-            done.push(task.await.expect("task"));
-        }
-        done
-    })
-    .await
-    .expect("every run ended");
+    let done = join_within(60, tasks, "every run ended").await;
 
     let mut run_ids = HashSet::new();
     let mut job_ids = HashSet::new();
@@ -1021,15 +1013,7 @@ async fn hundreds_of_concurrent_job_submissions_each_resolve_to_their_own_output
             (n, id, output)
         }));
     }
-    let done = tokio::time::timeout(Duration::from_secs(60), async move {
-        let mut done = Vec::new();
-        for task in tasks {
-            done.push(task.await.expect("task"));
-        }
-        done
-    })
-    .await
-    .expect("every job ended");
+    let done = join_within(60, tasks, "every job ended").await;
     let mut ids = HashSet::new();
     for (n, id, output) in done {
         assert_eq!(output, n * n, "job {id}");
@@ -1331,4 +1315,17 @@ async fn a_wait_does_not_read_the_steps_offloaded_payload_at_every_poll() {
         read <= 1,
         "a 5 s wait polling every 50 ms downloaded the 300 KiB step payload {read} times"
     );
+}
+
+/// The outputs of `tasks` in order, all finished within `secs` seconds.
+async fn join_within<T>(secs: u64, tasks: Vec<tokio::task::JoinHandle<T>>, what: &str) -> Vec<T> {
+    tokio::time::timeout(Duration::from_secs(secs), async move {
+        let mut done = Vec::new();
+        for task in tasks {
+            done.push(task.await.expect("task"));
+        }
+        done
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what} in time"))
 }
