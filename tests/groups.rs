@@ -440,6 +440,11 @@ async fn forget_removes_everything_and_a_later_submission_starts_afresh() {
     group.forget().await.unwrap();
     assert!(matches!(group.status().await, Err(Error::GroupNotFound(_))));
     assert!(kv_keys(&queue, b"workflow/groups/").await.is_empty());
+    assert!(
+        kv_keys(&queue, b"workflow/group-submissions/")
+            .await
+            .is_empty()
+    );
     assert!(kv_keys(&queue, b"workflow/outcomes/").await.is_empty());
     assert_eq!(
         objects_under(&store, "workflow-steps-memo").await,
@@ -646,5 +651,125 @@ async fn a_group_re_submitted_while_members_finish_runs_each_member_once() {
             assert_eq!(runner.calls_of(&run_id), 1, "{id}/m{i} ran more than once");
         }
     }
+    worker.shutdown().await.unwrap();
+}
+
+/// Submissions of one group racing each other (two tasks on one runtime
+/// and one on a second runtime over the same queue, a real clock, two
+/// threads), over more members than one submission transaction carries:
+/// a member that succeeded is never run again, and one that failed is run
+/// again only by a submission, at most once per submission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_submissions_of_one_group_never_run_a_succeeded_member_again() {
+    let (queue, store) = real_clock_queue().await;
+    let runner = Members::default();
+    runner.failing.store(true, Ordering::SeqCst);
+    let runtime = WorkflowRuntime::builder(
+        queue.clone(),
+        store.clone(),
+        runner.clone(),
+        NoopTerminalHook,
+    )
+    .poll_interval(Duration::from_millis(5))
+    .build();
+    let other = WorkflowRuntime::builder(queue, store, runner.clone(), NoopTerminalHook).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let failing = |n: usize| n.is_multiple_of(7);
+    let members: Vec<GroupMember> = (0..600)
+        .map(|n| member(&format!("m{n:03}"), if failing(n) { "fail" } else { "ok" }))
+        .collect();
+    let runs = |n: usize| runner.calls_of(&member_run_id("crowd", &format!("m{n:03}")));
+    let group = runtime.group(rid("crowd"));
+    for round in 1..=3 {
+        let before: Vec<usize> = (0..600).map(runs).collect();
+        let groups = [
+            runtime.group(rid("crowd")),
+            runtime.group(rid("crowd")),
+            other.group(rid("crowd")),
+        ];
+        let options = RunOptions::default();
+        let submits = groups
+            .iter()
+            .map(|group| group.submit(members.clone(), &options));
+        for submitted in within(60, futures_util::future::join_all(submits)).await {
+            submitted.expect("submit");
+        }
+        let results = all_results(&group).await;
+        assert_eq!(results.len(), 600, "round {round}");
+        for result in &results {
+            let n: usize = result.key[1..].parse().unwrap();
+            let expected = if failing(n) && round == 1 {
+                TerminalStatus::Failed
+            } else {
+                TerminalStatus::Succeeded
+            };
+            assert_eq!(
+                result.termination.status, expected,
+                "round {round}: {}",
+                result.key
+            );
+        }
+        for (n, before) in before.into_iter().enumerate() {
+            let ran = runs(n) - before;
+            match (round, failing(n)) {
+                (1, false) => assert_eq!(ran, 1, "m{n:03} ran {ran} times"),
+                (1, true) | (2, true) => assert!(
+                    (1..=3).contains(&ran),
+                    "round {round}: failed m{n:03} ran {ran} times for 3 submissions"
+                ),
+                _ => assert_eq!(ran, 0, "round {round}: succeeded m{n:03} ran again"),
+            }
+        }
+        runner.failing.store(false, Ordering::SeqCst);
+    }
+    worker.shutdown().await.unwrap();
+}
+
+/// `forget` leaves running members running; submitting the group again
+/// before they finish must not start a second run of them.
+#[tokio::test(start_paused = true)]
+async fn a_member_still_running_after_forget_is_not_started_twice() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runner = Members::default();
+    let runtime = runtime(&queue, &store, &runner);
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let group = runtime.group(rid("amnesia"));
+    let members = vec![member("quick", "ok"), member("slow", "wait:amnesia-gate")];
+    group
+        .submit(members.clone(), &RunOptions::default())
+        .await
+        .unwrap();
+    let slow = member_run_id("amnesia", "slow");
+    within(30, async {
+        while runner.calls_of(&slow) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    until_status(&group, "quick done", |s| s.succeeded == 1).await;
+    group.forget().await.unwrap();
+
+    group.submit(members, &RunOptions::default()).await.unwrap();
+    runtime
+        .signal("amnesia-gate", b"go".to_vec())
+        .await
+        .unwrap();
+    let results = all_results(&group).await;
+    assert_eq!(results.len(), 2);
+    assert!(
+        results
+            .iter()
+            .all(|r| r.termination.status == TerminalStatus::Succeeded)
+    );
+    assert_eq!(
+        runner.calls_of(&slow),
+        1,
+        "the running member was not started again"
+    );
+    assert_eq!(
+        runner.calls_of(&member_run_id("amnesia", "quick")),
+        2,
+        "the forgotten finished member starts afresh"
+    );
     worker.shutdown().await.unwrap();
 }

@@ -31,7 +31,7 @@ use crate::keys::{
 use crate::memo::{MemoStore, RUN_RESULT_MEMO_KEY};
 use crate::run_watch::{RunWatchers, store_closed_token};
 use crate::runner::StepErrorKind;
-use crate::runtime::{RunEnd, RunSpec, RunTermination, SubmitOutcome};
+use crate::runtime::{RunEnd, RunOptions, RunSpec, RunTermination, SubmitOutcome};
 use crate::signal::SignalLocks;
 use crate::submit_batch::{Batched, SubmitBatcher};
 use crate::terminal::{RunOutcome, TerminalStatus};
@@ -284,20 +284,7 @@ impl RuntimeCore {
             options,
             effects: user_effects,
         } = spec;
-        if let Some(name) = options
-            .headers
-            .keys()
-            .find(|name| name.starts_with(RESERVED_HEADER_PREFIX))
-        {
-            return Err(Error::ReservedHeaderInSubmit(name.clone()));
-        }
-        for key in user_effects
-            .kv_writes
-            .keys()
-            .chain(user_effects.kv_deletes.iter())
-        {
-            StagedKv::check_key(key)?;
-        }
+        Self::check_submission(&options, &user_effects)?;
         // A fresh ULID names no recorded run: its first attempt skips the
         // reads (the compare-and-commit below still guards the record).
         let mut fresh_id = run_id.is_none();
@@ -330,48 +317,14 @@ impl RuntimeCore {
                     job_id: String::new(),
                 });
             }
-            let record = DurableRunRecord {
-                input_hash: input_hash.clone(),
-                submitted_at_ms: self.now_ms(),
-                cancel_requested: false,
-            };
-            let reserved_headers = membership
-                .map(Membership::reserved_headers)
-                .unwrap_or_default();
-            let step = self.prepare_step(
+            let (effects, job_id) = self.submission_effects(
                 &run_id,
-                0,
                 input.clone(),
-                &options.headers,
-                StepEnqueueOpts {
-                    run_at: options.run_at,
-                    priority: options.priority,
-                    max_attempts: options.max_attempts_per_step,
-                    reserved_headers,
-                },
+                &input_hash,
+                &options,
+                membership,
+                &user_effects,
             );
-            let job_id = step.job_id.clone();
-            // The step-0 enqueue goes first so its result is at index 0.
-            let mut effects = Self::step_effects(&run_id, 0, step, SettlementEffects::default())
-                .kv_put(run_key.clone(), durable::encode(&record));
-            effects
-                .enqueues
-                .extend(user_effects.enqueues.iter().cloned());
-            for (key, value) in &user_effects.kv_writes {
-                effects.kv_writes.insert(key.clone(), value.clone());
-            }
-            effects
-                .kv_deletes
-                .extend(user_effects.kv_deletes.iter().cloned());
-            effects
-                .expiry_entries
-                .extend(user_effects.expiry_entries.iter().cloned());
-            if let Some(membership) = membership {
-                effects = effects.kv_put(
-                    membership.kv_key(),
-                    durable::encode(&pending_member(&run_id)),
-                );
-            }
             // A fresh id with nothing of the caller's riding along joins the
             // group commit; the rest compare-and-commit on the run record.
             let committed = if fresh && batchable {
@@ -386,37 +339,128 @@ impl RuntimeCore {
                     .await?
             };
             match committed {
-                Some(results) => {
-                    if let Some(EnqueueResult::AlreadyEnqueued(orphan)) = results.first() {
-                        // A step-0 job of this run id was pending without a
-                        // run record (left by outside interference): adopt
-                        // it as the run's current step.
-                        warn!(run_id = %run_id, job_id = %orphan, "adopting a pending step-0 job without a run record");
-                        let pointer = DurableCurrentStep {
-                            step_number: 0,
-                            job_id: orphan.clone(),
-                        };
-                        self.queue
-                            .kv_put(&step_kv_key(&run_id), &durable::encode(&pointer))
-                            .await?;
-                        return Ok(SubmitOutcome {
-                            run_id,
-                            newly_submitted: true,
-                            job_id: orphan.clone(),
-                        });
-                    }
-                    debug!(run_id = %run_id, job_id = %job_id, "run submitted");
-                    return Ok(SubmitOutcome {
-                        run_id,
-                        newly_submitted: true,
-                        job_id,
-                    });
-                }
+                Some(results) => return self.submitted(run_id, job_id, &results).await,
                 // Another submission of this run id committed first.
                 None => continue,
             }
         }
         Err(Error::InconsistentRunState(run_id))
+    }
+
+    /// Reject what no submission may carry: a reserved header name in
+    /// `options` ([`Error::ReservedHeaderInSubmit`]) or a KV key under the
+    /// reserved prefix in `user_effects`.
+    pub(crate) fn check_submission(
+        options: &RunOptions,
+        user_effects: &SettlementEffects,
+    ) -> Result<()> {
+        if let Some(name) = options
+            .headers
+            .keys()
+            .find(|name| name.starts_with(RESERVED_HEADER_PREFIX))
+        {
+            return Err(Error::ReservedHeaderInSubmit(name.clone()));
+        }
+        for key in user_effects
+            .kv_writes
+            .keys()
+            .chain(user_effects.kv_deletes.iter())
+        {
+            StagedKv::check_key(key)?;
+        }
+        Ok(())
+    }
+
+    /// The effects that submit `run_id` (step 0 with `input`, whose hash is
+    /// `input_hash`): the step-0 enqueue first, so its result is at index
+    /// 0, the pointer, the run record, the member record of a group member,
+    /// then `user_effects`. With the step-0 job id.
+    pub(crate) fn submission_effects(
+        &self,
+        run_id: &RunId,
+        input: Vec<u8>,
+        input_hash: &[u8],
+        options: &RunOptions,
+        membership: Option<&Membership>,
+        user_effects: &SettlementEffects,
+    ) -> (SettlementEffects, String) {
+        let record = DurableRunRecord {
+            input_hash: input_hash.to_vec(),
+            submitted_at_ms: self.now_ms(),
+            cancel_requested: false,
+        };
+        let reserved_headers = membership
+            .map(Membership::reserved_headers)
+            .unwrap_or_default();
+        let step = self.prepare_step(
+            run_id,
+            0,
+            input,
+            &options.headers,
+            StepEnqueueOpts {
+                run_at: options.run_at,
+                priority: options.priority,
+                max_attempts: options.max_attempts_per_step,
+                reserved_headers,
+            },
+        );
+        let job_id = step.job_id.clone();
+        let mut effects = Self::step_effects(run_id, 0, step, SettlementEffects::default())
+            .kv_put(run_kv_key(run_id), durable::encode(&record));
+        effects
+            .enqueues
+            .extend(user_effects.enqueues.iter().cloned());
+        for (key, value) in &user_effects.kv_writes {
+            effects.kv_writes.insert(key.clone(), value.clone());
+        }
+        effects
+            .kv_deletes
+            .extend(user_effects.kv_deletes.iter().cloned());
+        effects
+            .expiry_entries
+            .extend(user_effects.expiry_entries.iter().cloned());
+        if let Some(membership) = membership {
+            effects = effects.kv_put(
+                membership.kv_key(),
+                durable::encode(&pending_member(run_id)),
+            );
+        }
+        (effects, job_id)
+    }
+
+    /// The outcome of a committed submission of `run_id` whose step-0 job
+    /// was prepared as `job_id`; `results` are the commit's enqueue results
+    /// for this submission (step 0 first).
+    pub(crate) async fn submitted(
+        &self,
+        run_id: RunId,
+        job_id: String,
+        results: &[EnqueueResult],
+    ) -> Result<SubmitOutcome> {
+        if let Some(EnqueueResult::AlreadyEnqueued(orphan)) = results.first() {
+            // A step-0 job of this run id was pending without a run record
+            // (left by outside interference): adopt it as the run's current
+            // step.
+            warn!(run_id = %run_id, job_id = %orphan, "adopting a pending step-0 job without a run record");
+            let pointer = DurableCurrentStep {
+                step_number: 0,
+                job_id: orphan.clone(),
+            };
+            self.queue
+                .kv_put(&step_kv_key(&run_id), &durable::encode(&pointer))
+                .await?;
+            return Ok(SubmitOutcome {
+                run_id,
+                newly_submitted: true,
+                job_id: orphan.clone(),
+            });
+        }
+        debug!(run_id = %run_id, job_id = %job_id, "run submitted");
+        Ok(SubmitOutcome {
+            run_id,
+            newly_submitted: true,
+            job_id,
+        })
     }
 
     /// The answer to a submission of an active run.

@@ -16,19 +16,17 @@ use tracing::warn;
 
 use crate::blob::ObjectPrefix;
 use crate::durable::{self, DurableMember, DurableTermination};
-use crate::engine::{OnTerminated, RuntimeCore};
+use crate::engine::RuntimeCore;
 use crate::error::{Error, Result};
+use crate::group_submit::{self, SUBMIT_CONCURRENCY};
 use crate::keys::{
     HEADER_GROUP, HEADER_GROUP_KEY, RunId, group_member_kv_key, group_members_kv_prefix,
-    outcome_kv_key,
+    group_submissions_kv_key, outcome_kv_key,
 };
 use crate::memo::MemoStore;
-use crate::runtime::{RunOptions, RunSpec, RunTermination};
+use crate::runtime::{RunOptions, RunTermination};
 use crate::terminal::{RunOutcome, TerminalStatus};
 
-/// Member submissions and cancellations in flight at once; each waits for a
-/// durable commit, and concurrent commits share WAL flushes.
-const SUBMIT_CONCURRENCY: usize = 32;
 /// Members a results stream waits on at once. Already terminated members
 /// are yielded as soon as they enter the window, so memory stays bounded
 /// for any group size.
@@ -238,7 +236,10 @@ impl GroupStore {
             let entries = view.kv_entries(&prefix, .., PAGE);
             entries.map_ok(|(key, _)| key).try_collect().await?
         };
-        for key in member_keys {
+        for key in member_keys
+            .into_iter()
+            .chain([group_submissions_kv_key(group_id)])
+        {
             keys.push(key);
             if keys.len() == PAGE {
                 self.delete_keys(std::mem::take(&mut keys)).await?;
@@ -310,8 +311,10 @@ impl RunGroup {
     /// The first submission writes the manifest; a later one must name the
     /// same members with the same inputs, and submits again every member
     /// whose last termination is not a success (members still active are
-    /// left running). Submissions run 32 at a time; a failure returns after
-    /// the members submitted so far, and a re-submission completes the rest.
+    /// left running). Members are committed up to 256 per transaction, in
+    /// order, so a group of any size submits in bounded memory; a failure
+    /// returns after the members committed so far, and a re-submission
+    /// completes the rest.
     ///
     /// # Errors
     /// [`Error::DuplicateMemberKey`] for two members with one key;
@@ -351,36 +354,7 @@ impl RunGroup {
     }
 
     async fn submit_members(&self, members: Vec<GroupMember>, options: &RunOptions) -> Result<()> {
-        let succeeded: HashSet<String> = self
-            .members()
-            .await?
-            .into_iter()
-            .filter(|m| m.status() == Some(TerminalStatus::Succeeded))
-            .map(|m| m.key)
-            .collect();
-        stream::iter(members.into_iter().filter(|m| !succeeded.contains(&m.key)))
-            .map(|member| async move {
-                let membership = Membership {
-                    group_id: self.id.clone(),
-                    key: member.key,
-                };
-                let spec = RunSpec {
-                    run_id: Some(membership.run_id()),
-                    input: member.input,
-                    options: options.clone(),
-                    effects: SettlementEffects::default(),
-                };
-                // A member that succeeds after the read above is answered by
-                // its record, not run again.
-                self.core
-                    .submit_as(spec, Some(&membership), OnTerminated::KeepSucceeded)
-                    .await
-                    .map(drop)
-            })
-            .buffer_unordered(SUBMIT_CONCURRENCY)
-            .try_collect::<Vec<()>>()
-            .await?;
-        Ok(())
+        group_submit::submit_members(&self.core, &self.id, members, options).await
     }
 
     /// Wait until member `key` terminates; its result.

@@ -255,6 +255,13 @@ pub(crate) fn group_member_kv_key(group_id: &RunId, key: &str) -> Vec<u8> {
     k
 }
 
+/// The submission counter of `group_id`: every batched commit of its
+/// members compares it and increments it, so two submissions of one group
+/// cannot both commit a member.
+pub(crate) fn group_submissions_kv_key(group_id: &RunId) -> Vec<u8> {
+    kv_key(&["group-submissions", group_id])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -301,10 +308,12 @@ mod tests {
             signal_buffer_kv_key("k"),
             signal_delivered_kv_key(&id, 3),
             group_member_kv_key(&id, "m"),
+            group_submissions_kv_key(&id),
         ] {
             assert!(key.starts_with(RESERVED_KV_PREFIX.as_bytes()));
         }
         assert_eq!(run_kv_key(&id), b"workflow/runs/r1");
+        assert!(!group_submissions_kv_key(&id).starts_with(&group_members_kv_prefix(&id)));
         assert!(TERMINALS_PREFIX.starts_with(RESERVED_KV_PREFIX));
     }
 }

@@ -85,6 +85,7 @@ mod effects;
 mod engine;
 mod error;
 mod group;
+mod group_submit;
 mod inflight;
 pub mod jobs;
 mod keys;
