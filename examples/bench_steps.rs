@@ -119,6 +119,11 @@ where
     for _ in 0..n.max(1) {
         figures.push(f().await);
     }
+    median_of(figures)
+}
+
+/// The median of `figures` (at least one) by rate.
+fn median_of(mut figures: Vec<Figure>) -> Figure {
     figures.sort_by(|a, b| a.per_sec.total_cmp(&b.per_sec));
     figures[figures.len() / 2]
 }
@@ -538,7 +543,6 @@ async fn main() {
         row(case, figure, None);
         return;
     }
-    let mut raw100 = None;
     for kind in [StoreKind::Memory, StoreKind::Dir] {
         println!("\n== {}", kind.name());
         let raw16 = raw_steps(kind, &args, 16).await;
@@ -622,31 +626,41 @@ async fn main() {
             memo,
             Some(defaults),
         );
-        if matches!(kind, StoreKind::Memory) {
-            raw100 = Some((defaults, at100));
-        }
     }
     if args.steps_only {
         return;
     }
-    let Some((defaults, _)) = raw100 else { return };
     println!(
-        "\n== jobs and groups (InMemory, runtime defaults; median of {})",
-        args.repeat.div_ceil(2)
+        "\n== jobs and groups (InMemory, runtime defaults; {} interleaved rounds of steps, jobs, group; medians)",
+        args.repeat
     );
-    let jobs = median(args.repeat.div_ceil(2), || jobs_per_sec(&args)).await;
+    // Interleaved, so the ratios compare figures taken under the same
+    // machine state (the temp-dir cases above leave write-back behind).
+    let (mut steps, mut jobs, mut members) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..args.repeat.max(1) {
+        let case = RuntimeCase {
+            in_flight: None,
+            replay: false,
+            memo: false,
+        };
+        steps.push(runtime_steps_once(StoreKind::Memory, &args, case).await);
+        jobs.push(jobs_per_sec(&args).await);
+        members.push(group_members(StoreKind::Memory, args.jobs, false).await.0);
+    }
+    let defaults = median_of(steps);
+    row(
+        "runtime, defaults (this section's baseline)",
+        defaults,
+        None,
+    );
     row(
         &format!("{} trivial jobs, submitted and awaited vs steps", args.jobs),
-        jobs,
+        median_of(jobs),
         Some(defaults),
     );
-    let members = median(args.repeat.div_ceil(2), || async {
-        group_members(StoreKind::Memory, args.jobs, false).await.0
-    })
-    .await;
     row(
         &format!("group of {} members, submit + results vs steps", args.jobs),
-        members,
+        median_of(members),
         Some(defaults),
     );
     // On a directory: an InMemory store keeps every object it is given in

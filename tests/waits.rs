@@ -19,13 +19,15 @@ use std::time::{Duration, UNIX_EPOCH};
 use common::*;
 use futures_util::TryStreamExt;
 use serde::{Deserialize, Serialize};
+use sha2::Digest;
 use taquba::object_store::ObjectStore;
 use taquba::object_store::memory::InMemory;
 use taquba::{MockClock, Queue, QueueConfig, SettlementEffects};
 use taquba_workflow::jobs::{Job, JobContext, JobError, JobRunner, JoinError};
 use taquba_workflow::{
-    Error, NoopTerminalHook, RunEnd, RunOptions, RunOutcome, RunSpec, RunState, Step, StepError,
-    StepErrorKind, StepOutcome, StepRunner, TerminalHook, TerminalStatus, WorkflowRuntime,
+    Error, GroupMember, NoopTerminalHook, RunEnd, RunOptions, RunOutcome, RunSpec, RunState,
+    RunTermination, Step, StepError, StepErrorKind, StepOutcome, StepRunner, TerminalHook,
+    TerminalStatus, WorkflowRuntime,
 };
 use taquba_workflow_suite::testing::{FaultConfig, FaultyStore, Op};
 use tokio::task::JoinHandle;
@@ -1274,6 +1276,125 @@ async fn a_wait_does_not_report_a_termination_lost_to_a_takeover() {
                 ),
             }
         }
+    }
+}
+
+/// A takeover while a terminating settlement is in flight, observed by
+/// fresh looks started over and over (each abandoned after 2 ms) from
+/// before the takeover until well after the fenced worker stopped: a fresh
+/// `wait` on the run, or a fresh `results` stream of the run's group.
+/// Returns what the looks reported and the run's state as the new writer
+/// reads it.
+async fn fresh_looks_across_a_takeover(group: bool) -> (Vec<RunTermination>, Vec<Error>, RunState) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = dir_store(dir.path());
+    let queue = Arc::new(
+        Queue::open_with_options(store.clone(), "db", fast_flush())
+            .await
+            .expect("open"),
+    );
+    let script = Script::default();
+    let runtime = workflow_builder(&queue, &store, &script)
+        .poll_interval(Duration::from_millis(1))
+        .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let run_id = if group {
+        let members = vec![GroupMember {
+            key: "held".into(),
+            input: b"gate".to_vec(),
+        }];
+        runtime
+            .group(rid("g"))
+            .submit(members, &RunOptions::default())
+            .await
+            .expect("group submit");
+        rid(&hex::encode(sha2::Sha256::digest(b"g/held")))
+    } else {
+        submit_with(&runtime, "held", "gate", RunOptions::default()).await;
+        rid("held")
+    };
+    let started = run_id.to_string();
+    eventually_real("the step to start", || async {
+        script.calls_of(&started) == 1
+    })
+    .await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let looks: Vec<_> = (0..4)
+        .map(|_| {
+            let (runtime, run_id, stop) = (runtime.clone(), run_id.clone(), stop.clone());
+            tokio::spawn(async move {
+                let (mut ended, mut errors) = (Vec::new(), Vec::new());
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let look = async {
+                        if group {
+                            let mut results = runtime.group(rid("g")).results().await?;
+                            match futures_util::StreamExt::next(&mut results).await {
+                                Some(result) => result.map(|r| r.termination),
+                                None => panic!("a group of one member ended without it"),
+                            }
+                        } else {
+                            runtime.wait(&run_id).await.map(|end| end.termination)
+                        }
+                    };
+                    match tokio::time::timeout(Duration::from_millis(2), look).await {
+                        Ok(Ok(end)) => ended.push(end),
+                        // A closed store is the expected answer; any other
+                        // error is kept for the assertion.
+                        Ok(Err(err)) if err.is_store_closed() => {}
+                        Ok(Err(err)) => errors.push(err),
+                        Err(_) => {}
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                (ended, errors)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let second = Arc::new(
+        Queue::open_with_options(store.clone(), "db", fast_flush())
+            .await
+            .expect("the second writer opens the store"),
+    );
+    script.gate.open();
+    let stopped = tokio::time::timeout(Duration::from_secs(30), worker.wait())
+        .await
+        .expect("the fenced worker stopped");
+    assert!(stopped.expect_err("fenced").is_store_closed());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (mut ended, mut errors) = (Vec::new(), Vec::new());
+    for look in looks {
+        let (e, r) = look.await.unwrap();
+        ended.extend(e);
+        errors.extend(r);
+    }
+    let now_owner = waiter(&second, &store, Duration::from_millis(50));
+    let durable = now_owner
+        .status(&run_id)
+        .await
+        .unwrap()
+        .expect("the run is known")
+        .state;
+    drop((now_owner, runtime));
+    drop(queue);
+    close(second).await;
+    (ended, errors, durable)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fresh_waits_and_group_results_do_not_report_a_termination_lost_to_a_takeover() {
+    for round in 0..4 {
+        let group = round % 2 == 1;
+        let (ended, errors, durable) = fresh_looks_across_a_takeover(group).await;
+        for end in ended {
+            assert_eq!(
+                durable,
+                RunState::Terminated(end.clone()),
+                "round {round} (group: {group}): a look reported {end:?}, which the store does not hold"
+            );
+        }
+        assert!(errors.is_empty(), "round {round}: {errors:?}");
     }
 }
 

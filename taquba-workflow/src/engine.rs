@@ -779,7 +779,7 @@ impl RuntimeCore {
             // them reaches the watch.
             let mut watch = self.run_watchers.watch(run_id);
             let Some(pointer) = self.view.current_step_if_active(run_id).await? else {
-                if self.run_watchers.is_terminating(run_id) {
+                if !self.read_termination_is_durable(run_id)? {
                     // The reads show a terminating commit of this process
                     // that is still waiting for its flush, which a takeover
                     // of the store would void: wait for its notification
@@ -822,6 +822,23 @@ impl RuntimeCore {
                 () = tokio::time::sleep(self.poll_interval.max(Duration::from_millis(1))) => {}
             }
         }
+    }
+
+    /// Whether a termination of `run_id` that a read just showed is durable:
+    /// `false` while this process's commit of it is still in flight (its
+    /// flush may yet fail; wait for its report).
+    ///
+    /// # Errors
+    /// The store-closed error once another process opened the store: what
+    /// the read showed may be a commit of this process that failed.
+    pub(crate) fn read_termination_is_durable(&self, run_id: &RunId) -> Result<bool> {
+        if self.run_watchers.is_terminating(run_id) {
+            return Ok(false);
+        }
+        if self.store_closed.is_cancelled() {
+            return Err(self.store_closed_error());
+        }
+        Ok(true)
     }
 
     /// The end of a run found terminated, from its records.

@@ -365,7 +365,9 @@ impl RunGroup {
                 key,
             });
         };
-        if record.terminated.is_some() {
+        // A termination still being committed by this process is left to
+        // the wait, which reports it once it is durable.
+        if record.terminated.is_some() && self.core.read_termination_is_durable(&record.run_id)? {
             return self.member_result(key, record).await;
         }
         // The member record is rewritten by the commit that ends the run,
@@ -395,7 +397,8 @@ impl RunGroup {
         let waits = stream::iter(manifest.members.into_iter().map(|member| member.key))
             .map(move |key| {
                 let group = group.clone();
-                async move { group.wait_member(key).await }
+                // Boxed, so the window moves pointers, not wait futures.
+                async move { Box::pin(group.wait_member(key)).await }
             })
             .buffer_unordered(RESULTS_WINDOW);
         let group = self.clone();

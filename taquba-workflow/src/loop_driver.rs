@@ -125,7 +125,10 @@ where
             let queue = queue.clone();
             tasks.spawn(async move {
                 let job_id = claim.id.clone();
-                let work = AssertUnwindSafe(process_and_settle(&inner, &queue, claim, runner_permit));
+                // Boxed: the step's future is kilobytes (the runner's own
+                // future inside it), and a task is moved several times on
+                // its way into the scheduler; a box moves as one pointer.
+                let work = AssertUnwindSafe(Box::pin(process_and_settle(&inner, &queue, claim, runner_permit)));
                 if let Err(panic) = work.catch_unwind().await {
                     // The runner's own panics are caught inside; this is the
                     // runtime's, and the claim is left to its lease.
