@@ -427,6 +427,44 @@ async fn group_members(kind: StoreKind, members: usize, sample_memory: bool) -> 
     (figure, peak)
 }
 
+/// Jobs/s and group members/s against steps/s at the runtime's defaults,
+/// all on InMemory, from interleaved rounds.
+async fn jobs_and_groups(args: &Args) {
+    println!(
+        "\n== jobs and groups (InMemory, runtime defaults; {} interleaved rounds of steps, jobs, group; medians)",
+        args.repeat
+    );
+    // Interleaved, so the ratios compare figures taken under the same
+    // machine state.
+    let (mut steps, mut jobs, mut members) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..args.repeat.max(1) {
+        let case = RuntimeCase {
+            in_flight: None,
+            replay: false,
+            memo: false,
+        };
+        steps.push(runtime_steps_once(StoreKind::Memory, args, case).await);
+        jobs.push(jobs_per_sec(args).await);
+        members.push(group_members(StoreKind::Memory, args.jobs, false).await.0);
+    }
+    let defaults = median_of(steps);
+    row(
+        "runtime, defaults (this section's baseline)",
+        defaults,
+        None,
+    );
+    row(
+        &format!("{} trivial jobs, submitted and awaited vs steps", args.jobs),
+        median_of(jobs),
+        Some(defaults),
+    );
+    row(
+        &format!("group of {} members, submit + results vs steps", args.jobs),
+        median_of(members),
+        Some(defaults),
+    );
+}
+
 /// Samples the process's RSS every 5 ms from `start` to `finish`.
 struct PeakRss {
     baseline: u64,
@@ -626,43 +664,14 @@ async fn main() {
             memo,
             Some(defaults),
         );
+        if matches!(kind, StoreKind::Memory) && !args.steps_only {
+            // Before the temp-dir cases, whose write-back would slow them.
+            jobs_and_groups(&args).await;
+        }
     }
     if args.steps_only {
         return;
     }
-    println!(
-        "\n== jobs and groups (InMemory, runtime defaults; {} interleaved rounds of steps, jobs, group; medians)",
-        args.repeat
-    );
-    // Interleaved, so the ratios compare figures taken under the same
-    // machine state (the temp-dir cases above leave write-back behind).
-    let (mut steps, mut jobs, mut members) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..args.repeat.max(1) {
-        let case = RuntimeCase {
-            in_flight: None,
-            replay: false,
-            memo: false,
-        };
-        steps.push(runtime_steps_once(StoreKind::Memory, &args, case).await);
-        jobs.push(jobs_per_sec(&args).await);
-        members.push(group_members(StoreKind::Memory, args.jobs, false).await.0);
-    }
-    let defaults = median_of(steps);
-    row(
-        "runtime, defaults (this section's baseline)",
-        defaults,
-        None,
-    );
-    row(
-        &format!("{} trivial jobs, submitted and awaited vs steps", args.jobs),
-        median_of(jobs),
-        Some(defaults),
-    );
-    row(
-        &format!("group of {} members, submit + results vs steps", args.jobs),
-        median_of(members),
-        Some(defaults),
-    );
     // On a directory: an InMemory store keeps every object it is given in
     // the process's memory, which would be counted as the runtime's.
     let (big, peak_kib) = group_members(StoreKind::Dir, args.big_group, true).await;
