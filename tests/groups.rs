@@ -773,3 +773,37 @@ async fn a_member_still_running_after_forget_is_not_started_twice() {
     );
     worker.shutdown().await.unwrap();
 }
+
+/// Members whose inputs add up to more than one submission transaction
+/// takes (30 inputs of 200 KiB, under the queue's offload threshold so
+/// they are inline) are split across transactions and each runs once with
+/// its own input.
+#[tokio::test(start_paused = true)]
+async fn members_with_large_inputs_are_submitted_across_transactions() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runner = Members::default();
+    let runtime = runtime(&queue, &store, &runner);
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let group = runtime.group(rid("heavy"));
+    let members: Vec<GroupMember> = (0..30u8)
+        .map(|i| GroupMember {
+            key: format!("m{i}"),
+            input: vec![b'a' + i % 26; 200 * 1024],
+        })
+        .collect();
+    group
+        .submit(members.clone(), &RunOptions::default())
+        .await
+        .unwrap();
+    let results = all_results(&group).await;
+    assert_eq!(results.len(), 30);
+    for result in results {
+        assert_eq!(result.termination.status, TerminalStatus::Succeeded);
+        let i: u8 = result.key[1..].parse().unwrap();
+        let output = result.outcome.expect("recorded").result.expect("a result");
+        assert_eq!(output.len(), 200 * 1024 + 2, "{}", result.key);
+        assert!(output.starts_with(&[b'a' + i % 26; 16]), "{}", result.key);
+        assert_eq!(runner.calls_of(&member_run_id("heavy", &result.key)), 1);
+    }
+    worker.shutdown().await.unwrap();
+}

@@ -140,7 +140,8 @@ impl MemberState {
 
 /// The durable state of groups: manifests at
 /// `{memo_prefix}/groups/{group_id}/manifest`, member records under
-/// `workflow/groups/{group_id}/`.
+/// `workflow/groups/{group_id}/`, the submission counter at
+/// `workflow/group-submissions/{group_id}`.
 #[derive(Clone)]
 pub(crate) struct GroupStore {
     objects: ObjectPrefix,

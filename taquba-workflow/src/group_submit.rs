@@ -34,9 +34,11 @@ use crate::error::{Error, Result};
 use crate::group::{GroupMember, Membership};
 use crate::keys::{RunId, group_submissions_kv_key, sha256};
 use crate::runtime::{RunOptions, RunSpec};
+use crate::submit_batch::MAX_BATCH_BYTES;
 use crate::terminal::TerminalStatus;
 
-/// Members one transaction submits.
+/// Members one transaction submits (fewer once their keys and inputs reach
+/// [`MAX_BATCH_BYTES`]).
 const CHUNK: usize = 256;
 /// Member submissions (reads or lone commits) in flight at once; each waits
 /// for the store, and concurrent commits share WAL flushes.
@@ -97,7 +99,16 @@ async fn submit_from(
     let counter_key = group_submissions_kv_key(group_id);
     let mut members = members.into_iter().peekable();
     while members.peek().is_some() {
-        let chunk: Vec<Candidate> = candidates(members.by_ref().take(CHUNK), &states)
+        let mut taken = Vec::new();
+        let mut bytes = 0;
+        while taken.len() < CHUNK
+            && bytes < MAX_BATCH_BYTES
+            && let Some(member) = members.next()
+        {
+            bytes += member.key.len() + member.input.len();
+            taken.push(member);
+        }
+        let chunk: Vec<Candidate> = candidates(taken.into_iter(), &states)
             .map(|(member, recorded)| Candidate {
                 input_hash: sha256(&member.input).to_vec(),
                 member,

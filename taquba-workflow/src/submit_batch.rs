@@ -24,6 +24,11 @@ use crate::error::Result;
 
 /// The most submissions one transaction carries.
 const MAX_BATCH: usize = 256;
+/// The payload and KV bytes past which a batch takes no more submissions
+/// (a submission larger than this commits alone). Payloads under the
+/// queue's offload threshold are inline, so without it 256 of them could
+/// make a transaction of tens of MiB.
+pub(crate) const MAX_BATCH_BYTES: usize = 4 << 20;
 /// Batches committing at once (each holds a transaction until it commits,
 /// then waits for the WAL flush). Submissions arriving meanwhile form the
 /// next batch.
@@ -113,11 +118,37 @@ async fn drain(queue: Arc<Queue>, pending: Arc<Mutex<Pending>>, in_flight: Arc<S
                 pending.draining = false;
                 return;
             }
-            let take = pending.items.len().min(MAX_BATCH);
+            let take = batch_len(pending.items.iter().map(|item| &item.effects));
             pending.items.drain(..take).collect()
         };
         tokio::spawn(commit_batch(queue.clone(), batch, permit));
     }
+}
+
+/// How many of `pending` (at least one) the next batch takes: up to
+/// [`MAX_BATCH`], stopping once [`MAX_BATCH_BYTES`] are reached.
+fn batch_len<'a>(pending: impl Iterator<Item = &'a SettlementEffects>) -> usize {
+    let mut bytes = 0;
+    let mut len = 0;
+    for effects in pending.take(MAX_BATCH) {
+        if len > 0 && bytes >= MAX_BATCH_BYTES {
+            break;
+        }
+        bytes += effects_bytes(effects);
+        len += 1;
+    }
+    len
+}
+
+/// The payload and KV value bytes `effects` carries.
+fn effects_bytes(effects: &SettlementEffects) -> usize {
+    let payloads: usize = effects.enqueues.iter().map(|e| e.payload.len()).sum();
+    let values: usize = effects
+        .kv_writes
+        .iter()
+        .map(|(key, value)| key.len() + value.len())
+        .sum();
+    payloads + values
 }
 
 /// Commit `batch` as one transaction and answer each submission with the
@@ -219,6 +250,20 @@ mod tests {
             answers.push(task.await.unwrap());
         }
         answers
+    }
+
+    #[test]
+    fn a_batch_stops_at_its_count_or_byte_budget() {
+        let small: Vec<SettlementEffects> = (0..300).map(|i| submission(i, 1, 8)).collect();
+        assert_eq!(batch_len(small.iter()), MAX_BATCH);
+        assert_eq!(batch_len(small[..3].iter()), 3);
+        // 1 MiB values: the fifth submission passes the 4 MiB budget.
+        let big: Vec<SettlementEffects> = (0..10).map(|i| submission(i, 0, 1 << 20)).collect();
+        assert_eq!(batch_len(big.iter()), 4);
+        // A submission over the budget on its own still commits.
+        let huge = [submission(0, 0, MAX_BATCH_BYTES * 2), submission(1, 0, 8)];
+        assert_eq!(batch_len(huge.iter()), 1);
+        assert_eq!(batch_len(std::iter::empty()), 0);
     }
 
     #[tokio::test]
