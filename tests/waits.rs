@@ -25,7 +25,7 @@ use taquba::object_store::memory::InMemory;
 use taquba::{MockClock, Queue, QueueConfig, SettlementEffects};
 use taquba_workflow::jobs::{Job, JobContext, JobError, JobRunner, JoinError};
 use taquba_workflow::{
-    Error, GroupMember, NoopTerminalHook, RunEnd, RunOptions, RunOutcome, RunSpec, RunState,
+    Error, GroupMember, NoopTerminalHook, RunEnd, RunId, RunOptions, RunOutcome, RunSpec, RunState,
     RunTermination, Step, StepError, StepErrorKind, StepOutcome, StepRunner, TerminalHook,
     TerminalStatus, WorkflowRuntime,
 };
@@ -1144,15 +1144,19 @@ fn fast_flush() -> taquba::OpenOptions {
     taquba::OpenOptions::default().flush_interval(Duration::from_millis(1))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wait_on_a_runtime_without_the_worker_fails_once_the_store_is_taken_over() {
+/// A queue flushing every millisecond over a store in a new temp dir.
+async fn fast_dir_queue() -> (tempfile::TempDir, Arc<dyn ObjectStore>, Arc<Queue>) {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = dir_store(dir.path());
-    let queue = Arc::new(
-        Queue::open_with_options(store.clone(), "db", fast_flush())
-            .await
-            .expect("open"),
-    );
+    let queue = Queue::open_with_options(store.clone(), "db", fast_flush())
+        .await
+        .expect("open");
+    (dir, store, Arc::new(queue))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_on_a_runtime_without_the_worker_fails_once_the_store_is_taken_over() {
+    let (_dir, store, queue) = fast_dir_queue().await;
     let script = Script::default();
     let runtime = workflow_builder(&queue, &store, &script).build();
     let other = waiter(&queue, &store, Duration::from_millis(50));
@@ -1190,6 +1194,77 @@ async fn a_wait_on_a_runtime_without_the_worker_fails_once_the_store_is_taken_ov
     second.close().await.expect("close");
 }
 
+/// A store in a temp dir whose worker (polling every millisecond) runs a
+/// step held at the script's gate, for takeover tests.
+struct Takeover {
+    _dir: tempfile::TempDir,
+    store: Arc<dyn ObjectStore>,
+    queue: Arc<Queue>,
+    script: Script,
+    runtime: WorkflowRuntime<Script, NoopTerminalHook>,
+    worker: Option<taquba_workflow::RunnerHandle>,
+}
+
+impl Takeover {
+    async fn new() -> Self {
+        let (dir, store, queue) = fast_dir_queue().await;
+        let script = Script::default();
+        let runtime = workflow_builder(&queue, &store, &script)
+            .poll_interval(Duration::from_millis(1))
+            .build();
+        let worker = runtime.spawn(std::future::pending::<()>());
+        Self {
+            _dir: dir,
+            store,
+            queue,
+            script,
+            runtime,
+            worker: Some(worker),
+        }
+    }
+
+    async fn until_started(&self, run_id: &RunId) {
+        let run_id = run_id.to_string();
+        eventually_real("the step to start", || async {
+            self.script.calls_of(&run_id) == 1
+        })
+        .await;
+    }
+
+    /// Another writer opens the store, then the held step returns: its
+    /// terminating settlement cannot commit any more. Returns the new
+    /// writer once the fenced worker stopped.
+    async fn take_over(&mut self) -> Arc<Queue> {
+        let second = Arc::new(
+            Queue::open_with_options(self.store.clone(), "db", fast_flush())
+                .await
+                .expect("the second writer opens the store"),
+        );
+        self.script.gate.open();
+        let worker = self.worker.take().expect("taken over once");
+        let stopped = tokio::time::timeout(Duration::from_secs(30), worker.wait())
+            .await
+            .expect("the fenced worker stopped");
+        assert!(stopped.expect_err("fenced").is_store_closed());
+        second
+    }
+
+    /// The state of `run_id` as `second`, the new writer, reads it; closes
+    /// everything.
+    async fn durable_state(self, second: Arc<Queue>, run_id: &RunId) -> RunState {
+        let now_owner = waiter(&second, &self.store, Duration::from_millis(50));
+        let durable = now_owner
+            .status(run_id)
+            .await
+            .unwrap()
+            .expect("the run is known")
+            .state;
+        drop((now_owner, self.runtime, self.queue));
+        close(second).await;
+        durable
+    }
+}
+
 /// One takeover while a terminating settlement is in flight: four waits
 /// (polling every millisecond, on the worker's runtime or on another) on a run
 /// whose step returns just after another writer opened the store. Returns
@@ -1197,28 +1272,14 @@ async fn a_wait_on_a_runtime_without_the_worker_fails_once_the_store_is_taken_ov
 async fn takeover_during_a_termination(
     on_the_worker_runtime: bool,
 ) -> (Vec<taquba_workflow::Result<RunEnd>>, RunState) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = dir_store(dir.path());
-    let queue = Arc::new(
-        Queue::open_with_options(store.clone(), "db", fast_flush())
-            .await
-            .expect("open"),
-    );
-    let script = Script::default();
-    let runtime = workflow_builder(&queue, &store, &script)
-        .poll_interval(Duration::from_millis(1))
-        .build();
-    let other = waiter(&queue, &store, Duration::from_millis(1));
-    let worker = runtime.spawn(std::future::pending::<()>());
-    submit_with(&runtime, "held", "gate", RunOptions::default()).await;
-    eventually_real("the step to start", || async {
-        script.calls_of("held") == 1
-    })
-    .await;
+    let mut scene = Takeover::new().await;
+    let other = waiter(&scene.queue, &scene.store, Duration::from_millis(1));
+    submit_with(&scene.runtime, "held", "gate", RunOptions::default()).await;
+    scene.until_started(&rid("held")).await;
     let waits: Vec<_> = (0..4)
         .map(|_| {
             if on_the_worker_runtime {
-                spawn_wait(&runtime, "held")
+                spawn_wait(&scene.runtime, "held")
             } else {
                 spawn_wait(&other, "held")
             }
@@ -1227,18 +1288,7 @@ async fn takeover_during_a_termination(
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(waits.iter().all(|w| !w.is_finished()));
 
-    // Another writer opens the store, then the step returns: its
-    // terminating settlement cannot commit any more.
-    let second = Arc::new(
-        Queue::open_with_options(store.clone(), "db", fast_flush())
-            .await
-            .expect("the second writer opens the store"),
-    );
-    script.gate.open();
-    let stopped = tokio::time::timeout(Duration::from_secs(30), worker.wait())
-        .await
-        .expect("the fenced worker stopped");
-    assert!(stopped.expect_err("fenced").is_store_closed());
+    let second = scene.take_over().await;
     let mut reported = Vec::new();
     for wait in waits {
         reported.push(
@@ -1248,17 +1298,8 @@ async fn takeover_during_a_termination(
                 .unwrap(),
         );
     }
-    // What the store holds, as the new writer reads it.
-    let now_owner = waiter(&second, &store, Duration::from_millis(50));
-    let durable = now_owner
-        .status(&rid("held"))
-        .await
-        .unwrap()
-        .expect("the run is known")
-        .state;
-    drop((now_owner, other, runtime));
-    drop(queue);
-    close(second).await;
+    drop(other);
+    let durable = scene.durable_state(second, &rid("held")).await;
     (reported, durable)
 }
 
@@ -1286,18 +1327,8 @@ async fn a_wait_does_not_report_a_termination_lost_to_a_takeover() {
 /// Returns what the looks reported and the run's state as the new writer
 /// reads it.
 async fn fresh_looks_across_a_takeover(group: bool) -> (Vec<RunTermination>, Vec<Error>, RunState) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = dir_store(dir.path());
-    let queue = Arc::new(
-        Queue::open_with_options(store.clone(), "db", fast_flush())
-            .await
-            .expect("open"),
-    );
-    let script = Script::default();
-    let runtime = workflow_builder(&queue, &store, &script)
-        .poll_interval(Duration::from_millis(1))
-        .build();
-    let worker = runtime.spawn(std::future::pending::<()>());
+    let mut scene = Takeover::new().await;
+    let runtime = scene.runtime.clone();
     let run_id = if group {
         let members = vec![GroupMember {
             key: "held".into(),
@@ -1313,11 +1344,7 @@ async fn fresh_looks_across_a_takeover(group: bool) -> (Vec<RunTermination>, Vec
         submit_with(&runtime, "held", "gate", RunOptions::default()).await;
         rid("held")
     };
-    let started = run_id.to_string();
-    eventually_real("the step to start", || async {
-        script.calls_of(&started) == 1
-    })
-    .await;
+    scene.until_started(&run_id).await;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let looks: Vec<_> = (0..4)
         .map(|_| {
@@ -1351,16 +1378,7 @@ async fn fresh_looks_across_a_takeover(group: bool) -> (Vec<RunTermination>, Vec
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let second = Arc::new(
-        Queue::open_with_options(store.clone(), "db", fast_flush())
-            .await
-            .expect("the second writer opens the store"),
-    );
-    script.gate.open();
-    let stopped = tokio::time::timeout(Duration::from_secs(30), worker.wait())
-        .await
-        .expect("the fenced worker stopped");
-    assert!(stopped.expect_err("fenced").is_store_closed());
+    let second = scene.take_over().await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let (mut ended, mut errors) = (Vec::new(), Vec::new());
@@ -1369,16 +1387,8 @@ async fn fresh_looks_across_a_takeover(group: bool) -> (Vec<RunTermination>, Vec
         ended.extend(e);
         errors.extend(r);
     }
-    let now_owner = waiter(&second, &store, Duration::from_millis(50));
-    let durable = now_owner
-        .status(&run_id)
-        .await
-        .unwrap()
-        .expect("the run is known")
-        .state;
-    drop((now_owner, runtime));
-    drop(queue);
-    close(second).await;
+    drop(runtime);
+    let durable = scene.durable_state(second, &run_id).await;
     (ended, errors, durable)
 }
 
