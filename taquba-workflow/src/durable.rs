@@ -213,11 +213,16 @@ pub(crate) struct DurableRunResult {
     pub(crate) outcome: DurableRunOutcome,
 }
 
-/// A group member record, under `workflow/groups/{group_id}/{key}`.
+/// A group member record, under `workflow/groups/{group_id}/{key}` (a
+/// long key is stored by its digest, see `group_member_kv_key`, and then
+/// kept in the record).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct DurableMember {
     pub(crate) run_id: RunId,
     pub(crate) terminated: Option<DurableTermination>,
+    /// The member key, when the record's KV key holds its digest instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) key: Option<String>,
 }
 
 /// The waiter registered for a signal correlation key.

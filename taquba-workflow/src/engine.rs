@@ -26,7 +26,8 @@ use crate::group::{GroupStore, Membership, pending_member, terminated_member};
 use crate::inflight::{CancelVerdict, InFlightRegistry};
 use crate::keys::{
     GROUP_TERMINALS_PREFIX, HEADER_RUN_ID, HEADER_STEP, HEADER_TERMINAL, RESERVED_HEADER_PREFIX,
-    RunId, TERMINALS_PREFIX, outcome_kv_key, run_kv_key, sha256, step_dedup_key, step_kv_key,
+    RunId, TERMINALS_PREFIX, group_submissions_kv_key, outcome_kv_key, run_kv_key, sha256,
+    step_dedup_key, step_kv_key,
 };
 use crate::memo::{MemoStore, RUN_RESULT_MEMO_KEY};
 use crate::run_watch::{RunWatchers, store_closed_token};
@@ -295,10 +296,19 @@ impl RuntimeCore {
             && user_effects.expiry_entries.is_empty();
         let run_id = run_id.unwrap_or_else(RunId::generate);
         let input_hash = sha256(&input).to_vec();
-        let run_key = run_kv_key(&run_id);
+        // The compare-and-commit guard: a run's record must still be absent.
+        // A group member's record changes with every submission and
+        // termination of it, so a member is guarded on that record as read
+        // before anything else: a run record absent again after a re-run
+        // that ended meanwhile would pass the first guard.
+        let guard_key = membership.map_or_else(|| run_kv_key(&run_id), Membership::kv_key);
 
         for _ in 0..SUBMIT_RACE_RETRIES {
             let fresh = std::mem::take(&mut fresh_id);
+            let guard = match membership {
+                Some(_) => self.queue.view().kv_get(&guard_key).await?,
+                None => None,
+            };
             if !fresh && let Some(existing) = self.view.run_record(&run_id).await? {
                 return self.duplicate(&run_id, &existing, &input_hash).await;
             }
@@ -335,7 +345,7 @@ impl RuntimeCore {
                 }
             } else {
                 self.queue
-                    .kv_compare_commit(&run_key, None, effects)
+                    .kv_compare_commit(&guard_key, guard.as_deref(), effects)
                     .await?
             };
             match committed {
@@ -420,10 +430,18 @@ impl RuntimeCore {
             .expiry_entries
             .extend(user_effects.expiry_entries.iter().cloned());
         if let Some(membership) = membership {
-            effects = effects.kv_put(
-                membership.kv_key(),
-                durable::encode(&pending_member(run_id)),
-            );
+            // Every member submission moves the group's submission counter,
+            // so a chunk of another submission that read the group before
+            // this commit cannot commit after it.
+            effects = effects
+                .kv_put(
+                    membership.kv_key(),
+                    durable::encode(&pending_member(membership)),
+                )
+                .kv_put(
+                    group_submissions_kv_key(&membership.group_id),
+                    crate::group_submit::new_counter_value(),
+                );
         }
         (effects, job_id)
     }
@@ -576,7 +594,7 @@ impl RuntimeCore {
         if let Some(membership) = membership {
             effects = effects.kv_put(
                 membership.kv_key(),
-                durable::encode(&terminated_member(run_id, termination)),
+                durable::encode(&terminated_member(membership, termination)),
             );
         }
         if self.memo_retention.is_some() {

@@ -20,8 +20,9 @@ use crate::engine::RuntimeCore;
 use crate::error::{Error, Result};
 use crate::group_submit::{self, SUBMIT_CONCURRENCY};
 use crate::keys::{
-    HEADER_GROUP, HEADER_GROUP_KEY, RunId, group_member_kv_key, group_members_kv_prefix,
-    group_submissions_kv_key, outcome_kv_key,
+    DIGESTED_MEMBER_KEY, HEADER_GROUP, HEADER_GROUP_KEY, RunId, group_manifest_claim_kv_key,
+    group_member_kv_key, group_members_kv_prefix, group_submissions_kv_key, member_key_is_digested,
+    outcome_kv_key, sha256,
 };
 use crate::memo::MemoStore;
 use crate::runtime::{RunOptions, RunTermination};
@@ -174,12 +175,34 @@ impl GroupStore {
         }
     }
 
-    async fn write_manifest(&self, manifest: &Manifest) -> Result<()> {
+    /// Write the manifest of a group that has none, after claiming the
+    /// group for its member set: of concurrent first submissions, only
+    /// those of the set that claimed the group first write (the same)
+    /// manifest.
+    ///
+    /// # Errors
+    /// [`Error::GroupMismatch`] when the group is claimed for another set;
+    /// storage errors.
+    async fn claim_and_write_manifest(&self, manifest: &Manifest) -> Result<()> {
+        let encoded = durable::encode(manifest);
+        let digest = sha256(&encoded).to_vec();
+        let key = group_manifest_claim_kv_key(&manifest.group_id);
+        let claim = SettlementEffects::default().kv_put(key.clone(), digest.clone());
+        if self
+            .queue
+            .kv_compare_commit(&key, None, claim)
+            .await?
+            .is_none()
+        {
+            // Claimed already: by this set (a concurrent or crashed first
+            // submission of it, which writes the same manifest) or not.
+            let claimed = self.queue.view().kv_get(&key).await?;
+            if claimed.as_deref() != Some(digest.as_slice()) {
+                return Err(Error::GroupMismatch(manifest.group_id.clone()));
+            }
+        }
         self.objects
-            .put(
-                &self.manifest_path(&manifest.group_id),
-                &durable::encode(manifest),
-            )
+            .put(&self.manifest_path(&manifest.group_id), &encoded)
             .await
     }
 
@@ -199,11 +222,22 @@ impl GroupStore {
         let mut entries = std::pin::pin!(view.kv_entries(&prefix, .., PAGE));
         let mut members = Vec::new();
         while let Some((kv_key, value)) = entries.try_next().await? {
-            let key = String::from_utf8_lossy(&kv_key[prefix.len()..]).into_owned();
-            let whose = format!("{group_id}/{key}");
-            if let Some(record) = durable::decode_or_absent(&value, "group member record", &whose) {
-                members.push(MemberState { key, record });
-            }
+            let suffix = &kv_key[prefix.len()..];
+            let whose = format!("{group_id}/{}", String::from_utf8_lossy(suffix));
+            let Some(record) =
+                durable::decode_or_absent::<DurableMember>(&value, "group member record", &whose)
+            else {
+                continue;
+            };
+            let key = match (suffix.first(), &record.key) {
+                (Some(&DIGESTED_MEMBER_KEY), Some(key)) => key.clone(),
+                (Some(&DIGESTED_MEMBER_KEY), None) => {
+                    warn!(group_id = %group_id, "digested member record without its key; skipped");
+                    continue;
+                }
+                _ => String::from_utf8_lossy(suffix).into_owned(),
+            };
+            members.push(MemberState { key, record });
         }
         Ok(members)
     }
@@ -237,10 +271,10 @@ impl GroupStore {
             let entries = view.kv_entries(&prefix, .., PAGE);
             entries.map_ok(|(key, _)| key).try_collect().await?
         };
-        for key in member_keys
-            .into_iter()
-            .chain([group_submissions_kv_key(group_id)])
-        {
+        for key in member_keys.into_iter().chain([
+            group_submissions_kv_key(group_id),
+            group_manifest_claim_kv_key(group_id),
+        ]) {
             keys.push(key);
             if keys.len() == PAGE {
                 self.delete_keys(std::mem::take(&mut keys)).await?;
@@ -310,7 +344,9 @@ impl RunGroup {
 
     /// Submit `members` (in this order) with `options` applied to each.
     /// The first submission writes the manifest; a later one must name the
-    /// same members with the same inputs, and submits again every member
+    /// same members in the same order with the same inputs (of concurrent
+    /// first submissions of different sets, one is accepted), and submits
+    /// again every member
     /// whose last termination is not a success (members still active are
     /// left running). Members are committed up to 256 per transaction, in
     /// order, so a group of any size submits in bounded memory; a failure
@@ -338,7 +374,7 @@ impl RunGroup {
                 return Err(Error::GroupMismatch(self.id.clone()));
             }
             Some(_) => {}
-            None => self.store().write_manifest(&manifest).await?,
+            None => self.store().claim_and_write_manifest(&manifest).await?,
         }
         self.submit_members(manifest.members, options).await
     }
@@ -386,7 +422,8 @@ impl RunGroup {
     /// first, then in completion order). Once the last one is yielded the
     /// group's retention marker is written (with
     /// [`group_retention`](crate::WorkflowRuntimeBuilder::group_retention)).
-    /// Memory is bounded by a window of 256 members waited on at once.
+    /// The members still running are waited on 256 at a time, in manifest
+    /// order, so the waits' memory is bounded for any group size.
     ///
     /// # Errors
     /// [`Error::GroupNotFound`] for a group never submitted; in the stream,
@@ -394,8 +431,42 @@ impl RunGroup {
     /// and storage errors.
     pub async fn results(&self) -> Result<impl Stream<Item = Result<MemberResult>> + use<>> {
         let manifest = self.manifest().await?;
+        // The members terminated now, from one scan of the records, come
+        // first, whatever their place in the manifest; the window then waits
+        // on the rest in manifest order.
+        let mut terminated = Vec::new();
+        let mut yielded = HashSet::new();
+        {
+            let in_manifest: HashSet<&str> =
+                manifest.members.iter().map(|m| m.key.as_str()).collect();
+            for state in self.members().await? {
+                if state.record.terminated.is_some()
+                    && in_manifest.contains(state.key.as_str())
+                    // A termination still committing is left to the wait.
+                    && self
+                        .core
+                        .read_termination_is_durable(&state.record.run_id)
+                        .unwrap_or(false)
+                {
+                    yielded.insert(state.key.clone());
+                    terminated.push(state);
+                }
+            }
+        }
         let group = self.clone();
-        let waits = stream::iter(manifest.members.into_iter().map(|member| member.key))
+        let terminated = stream::iter(terminated)
+            .map(move |state| {
+                let group = group.clone();
+                async move { Box::pin(group.member_result(state.key, state.record)).await }
+            })
+            .buffer_unordered(SUBMIT_CONCURRENCY);
+        let group = self.clone();
+        let left = manifest
+            .members
+            .into_iter()
+            .map(|member| member.key)
+            .filter(move |key| !yielded.contains(key));
+        let waits = stream::iter(left)
             .map(move |key| {
                 let group = group.clone();
                 // Boxed, so the window moves pointers, not wait futures.
@@ -410,7 +481,7 @@ impl RunGroup {
         })
         .filter_map(|()| async { None });
         // Boxed, so callers can `.next()` it without pinning.
-        Ok(waits.chain(marker).boxed())
+        Ok(terminated.chain(waits).chain(marker).boxed())
     }
 
     async fn member_result(&self, key: String, record: DurableMember) -> Result<MemberResult> {
@@ -483,7 +554,9 @@ impl RunGroup {
     /// Remove the group's state: manifest, member records, and its members'
     /// memo entries, run result records and terminal records. A later
     /// [`submit`](Self::submit) under the id starts afresh. Members still
-    /// running are not cancelled (call [`cancel`](Self::cancel) first).
+    /// running are not cancelled (call [`cancel`](Self::cancel) first): each
+    /// writes its member record when it ends, and a later `submit` takes a
+    /// member still running back into the group without starting it again.
     ///
     /// # Errors
     /// Storage errors; what was removed before the error stays removed.
@@ -493,17 +566,22 @@ impl RunGroup {
 }
 
 /// The member record written with a member's submission.
-pub(crate) fn pending_member(run_id: &RunId) -> DurableMember {
-    DurableMember {
-        run_id: run_id.clone(),
-        terminated: None,
-    }
+pub(crate) fn pending_member(membership: &Membership) -> DurableMember {
+    member_record(membership, None)
 }
 
 /// The member record written by the settlement terminating a member.
-pub(crate) fn terminated_member(run_id: &RunId, termination: DurableTermination) -> DurableMember {
+pub(crate) fn terminated_member(
+    membership: &Membership,
+    termination: DurableTermination,
+) -> DurableMember {
+    member_record(membership, Some(termination))
+}
+
+fn member_record(membership: &Membership, terminated: Option<DurableTermination>) -> DurableMember {
     DurableMember {
-        run_id: run_id.clone(),
-        terminated: Some(termination),
+        run_id: membership.run_id(),
+        terminated,
+        key: member_key_is_digested(&membership.key).then(|| membership.key.clone()),
     }
 }

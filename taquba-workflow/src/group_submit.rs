@@ -11,17 +11,19 @@
 //! Why the counter is enough. A submission reads the counter, then the
 //! member records. A member that the records show as never submitted,
 //! failed or cancelled can only become active through a submission of its
-//! run id, and every group submission commits its chunks
-//! compare-and-increment on the counter: of two submissions that overlap,
-//! the later chunk finds the counter moved, submits its members one at a
-//! time (each guarded on its run record, a success answered by its terminal
-//! record), and reads the records again for the chunks left. The run-record
-//! read catches the one other way a member can be active: a run of a
-//! forgotten group still going, which a new submission leaves running. Such
-//! a run ending between that read and the commit is started afresh, as
-//! [`RunGroup::forget`](crate::RunGroup::forget) documents for members of a
-//! forgotten group. A member that was active in the records and is no longer
-//! (it terminated meanwhile) is submitted alone.
+//! run id, and every member submission, in a chunk or alone, writes a new
+//! counter value in its transaction; a chunk commits only if the counter
+//! still holds the value read. So of two submissions that overlap, the
+//! later chunk finds the counter moved, submits its members one at a time
+//! (each guarded on its run record, a success answered by its terminal
+//! record), and reads the records again for the chunks left.
+//!
+//! The run-record read catches the one other way a member can be active: a
+//! run of a forgotten group still going. It is left running and given its
+//! member record back, guarded on its run record. Such a run ending between
+//! that read and a chunk's commit is started afresh, as members of a
+//! forgotten group are. A member that was active in the records and is no
+//! longer (it terminated meanwhile) is submitted alone.
 
 use std::collections::HashMap;
 
@@ -29,10 +31,11 @@ use futures_util::stream::{self, StreamExt, TryStreamExt};
 use taquba::SettlementEffects;
 use tracing::debug;
 
+use crate::durable;
 use crate::engine::{OnTerminated, RuntimeCore};
 use crate::error::{Error, Result};
 use crate::group::{GroupMember, Membership};
-use crate::keys::{RunId, group_submissions_kv_key, sha256};
+use crate::keys::{RunId, group_submissions_kv_key, run_kv_key, sha256};
 use crate::runtime::{RunOptions, RunSpec};
 use crate::submit_batch::MAX_BATCH_BYTES;
 use crate::terminal::TerminalStatus;
@@ -40,6 +43,9 @@ use crate::terminal::TerminalStatus;
 /// Members one transaction submits (fewer once their keys and inputs reach
 /// [`MAX_BATCH_BYTES`]).
 const CHUNK: usize = 256;
+/// Attempts to give a running member its record back while its run record
+/// keeps changing under the compare.
+const ADOPT_RETRIES: usize = 8;
 /// Member submissions (reads or lone commits) in flight at once; each waits
 /// for the store, and concurrent commits share WAL flushes.
 pub(crate) const SUBMIT_CONCURRENCY: usize = 32;
@@ -47,8 +53,10 @@ pub(crate) const SUBMIT_CONCURRENCY: usize = 32;
 /// What the group's member records said of a member before submission.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Recorded {
-    /// No record, or a termination other than a success: nothing but a
-    /// submission can make it active.
+    /// No record: never submitted, or forgotten (perhaps while running).
+    Missing,
+    /// A termination other than a success: nothing but a submission can
+    /// make it active.
     Idle,
     /// Submitted and not terminated when read.
     Active,
@@ -115,7 +123,11 @@ async fn submit_from(
                 recorded,
             })
             .collect();
-        let (batch, mut alone) = inactive_members(core, group_id, chunk).await?;
+        let Split {
+            batch,
+            mut alone,
+            adopt,
+        } = split_chunk(core, group_id, chunk).await?;
         if !batch.is_empty() {
             match commit_chunk(
                 core,
@@ -135,6 +147,7 @@ async fn submit_from(
             }
         }
         submit_alone(core, group_id, alone, options).await?;
+        adopt_running(core, group_id, adopt, options).await?;
     }
     Ok(())
 }
@@ -158,18 +171,25 @@ async fn read_state(
     Ok((counter, states))
 }
 
-/// Split `chunk` by its members' run records: members to commit together,
-/// and members to submit alone (active when read and no longer). Members
-/// with a run record are active and left running.
+/// A chunk's members by what their run records say.
+struct Split {
+    /// Not active: committed together.
+    batch: Vec<Candidate>,
+    /// Active when the member records were read and no longer: submitted
+    /// alone, so a success since is answered by its terminal record.
+    alone: Vec<Candidate>,
+    /// Active without a member record (a run of a forgotten group still
+    /// going): given its pending member record back.
+    adopt: Vec<Candidate>,
+}
+
+/// Split `chunk` by its members' run records. Members active with a member
+/// record are left running.
 ///
 /// # Errors
 /// [`Error::InputMismatch`] for an active member with another input;
 /// storage errors.
-async fn inactive_members(
-    core: &RuntimeCore,
-    group_id: &RunId,
-    chunk: Vec<Candidate>,
-) -> Result<(Vec<Candidate>, Vec<Candidate>)> {
+async fn split_chunk(core: &RuntimeCore, group_id: &RunId, chunk: Vec<Candidate>) -> Result<Split> {
     let read: Vec<(Candidate, bool)> = stream::iter(chunk)
         .map(|candidate| async move {
             let run_id = crate::group::member_run_id(group_id, &candidate.member.key);
@@ -185,16 +205,70 @@ async fn inactive_members(
         .buffered(SUBMIT_CONCURRENCY)
         .try_collect()
         .await?;
-    let mut batch = Vec::with_capacity(read.len());
-    let mut alone = Vec::new();
+    let mut split = Split {
+        batch: Vec::with_capacity(read.len()),
+        alone: Vec::new(),
+        adopt: Vec::new(),
+    };
     for (candidate, active) in read {
         match (active, candidate.recorded) {
+            (true, Recorded::Missing) => split.adopt.push(candidate),
             (true, _) => {}
-            (false, Recorded::Idle) => batch.push(candidate),
-            (false, Recorded::Active) => alone.push(candidate),
+            (false, Recorded::Missing | Recorded::Idle) => split.batch.push(candidate),
+            (false, Recorded::Active) => split.alone.push(candidate),
         }
     }
-    Ok((batch, alone))
+    Ok(split)
+}
+
+/// Write the pending member record of each of `adopt`, runs still going
+/// whose record a `forget` removed, so `results` and `status` count them
+/// again. Each write is guarded on the run record as read, so a run that
+/// ended meanwhile (its end writes the record) is not marked pending; such
+/// a member is submitted as a lone member would be.
+async fn adopt_running(
+    core: &RuntimeCore,
+    group_id: &RunId,
+    adopt: Vec<Candidate>,
+    options: &RunOptions,
+) -> Result<()> {
+    let ended: Vec<Option<Candidate>> = stream::iter(adopt)
+        .map(|candidate| async move {
+            let membership = Membership {
+                group_id: group_id.clone(),
+                key: candidate.member.key.clone(),
+            };
+            let run_id = membership.run_id();
+            let run_key = run_kv_key(&run_id);
+            for _ in 0..ADOPT_RETRIES {
+                let Some(record) = core.queue.view().kv_get(&run_key).await? else {
+                    return Ok(Some(candidate));
+                };
+                let pending = SettlementEffects::default().kv_put(
+                    membership.kv_key(),
+                    durable::encode(&crate::group::pending_member(&membership)),
+                );
+                if core
+                    .queue
+                    .kv_compare_commit(&run_key, Some(&record), pending)
+                    .await?
+                    .is_some()
+                {
+                    return Ok(None);
+                }
+            }
+            Err(Error::InconsistentRunState(run_id))
+        })
+        .buffer_unordered(SUBMIT_CONCURRENCY)
+        .try_collect()
+        .await?;
+    submit_alone(
+        core,
+        group_id,
+        ended.into_iter().flatten().collect(),
+        options,
+    )
+    .await
 }
 
 /// What became of a chunk's transaction.
@@ -216,8 +290,8 @@ async fn commit_chunk(
     batch: Vec<Candidate>,
     options: &RunOptions,
 ) -> Result<Chunk> {
-    let next = next_counter(counter);
-    let mut merged = SettlementEffects::default().kv_put(counter_key.to_vec(), next.clone());
+    let next = new_counter_value();
+    let mut merged = SettlementEffects::default();
     let mut submitted = Vec::with_capacity(batch.len());
     for candidate in &batch {
         let membership = Membership {
@@ -238,6 +312,8 @@ async fn commit_chunk(
         merged.kv_writes.extend(effects.kv_writes);
         submitted.push((run_id, job_id));
     }
+    // Each member's effects move the counter too; this chunk's value wins.
+    merged.kv_writes.insert(counter_key.to_vec(), next.clone());
     match core
         .queue
         .kv_compare_commit(counter_key, counter, merged)
@@ -293,12 +369,11 @@ async fn submit_alone(
     Ok(())
 }
 
-/// The counter value after `counter` (absent or undecodable counts as 0).
-fn next_counter(counter: Option<&[u8]>) -> Vec<u8> {
-    let current = counter
-        .and_then(|bytes| <[u8; 8]>::try_from(bytes).ok())
-        .map_or(0, u64::from_be_bytes);
-    current.wrapping_add(1).to_be_bytes().to_vec()
+/// A value the submission counter never held before (a new ULID): every
+/// member submission writes one, so a compare against a value read earlier
+/// fails after any submission in between.
+pub(crate) fn new_counter_value() -> Vec<u8> {
+    ulid::Ulid::new().to_bytes().to_vec()
 }
 
 /// What the member records say of each key: [`Recorded::Active`] for a
@@ -306,7 +381,7 @@ fn next_counter(counter: Option<&[u8]>) -> Vec<u8> {
 /// submitted again), [`Recorded::Idle`] otherwise.
 fn recorded(status: Option<Option<TerminalStatus>>) -> Option<Recorded> {
     match status {
-        None => Some(Recorded::Idle),
+        None => Some(Recorded::Missing),
         Some(None) => Some(Recorded::Active),
         Some(Some(TerminalStatus::Succeeded)) => None,
         Some(Some(_)) => Some(Recorded::Idle),
@@ -396,13 +471,6 @@ mod tests {
     }
 
     #[test]
-    fn the_counter_counts_up_from_absent_or_garbage() {
-        assert_eq!(next_counter(None), 1u64.to_be_bytes());
-        assert_eq!(next_counter(Some(&7u64.to_be_bytes())), 8u64.to_be_bytes());
-        assert_eq!(next_counter(Some(b"bad")), 1u64.to_be_bytes());
-    }
-
-    #[test]
     fn succeeded_members_are_left_out_and_active_ones_marked() {
         let member = |key: &str| GroupMember {
             key: key.into(),
@@ -428,7 +496,7 @@ mod tests {
                 ("failed".to_string(), Recorded::Idle),
                 ("cancelled".to_string(), Recorded::Idle),
                 ("running".to_string(), Recorded::Active),
-                ("new".to_string(), Recorded::Idle),
+                ("new".to_string(), Recorded::Missing),
             ]
         );
     }

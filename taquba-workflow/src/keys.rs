@@ -247,12 +247,38 @@ pub(crate) fn group_members_kv_prefix(group_id: &RunId) -> Vec<u8> {
     kv_key(&["groups", group_id, ""])
 }
 
+/// The longest member key a member record's KV key holds as is; a longer
+/// one (a key is free text) is stored by its digest, as the store's keys
+/// are limited to 64 KiB.
+pub(crate) const MAX_INLINE_MEMBER_KEY_LEN: usize = 1024;
+/// The byte that marks a digested member key: it never occurs in UTF-8.
+pub(crate) const DIGESTED_MEMBER_KEY: u8 = 0xFF;
+
+/// Whether `key`'s member record is stored under its digest.
+pub(crate) fn member_key_is_digested(key: &str) -> bool {
+    key.len() > MAX_INLINE_MEMBER_KEY_LEN
+}
+
 /// The member record of `key` in `group_id`. Keys are free text; the
-/// group id cannot contain `/`, so the prefix is unambiguous.
+/// group id cannot contain `/`, so the prefix is unambiguous. A key longer
+/// than [`MAX_INLINE_MEMBER_KEY_LEN`] is replaced by
+/// [`DIGESTED_MEMBER_KEY`] and its SHA-256.
 pub(crate) fn group_member_kv_key(group_id: &RunId, key: &str) -> Vec<u8> {
     let mut k = group_members_kv_prefix(group_id);
-    k.extend_from_slice(key.as_bytes());
+    if member_key_is_digested(key) {
+        k.push(DIGESTED_MEMBER_KEY);
+        k.extend_from_slice(&sha256(key.as_bytes()));
+    } else {
+        k.extend_from_slice(key.as_bytes());
+    }
     k
+}
+
+/// The claim of `group_id`'s member set: the SHA-256 of its manifest,
+/// written compare-and-set by the first submission, so two first
+/// submissions of different sets cannot both be accepted.
+pub(crate) fn group_manifest_claim_kv_key(group_id: &RunId) -> Vec<u8> {
+    kv_key(&["group-manifests", group_id])
 }
 
 /// The submission counter of `group_id`: every batched commit of its
@@ -298,6 +324,22 @@ mod tests {
     }
 
     #[test]
+    fn long_member_keys_are_stored_by_digest() {
+        let group = RunId::new("g").unwrap();
+        let short = "k".repeat(MAX_INLINE_MEMBER_KEY_LEN);
+        assert!(group_member_kv_key(&group, &short).ends_with(short.as_bytes()));
+        let long = "k".repeat(100 * 1024);
+        let key = group_member_kv_key(&group, &long);
+        let prefix = group_members_kv_prefix(&group);
+        assert_eq!(key.len(), prefix.len() + 1 + 32);
+        assert_eq!(key[prefix.len()], DIGESTED_MEMBER_KEY);
+        assert_ne!(
+            key,
+            group_member_kv_key(&group, &"k".repeat(100 * 1024 + 1))
+        );
+    }
+
+    #[test]
     fn keys_live_under_the_reserved_prefix() {
         let id = RunId::new("r1").unwrap();
         for key in [
@@ -309,6 +351,7 @@ mod tests {
             signal_delivered_kv_key(&id, 3),
             group_member_kv_key(&id, "m"),
             group_submissions_kv_key(&id),
+            group_manifest_claim_kv_key(&id),
         ] {
             assert!(key.starts_with(RESERVED_KV_PREFIX.as_bytes()));
         }
