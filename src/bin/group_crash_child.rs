@@ -332,9 +332,14 @@ async fn check(cli: &Cli) -> Result<(), String> {
             ));
         }
         let runs = jobs.get(&run).map(|s| s.len()).unwrap_or(0);
-        if runs != 1 + expected_fails {
+        // More jobs than that can have executed without committing: a
+        // worker may claim a step whose submission was still being flushed
+        // when the process was killed, and that submission is then lost and
+        // made again under a new job id. The commit counts above hold every
+        // run to one committed outcome per submission.
+        if runs < 1 + expected_fails {
             errors.push(format!(
-                "member {}: step 0 executed in {runs} distinct jobs (expected {})",
+                "member {}: step 0 executed in {runs} distinct jobs (expected at least {})",
                 m.key,
                 1 + expected_fails
             ));
