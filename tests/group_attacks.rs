@@ -22,7 +22,6 @@ use std::time::Duration;
 use common::*;
 use futures_util::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use taquba::Queue;
 use taquba::object_store::ObjectStore;
 use taquba_workflow::jobs::{Job, JobContext, JobRunner};
@@ -175,18 +174,6 @@ fn runtime(
         .poll_interval(Duration::from_millis(10))
         .max_concurrent_steps(32)
         .build()
-}
-
-fn member(key: &str, input: &str) -> GroupMember {
-    GroupMember {
-        key: key.to_string(),
-        input: input.as_bytes().to_vec(),
-    }
-}
-
-/// Hex SHA-256 of `{group_id}/{key}`, as documented.
-fn member_run_id(group_id: &str, key: &str) -> RunId {
-    rid(&hex::encode(Sha256::digest(format!("{group_id}/{key}"))))
 }
 
 /// Collect every result of `group`, on the real clock, within `secs`.

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use common::*;
 use futures_util::{StreamExt, TryStreamExt};
-use sha2::{Digest, Sha256};
 use taquba::Queue;
 use taquba::object_store::ObjectStore;
 use taquba::object_store::path::Path;
@@ -75,18 +74,6 @@ type Runtime = WorkflowRuntime<Members, NoopTerminalHook>;
 
 fn runtime(queue: &Arc<Queue>, store: &Arc<dyn ObjectStore>, runner: &Members) -> Runtime {
     workflow_builder(queue, store, runner).build()
-}
-
-fn member(key: &str, input: &str) -> GroupMember {
-    GroupMember {
-        key: key.to_string(),
-        input: input.as_bytes().to_vec(),
-    }
-}
-
-/// Hex SHA-256 of `{group_id}/{key}`.
-fn member_run_id(group_id: &str, key: &str) -> RunId {
-    rid(&hex::encode(Sha256::digest(format!("{group_id}/{key}"))))
 }
 
 /// Wait until the group's counts satisfy `check`.

@@ -19,7 +19,6 @@ use std::time::{Duration, UNIX_EPOCH};
 use common::*;
 use futures_util::TryStreamExt;
 use serde::{Deserialize, Serialize};
-use sha2::Digest;
 use taquba::object_store::ObjectStore;
 use taquba::object_store::memory::InMemory;
 use taquba::{MockClock, Queue, QueueConfig, SettlementEffects};
@@ -1339,7 +1338,7 @@ async fn fresh_looks_across_a_takeover(group: bool) -> (Vec<RunTermination>, Vec
             .submit(members, &RunOptions::default())
             .await
             .expect("group submit");
-        rid(&hex::encode(sha2::Sha256::digest(b"g/held")))
+        member_run_id("g", "held")
     } else {
         submit_with(&runtime, "held", "gate", RunOptions::default()).await;
         rid("held")

@@ -5,11 +5,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use sha2::{Digest, Sha256};
 use taquba::object_store::ObjectStore;
 use taquba::object_store::local::LocalFileSystem;
 use taquba::object_store::memory::InMemory;
 use taquba::{MockClock, OpenOptions, Queue, QueueConfig};
-use taquba_workflow::RunId;
+use taquba_workflow::{GroupMember, RunId};
 
 /// The epoch of every mock clock: 2023-11-14.
 pub const T0: u64 = 1_700_000_000_000;
@@ -277,4 +278,18 @@ pub async fn dead_jobs(queue: &Queue) -> Vec<taquba::JobRecord> {
         .dead_jobs(STEPS, None, 100)
         .await
         .expect("dead jobs")
+}
+
+/// A group member with a text input.
+pub fn member(key: &str, input: &str) -> GroupMember {
+    GroupMember {
+        key: key.to_string(),
+        input: input.as_bytes().to_vec(),
+    }
+}
+
+/// The run id of member `key` of `group_id`, as documented: hex SHA-256 of
+/// `{group_id}/{key}`.
+pub fn member_run_id(group_id: &str, key: &str) -> RunId {
+    rid(&hex::encode(Sha256::digest(format!("{group_id}/{key}"))))
 }
