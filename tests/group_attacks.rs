@@ -1100,7 +1100,41 @@ async fn forget_racing_submit_leaves_a_group_that_a_later_submit_completes() {
             Ok(status) => {
                 let counted = status.pending + status.succeeded + status.failed + status.cancelled;
                 if status.total != 40 || counted != 40 || status.succeeded != 40 {
-                    failures.push(format!("{id}: status after completion {status:?}"));
+                    let mut detail = Vec::new();
+                    for m in &members {
+                        let run_id = member_run_id(&id, &m.key);
+                        let st = a
+                            .status(&run_id)
+                            .await
+                            .unwrap()
+                            .map(|s| format!("{:?}", s.state));
+                        let run_rec = queue
+                            .view()
+                            .kv_get(format!("workflow/runs/{run_id}").as_bytes())
+                            .await
+                            .unwrap()
+                            .is_some();
+                        let ptr = queue
+                            .view()
+                            .kv_get(format!("workflow/steps/{run_id}").as_bytes())
+                            .await
+                            .unwrap()
+                            .is_some();
+                        let rec = queue
+                            .view()
+                            .kv_get(format!("workflow/groups/{id}/{}", m.key).as_bytes())
+                            .await
+                            .unwrap()
+                            .map(|v| v.len());
+                        if !matches!(st.as_deref(), Some(s) if s.starts_with("Terminated"))
+                            || rec.is_none()
+                        {
+                            detail.push(format!("{}: state {st:?} run_rec {run_rec} ptr {ptr} member_rec_len {rec:?} starts {}", m.key, runner.starts(&run_id)));
+                        }
+                    }
+                    failures.push(format!(
+                        "{id}: status after completion {status:?}; {detail:?}"
+                    ));
                 }
             }
             Err(e) => failures.push(format!("{id}: status: {e:?}")),
@@ -1686,7 +1720,7 @@ fn kill9_during_a_3000_member_group_submission_then_resume_completes_each_member
         });
         let mut seen = Vec::new();
         loop {
-            match lines.recv_timeout(Duration::from_secs(30)) {
+            match lines.recv_timeout(Duration::from_secs(120)) {
                 Ok(line) => {
                     let hit = line.starts_with(marker);
                     seen.push(line);

@@ -223,6 +223,11 @@ pub(crate) struct DurableMember {
     /// The member key, when the record's KV key holds its digest instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) key: Option<String>,
+    /// A ULID new with every write of the record, so a submission guarded
+    /// on the record as read fails after any write in between (two pending
+    /// records of one member would otherwise be the same bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) version: Option<String>,
 }
 
 /// The waiter registered for a signal correlation key.

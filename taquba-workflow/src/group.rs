@@ -583,5 +583,6 @@ fn member_record(membership: &Membership, terminated: Option<DurableTermination>
         run_id: membership.run_id(),
         terminated,
         key: member_key_is_digested(&membership.key).then(|| membership.key.clone()),
+        version: Some(ulid::Ulid::new().to_string()),
     }
 }

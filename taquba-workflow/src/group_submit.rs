@@ -94,7 +94,7 @@ pub(crate) async fn submit_members(
 }
 
 /// The counter and member states [`read_state`] returns.
-type GroupState = (Option<Vec<u8>>, HashMap<String, Option<TerminalStatus>>);
+type GroupState = (Vec<u8>, HashMap<String, Option<TerminalStatus>>);
 
 /// [`submit_members`] from `state`, read before any member's run record.
 async fn submit_from(
@@ -129,17 +129,9 @@ async fn submit_from(
             adopt,
         } = split_chunk(core, group_id, chunk).await?;
         if !batch.is_empty() {
-            match commit_chunk(
-                core,
-                group_id,
-                &counter_key,
-                counter.as_deref(),
-                batch,
-                options,
-            )
-            .await?
+            match commit_chunk(core, group_id, &counter_key, Some(&counter), batch, options).await?
             {
-                Chunk::Committed(next) => counter = Some(next),
+                Chunk::Committed(next) => counter = next,
                 Chunk::Rejected(rejected) => {
                     alone.extend(rejected);
                     (counter, states) = read_state(core, group_id, &counter_key).await?;
@@ -159,7 +151,33 @@ async fn read_state(
     group_id: &RunId,
     counter_key: &[u8],
 ) -> Result<GroupState> {
-    let counter = core.queue.view().kv_get(counter_key).await?.map(Vec::from);
+    let counter = match core.queue.view().kv_get(counter_key).await? {
+        Some(value) => value.to_vec(),
+        // Never compared against "absent": `forget` deletes the counter,
+        // so absent could come back after a submission that followed this
+        // read. A group's first submission (or the first after `forget`)
+        // creates it; whichever creation commits first is the value.
+        None => {
+            let value = new_counter_value();
+            let create = SettlementEffects::default().kv_put(counter_key.to_vec(), value.clone());
+            match core
+                .queue
+                .kv_compare_commit(counter_key, None, create)
+                .await?
+            {
+                Some(_) => value,
+                None => core
+                    .queue
+                    .view()
+                    .kv_get(counter_key)
+                    .await?
+                    .map(|v| v.to_vec())
+                    // Created and deleted again by a `forget` meanwhile: a
+                    // value nothing holds, so the first chunk goes alone.
+                    .unwrap_or_default(),
+            }
+        }
+    };
     let states = core
         .group_store
         .members(group_id)
@@ -468,6 +486,106 @@ mod tests {
             "each member ran once"
         );
         worker.shutdown().await.expect("shutdown");
+    }
+
+    /// Holds every step until the gate opens, noting each run it starts.
+    #[derive(Clone)]
+    struct Held {
+        started: Arc<Mutex<Vec<RunId>>>,
+        gate: tokio::sync::watch::Receiver<bool>,
+    }
+
+    impl StepRunner for Held {
+        async fn run_step(&self, step: &Step) -> std::result::Result<StepOutcome, StepError> {
+            self.started.lock().expect("lock").push(step.run_id.clone());
+            let mut gate = self.gate.clone();
+            gate.wait_for(|open| *open).await.expect("gate");
+            Ok(StepOutcome::Succeed { result: Vec::new() })
+        }
+    }
+
+    /// A chunk read before another submission started its members and a
+    /// `forget` removed the counter must not commit (it would start the
+    /// running members a second time): the counter it compares against is
+    /// never "absent", which `forget` brings back.
+    #[tokio::test(start_paused = true)]
+    async fn a_chunk_read_before_a_submission_and_a_forget_does_not_commit() {
+        let store = Arc::new(InMemory::new());
+        let queue = Arc::new(Queue::open(store.clone(), "db").await.expect("open"));
+        let (open, gate) = tokio::sync::watch::channel(false);
+        let runner = Held {
+            started: Arc::default(),
+            gate,
+        };
+        let runtime =
+            WorkflowRuntime::builder(queue, store, runner.clone(), NoopTerminalHook).build();
+        let core = runtime.inner.core.clone();
+        let worker = runtime.spawn(std::future::pending::<()>());
+        let group_id = RunId::new("g").expect("id");
+        let members: Vec<GroupMember> = (0..3)
+            .map(|i| GroupMember {
+                key: format!("m{i}"),
+                input: vec![i],
+            })
+            .collect();
+        let options = RunOptions::default();
+        let counter_key = group_submissions_kv_key(&group_id);
+        let stale = read_state(&core, &group_id, &counter_key)
+            .await
+            .expect("read");
+        // This submission's chunk, split before any member ran: all to be
+        // committed together.
+        let chunk = candidates(members.clone().into_iter(), &stale.1)
+            .map(|(member, recorded)| Candidate {
+                input_hash: sha256(&member.input).to_vec(),
+                member,
+                recorded,
+            })
+            .collect();
+        let Split { batch, .. } = split_chunk(&core, &group_id, chunk).await.expect("split");
+        assert_eq!(batch.len(), 3);
+
+        submit_members(&core, &group_id, members.clone(), &options)
+            .await
+            .expect("submit");
+        while runner.started.lock().expect("lock").len() < 3 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        core.group_store.forget(&group_id).await.expect("forget");
+        let Chunk::Rejected(rejected) = commit_chunk(
+            &core,
+            &group_id,
+            &counter_key,
+            Some(&stale.0),
+            batch,
+            &options,
+        )
+        .await
+        .expect("commit") else {
+            panic!("a chunk read before the group was submitted and forgotten committed");
+        };
+        assert_eq!(rejected.len(), 3);
+        open.send_replace(true);
+        for member in &members {
+            let run_id = crate::group::member_run_id(&group_id, &member.key);
+            core.wait_run(&run_id).await.expect("wait");
+        }
+        assert_eq!(runner.started.lock().expect("lock").len(), 3);
+        worker.shutdown().await.expect("shutdown");
+    }
+
+    /// Two pending records of one member differ, so a lone submission
+    /// guarded on the record it read fails after another submission's
+    /// write (the same bytes again would let both commit).
+    #[test]
+    fn every_write_of_a_member_record_is_distinct() {
+        let membership = Membership {
+            group_id: RunId::new("g").expect("id"),
+            key: "m".into(),
+        };
+        let first = durable::encode(&crate::group::pending_member(&membership));
+        let second = durable::encode(&crate::group::pending_member(&membership));
+        assert_ne!(first, second);
     }
 
     #[test]
