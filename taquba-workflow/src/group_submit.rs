@@ -69,6 +69,16 @@ struct Candidate {
     recorded: Recorded,
 }
 
+impl Candidate {
+    fn new((member, recorded): (GroupMember, Recorded)) -> Self {
+        Self {
+            input_hash: sha256(&member.input).to_vec(),
+            member,
+            recorded,
+        }
+    }
+}
+
 /// Submit the members of `members` whose last termination is not a
 /// success, as group `group_id`'s members with `options`. Chunks commit in
 /// order; a failure returns after the chunks committed before it.
@@ -117,11 +127,7 @@ async fn submit_from(
             taken.push(member);
         }
         let chunk: Vec<Candidate> = candidates(taken.into_iter(), &states)
-            .map(|(member, recorded)| Candidate {
-                input_hash: sha256(&member.input).to_vec(),
-                member,
-                recorded,
-            })
+            .map(Candidate::new)
             .collect();
         let Split {
             batch,
@@ -440,26 +446,38 @@ mod tests {
         }
     }
 
+    /// A runtime over an in-memory store running `runner`, its engine and
+    /// worker, a group id and three members.
+    async fn started<R: StepRunner + 'static>(
+        runner: R,
+    ) -> (
+        Arc<RuntimeCore>,
+        crate::RunnerHandle,
+        RunId,
+        Vec<GroupMember>,
+    ) {
+        let store = Arc::new(InMemory::new());
+        let queue = Arc::new(Queue::open(store.clone(), "db").await.expect("open"));
+        let runtime = WorkflowRuntime::builder(queue, store, runner, NoopTerminalHook).build();
+        let core = runtime.inner.core.clone();
+        let worker = runtime.spawn(std::future::pending::<()>());
+        let members = (0..3)
+            .map(|i| GroupMember {
+                key: format!("m{i}"),
+                input: vec![i],
+            })
+            .collect();
+        (core, worker, RunId::new("g").expect("id"), members)
+    }
+
     /// A submission that read the group before another one committed and
     /// its members succeeded must not run them again: its chunk's compare
     /// fails on the moved counter, and each member is then answered by its
     /// terminal record.
     #[tokio::test(start_paused = true)]
     async fn a_submission_from_a_stale_read_does_not_run_succeeded_members_again() {
-        let store = Arc::new(InMemory::new());
-        let queue = Arc::new(Queue::open(store.clone(), "db").await.expect("open"));
         let runner = Note::default();
-        let runtime =
-            WorkflowRuntime::builder(queue, store, runner.clone(), NoopTerminalHook).build();
-        let core = runtime.inner.core.clone();
-        let worker = runtime.spawn(std::future::pending::<()>());
-        let group_id = RunId::new("g").expect("id");
-        let members: Vec<GroupMember> = (0..3)
-            .map(|i| GroupMember {
-                key: format!("m{i}"),
-                input: vec![i],
-            })
-            .collect();
+        let (core, worker, group_id, members) = started(runner.clone()).await;
         let options = RunOptions::default();
         let counter_key = group_submissions_kv_key(&group_id);
         let stale = read_state(&core, &group_id, &counter_key)
@@ -510,24 +528,12 @@ mod tests {
     /// never "absent", which `forget` brings back.
     #[tokio::test(start_paused = true)]
     async fn a_chunk_read_before_a_submission_and_a_forget_does_not_commit() {
-        let store = Arc::new(InMemory::new());
-        let queue = Arc::new(Queue::open(store.clone(), "db").await.expect("open"));
         let (open, gate) = tokio::sync::watch::channel(false);
         let runner = Held {
             started: Arc::default(),
             gate,
         };
-        let runtime =
-            WorkflowRuntime::builder(queue, store, runner.clone(), NoopTerminalHook).build();
-        let core = runtime.inner.core.clone();
-        let worker = runtime.spawn(std::future::pending::<()>());
-        let group_id = RunId::new("g").expect("id");
-        let members: Vec<GroupMember> = (0..3)
-            .map(|i| GroupMember {
-                key: format!("m{i}"),
-                input: vec![i],
-            })
-            .collect();
+        let (core, worker, group_id, members) = started(runner.clone()).await;
         let options = RunOptions::default();
         let counter_key = group_submissions_kv_key(&group_id);
         let stale = read_state(&core, &group_id, &counter_key)
@@ -536,11 +542,7 @@ mod tests {
         // This submission's chunk, split before any member ran: all to be
         // committed together.
         let chunk = candidates(members.clone().into_iter(), &stale.1)
-            .map(|(member, recorded)| Candidate {
-                input_hash: sha256(&member.input).to_vec(),
-                member,
-                recorded,
-            })
+            .map(Candidate::new)
             .collect();
         let Split { batch, .. } = split_chunk(&core, &group_id, chunk).await.expect("split");
         assert_eq!(batch.len(), 3);
