@@ -3,7 +3,7 @@
 
 use taquba::object_store;
 
-use crate::keys::RunId;
+use crate::store::keys::RunId;
 
 /// The result type of the crate's fallible operations.
 pub type Result<T> = std::result::Result<T, Error>;

@@ -80,59 +80,44 @@
 
 #![warn(missing_docs)]
 
-mod blob;
-mod durable;
-mod effects;
-mod engine;
+mod coordination;
 mod error;
-mod group;
-mod group_submit;
-mod inflight;
+mod hooks;
 pub mod jobs;
-mod keys;
-mod kv;
-mod loop_driver;
-mod memo;
-mod replay;
-mod run_watch;
+mod run;
 mod runner;
 mod runtime;
-mod signal;
-mod submit_batch;
-mod sweep;
-mod terminal;
+mod store;
 mod view;
-#[cfg(feature = "webhooks")]
-mod webhook;
 mod worker;
 
 #[doc(hidden)]
 pub mod __private;
 pub mod workflows;
 
-pub use effects::{EffectsHandle, TerminalEffects};
+pub use coordination::group::{GroupMember, GroupStatus, MemberResult, RunGroup};
+pub use coordination::signal::SignalOutcome;
 pub use error::{Error, Result};
-pub use group::{GroupMember, GroupStatus, MemberResult, RunGroup};
-pub use keys::{
-    HEADER_RUN_ID, HEADER_SIGNAL_DELIVERED, HEADER_SIGNAL_WAIT, HEADER_STEP, HEADER_TERMINAL,
-    MAX_RUN_ID_LEN, RESERVED_HEADER_PREFIX, RESERVED_KV_PREFIX, RunId,
-};
-pub use kv::KvReadHandle;
-pub use memo::{Memo, MemoStore};
+pub use hooks::terminal::{NoopTerminalHook, RunOutcome, TerminalHook, TerminalStatus};
+#[cfg(feature = "webhooks")]
+pub use hooks::webhook::{CALLBACK_URL_HEADER, DEFAULT_WEBHOOK_QUEUE, WebhookTerminalHook};
+pub use run::effects::{EffectsHandle, TerminalEffects};
 pub use runner::{Delivery, Step, StepError, StepErrorKind, StepOutcome, StepRunner, Trigger};
 pub use runtime::{
     RunEnd, RunOptions, RunSpec, RunState, RunStatus, RunTermination, RunnerHandle, SubmitOutcome,
     WorkflowRuntime, WorkflowRuntimeBuilder,
 };
-pub use signal::SignalOutcome;
+pub use store::keys::{
+    HEADER_RUN_ID, HEADER_SIGNAL_DELIVERED, HEADER_SIGNAL_WAIT, HEADER_STEP, HEADER_TERMINAL,
+    MAX_RUN_ID_LEN, RESERVED_HEADER_PREFIX, RESERVED_KV_PREFIX, RunId,
+};
+pub use store::kv::KvReadHandle;
+pub use store::memo::{Memo, MemoStore};
 /// The webhook delivery crate the [`WebhookTerminalHook`] enqueues for
 /// (run its `WebhookWorker` on the delivery queue).
 #[cfg(feature = "webhooks")]
 pub use taquba_webhooks;
-pub use terminal::{NoopTerminalHook, RunOutcome, TerminalHook, TerminalStatus};
 pub use view::WorkflowView;
-#[cfg(feature = "webhooks")]
-pub use webhook::{CALLBACK_URL_HEADER, DEFAULT_WEBHOOK_QUEUE, WebhookTerminalHook};
 
 #[cfg(feature = "macros")]
 pub use taquba_workflow_macros::{job, workflow};

@@ -10,11 +10,11 @@ use std::time::Duration;
 use taquba::LeaseHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::effects::EffectsHandle;
 use crate::error::Error;
-use crate::keys::RunId;
-use crate::kv::KvReadHandle;
-use crate::memo::{Memo, MemoStore};
+use crate::run::effects::EffectsHandle;
+use crate::store::keys::RunId;
+use crate::store::kv::KvReadHandle;
+use crate::store::memo::{Memo, MemoStore};
 
 /// The per-step logic of a workflow: bytes in ([`Step::payload`]), a
 /// decision out ([`StepOutcome`]). The runtime persists everything else.

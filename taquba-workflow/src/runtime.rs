@@ -12,13 +12,13 @@ use std::time::{Duration, SystemTime};
 use taquba::object_store::ObjectStore;
 use taquba::{Clock, Queue, SettlementEffects, WorkerHandle};
 
-use crate::engine::{RuntimeCore, Settings};
+use crate::coordination::group::RunGroup;
+use crate::coordination::signal::SignalOutcome;
 use crate::error::Result;
-use crate::group::RunGroup;
-use crate::keys::RunId;
+use crate::hooks::terminal::{RunOutcome, TerminalHook, TerminalStatus};
+use crate::run::core::{RuntimeCore, Settings};
 use crate::runner::{StepErrorKind, StepRunner};
-use crate::signal::SignalOutcome;
-use crate::terminal::{RunOutcome, TerminalHook, TerminalStatus};
+use crate::store::keys::RunId;
 use crate::view::WorkflowView;
 
 /// The default queue name of a runtime.
@@ -297,7 +297,7 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     {
         let inner = self.inner.clone();
         WorkerHandle::spawn(shutdown, move |stop| async move {
-            crate::loop_driver::run(inner, stop.cancelled_owned()).await
+            crate::worker::driver::run(inner, stop.cancelled_owned()).await
         })
     }
 
@@ -315,7 +315,7 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
         R: 'static,
         H: 'static,
     {
-        crate::loop_driver::run(self.inner.clone(), shutdown).await
+        crate::worker::driver::run(self.inner.clone(), shutdown).await
     }
 
     /// Deliver a durable signal under `correlation_key`. A run waiting on

@@ -4,14 +4,14 @@
 
 use taquba::{JobRecord, JobStatus, QueueView};
 
-use crate::durable::{
+use crate::error::{Error, Result};
+use crate::hooks::terminal::RunOutcome;
+use crate::runtime::{RunState, RunStatus, RunTermination};
+use crate::store::durable::{
     self, DurableCurrentStep, DurableRunRecord, DurableRunResult, DurableTermination,
 };
-use crate::error::{Error, Result};
-use crate::keys::{RunId, outcome_kv_key, run_kv_key, step_kv_key};
-use crate::memo::{MemoStore, RUN_RESULT_MEMO_KEY};
-use crate::runtime::{RunState, RunStatus, RunTermination};
-use crate::terminal::RunOutcome;
+use crate::store::keys::{RunId, outcome_kv_key, run_kv_key, step_kv_key};
+use crate::store::memo::{MemoStore, RUN_RESULT_MEMO_KEY};
 
 /// A run result record with the termination it belongs to.
 #[derive(Debug, Clone)]

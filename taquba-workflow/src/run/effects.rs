@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use taquba::{EnqueueRequest, MAX_KV_VALUE_SIZE};
 
 use crate::error::{Error, Result};
-use crate::keys::RESERVED_KV_PREFIX;
+use crate::store::keys::RESERVED_KV_PREFIX;
 
 /// The writes and deletes one step (or hook) staged.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

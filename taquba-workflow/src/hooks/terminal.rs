@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 
-use crate::effects::TerminalEffects;
-use crate::keys::RunId;
+use crate::run::effects::TerminalEffects;
 use crate::runner::StepError;
+use crate::store::keys::RunId;
 
 /// How a run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,14 +17,14 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::durable::{self, DurableCurrentStep};
-use crate::engine::RuntimeCore;
 use crate::error::Result;
-use crate::keys::step_kv_key;
+use crate::hooks::terminal::TerminalHook;
+use crate::run::core::RuntimeCore;
+use crate::run::settle::{SettleKind, Settlement, panic_message};
 use crate::runner::StepRunner;
 use crate::runtime::RuntimeInner;
-use crate::terminal::TerminalHook;
-use crate::worker::{SettleKind, Settlement, panic_message};
+use crate::store::durable::{self, DurableCurrentStep};
+use crate::store::keys::step_kv_key;
 
 /// Settlements in flight per runner slot (at least [`MIN_SETTLING`]): a
 /// claimed job holds memory until it settles, so their number is bounded.

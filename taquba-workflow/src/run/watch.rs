@@ -1,7 +1,7 @@
 //! In-process notification of run terminations: every place that commits a
 //! run's termination (a settlement, a cancellation of a waiting step, a
 //! dead-letter reconciliation) reports the [`RunEnd`] here once the commit
-//! returned, and [`RuntimeCore::wait_run`](crate::engine::RuntimeCore)
+//! returned, and [`RuntimeCore::wait_run`](crate::run::core::RuntimeCore)
 //! waits on it instead of following the run across its steps.
 //!
 //! A watch is registered before the waiter reads the run's state, so a
@@ -22,8 +22,8 @@ use taquba::Queue;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use crate::keys::RunId;
 use crate::runtime::RunEnd;
+use crate::store::keys::RunId;
 
 type Senders = Vec<(u64, oneshot::Sender<RunEnd>)>;
 
@@ -187,8 +187,8 @@ impl Drop for RunWatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hooks::terminal::TerminalStatus;
     use crate::runtime::RunTermination;
-    use crate::terminal::TerminalStatus;
 
     fn end(step: u32) -> RunEnd {
         RunEnd {

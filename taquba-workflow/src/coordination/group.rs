@@ -14,19 +14,19 @@ use taquba::object_store::path::Path;
 use taquba::{Queue, SettlementEffects};
 use tracing::warn;
 
-use crate::blob::ObjectPrefix;
-use crate::durable::{self, DurableMember, DurableTermination};
-use crate::engine::RuntimeCore;
+use crate::coordination::group_submit::{self, SUBMIT_CONCURRENCY};
 use crate::error::{Error, Result};
-use crate::group_submit::{self, SUBMIT_CONCURRENCY};
-use crate::keys::{
+use crate::hooks::terminal::{RunOutcome, TerminalStatus};
+use crate::run::core::RuntimeCore;
+use crate::runtime::{RunOptions, RunTermination};
+use crate::store::blob::ObjectPrefix;
+use crate::store::durable::{self, DurableMember, DurableTermination};
+use crate::store::keys::{
     DIGESTED_MEMBER_KEY, HEADER_GROUP, HEADER_GROUP_KEY, RunId, group_manifest_claim_kv_key,
     group_member_kv_key, group_members_kv_prefix, group_submissions_kv_key, member_key_is_digested,
     outcome_kv_key, sha256,
 };
-use crate::memo::MemoStore;
-use crate::runtime::{RunOptions, RunTermination};
-use crate::terminal::{RunOutcome, TerminalStatus};
+use crate::store::memo::MemoStore;
 
 /// Members a results stream waits on at once. Already terminated members
 /// are yielded as soon as they enter the window, so memory stays bounded

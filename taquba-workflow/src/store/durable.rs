@@ -10,10 +10,10 @@ use taquba::QueueView;
 use tracing::warn;
 
 use crate::error::Result;
-use crate::keys::RunId;
+use crate::hooks::terminal::{RunOutcome, TerminalStatus};
 use crate::runner::StepErrorKind;
 use crate::runtime::RunTermination;
-use crate::terminal::{RunOutcome, TerminalStatus};
+use crate::store::keys::RunId;
 
 /// Encode `value` as MessagePack with named fields. The record types of
 /// this module cannot fail to encode (no maps with non-string keys, no

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::keys::RunId;
+use crate::store::keys::RunId;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {

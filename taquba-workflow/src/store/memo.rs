@@ -13,10 +13,10 @@ use serde::de::DeserializeOwned;
 use taquba::object_store::ObjectStore;
 use taquba::object_store::path::Path;
 
-use crate::blob::ObjectPrefix;
-use crate::durable;
 use crate::error::{Error, Result};
-use crate::keys::RunId;
+use crate::store::blob::ObjectPrefix;
+use crate::store::durable;
+use crate::store::keys::RunId;
 
 /// The run-memo key of the run result record (the committed
 /// [`RunOutcome`](crate::RunOutcome) and its termination). Reserved: a
@@ -204,7 +204,7 @@ impl Memo {
         T: Serialize + ?Sized,
     {
         let bytes = durable::try_encode(input)?;
-        Ok(hex::encode(crate::keys::sha256(&bytes)))
+        Ok(hex::encode(crate::store::keys::sha256(&bytes)))
     }
 
     /// [`get`](Self::get) under [`content_key`](Self::content_key)`(input)`.

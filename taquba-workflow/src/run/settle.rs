@@ -13,17 +13,17 @@ use taquba::{Claim, JobRecord, LeaseHandle, SettlementEffects};
 use tokio::sync::{OwnedMutexGuard, OwnedSemaphorePermit};
 use tracing::{debug, warn};
 
-use crate::durable::{self, DurableRunOutcome};
-use crate::effects::{EffectsHandle, StagedKv, TerminalEffects};
-use crate::engine::{RuntimeCore, StepEnqueueOpts, user_headers};
+use crate::coordination::group::Membership;
 use crate::error::{Error, Result};
-use crate::group::Membership;
-use crate::inflight::InFlightGuard;
-use crate::keys::{HEADER_RUN_ID, HEADER_STEP, HEADER_TERMINAL, RunId};
-use crate::kv::KvReadHandle;
+use crate::hooks::terminal::{RunOutcome, TerminalHook, TerminalStatus};
+use crate::run::core::{RuntimeCore, StepEnqueueOpts, user_headers};
+use crate::run::effects::{EffectsHandle, StagedKv, TerminalEffects};
+use crate::run::inflight::InFlightGuard;
 use crate::runner::{Delivery, Step, StepError, StepErrorKind, StepOutcome, StepRunner, Trigger};
 use crate::runtime::{RunEnd, RuntimeInner};
-use crate::terminal::{RunOutcome, TerminalHook, TerminalStatus};
+use crate::store::durable::{self, DurableRunOutcome};
+use crate::store::keys::{HEADER_RUN_ID, HEADER_STEP, HEADER_TERMINAL, RunId};
+use crate::store::kv::KvReadHandle;
 
 /// How a claimed job is settled.
 pub(crate) enum SettleKind {

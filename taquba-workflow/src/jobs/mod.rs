@@ -64,16 +64,16 @@ use serde::de::DeserializeOwned;
 use taquba::object_store::ObjectStore;
 use taquba::{Clock, Queue};
 
-use crate::durable::{self, DurableJobInput};
-use crate::engine::OnTerminated;
+use crate::coordination::group::{GroupMember, GroupStatus, MemberResult, RunGroup};
 use crate::error::{Error, Result};
-use crate::group::{GroupMember, GroupStatus, MemberResult, RunGroup};
-use crate::keys::{RunId, sha256};
+use crate::hooks::terminal::{NoopTerminalHook, RunOutcome, TerminalStatus};
+use crate::run::core::OnTerminated;
 use crate::runner::{Delivery, Step, StepError, StepErrorKind, StepOutcome, StepRunner};
 use crate::runtime::{
     RunEnd, RunOptions, RunSpec, RunStatus, RunTermination, RunnerHandle, WorkflowRuntime,
 };
-use crate::terminal::{NoopTerminalHook, RunOutcome, TerminalStatus};
+use crate::store::durable::{self, DurableJobInput};
+use crate::store::keys::{RunId, sha256};
 
 /// The default queue name of a [`JobRunner`].
 pub const DEFAULT_JOB_QUEUE: &str = "jobs";

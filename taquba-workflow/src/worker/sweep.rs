@@ -8,14 +8,14 @@ use std::time::Duration;
 use taquba::{Expired, JobRecord, SettlementEffects};
 use tracing::{debug, warn};
 
-use crate::durable::{self, DurableCurrentStep, DurableRunRecord, DurableTermination};
-use crate::engine::RuntimeCore;
+use crate::coordination::group::Membership;
 use crate::error::Result;
-use crate::group::Membership;
-use crate::keys::{
+use crate::hooks::terminal::TerminalStatus;
+use crate::run::core::RuntimeCore;
+use crate::store::durable::{self, DurableCurrentStep, DurableRunRecord, DurableTermination};
+use crate::store::keys::{
     HEADER_RUN_ID, HEADER_STEP, HEADER_TERMINAL, RunId, outcome_kv_key, run_kv_key, step_kv_key,
 };
-use crate::terminal::TerminalStatus;
 
 /// The future of one expired entry, boxed so the sweep stays `Send` for
 /// every lifetime the worker loop is spawned with.
@@ -258,7 +258,7 @@ pub(crate) async fn reconcile_job(core: &RuntimeCore, job: &JobRecord) -> Result
     );
     effects
         .kv_deletes
-        .extend(crate::signal::waiter_cleanup(job));
+        .extend(crate::coordination::signal::waiter_cleanup(job));
     // Only while the pointer still names this job: a concurrent settlement
     // or reconciliation wins otherwise.
     let committed = core
@@ -281,9 +281,9 @@ mod tests {
     use taquba::object_store::memory::InMemory;
 
     use super::*;
+    use crate::hooks::terminal::NoopTerminalHook;
     use crate::runner::{Step, StepError, StepOutcome, StepRunner};
     use crate::runtime::{RunSpec, WorkflowRuntime};
-    use crate::terminal::NoopTerminalHook;
 
     struct Never;
 

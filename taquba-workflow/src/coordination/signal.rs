@@ -13,16 +13,16 @@ use taquba::{JobRecord, JobStatus, MAX_KV_VALUE_SIZE, SettlementEffects, WakeOut
 use tokio::sync::{Mutex, OwnedMutexGuard};
 use tracing::debug;
 
-use crate::durable::{self, DurableWaiter};
-use crate::engine::{RuntimeCore, StepEnqueueOpts};
 use crate::error::{Error, Result};
-use crate::keys::{
+use crate::hooks::terminal::TerminalStatus;
+use crate::run::core::{RuntimeCore, StepEnqueueOpts};
+use crate::run::settle::{ClaimedStep, SettleKind, Settlement};
+use crate::runner::StepErrorKind;
+use crate::store::durable::{self, DurableWaiter};
+use crate::store::keys::{
     HEADER_SIGNAL_DELIVERED, HEADER_SIGNAL_WAIT, RunId, sha256, signal_buffer_kv_key,
     signal_delivered_kv_key, signal_waiter_kv_key,
 };
-use crate::runner::StepErrorKind;
-use crate::terminal::TerminalStatus;
-use crate::worker::{ClaimedStep, SettleKind, Settlement};
 
 /// Lock stripes of correlation keys.
 const STRIPES: usize = 64;
@@ -68,8 +68,8 @@ pub(crate) fn waiter_cleanup(job: &JobRecord) -> Vec<Vec<u8>> {
     }
     if job.headers.contains_key(HEADER_SIGNAL_DELIVERED)
         && let (Some(run_id), Some(step)) = (
-            job.headers.get(crate::keys::HEADER_RUN_ID),
-            job.headers.get(crate::keys::HEADER_STEP),
+            job.headers.get(crate::store::keys::HEADER_RUN_ID),
+            job.headers.get(crate::store::keys::HEADER_STEP),
         )
         && let (Ok(run_id), Ok(step)) = (RunId::new(run_id.as_str()), step.parse::<u32>())
     {
@@ -232,7 +232,7 @@ impl RuntimeCore {
                 "correlation key {correlation_key:?} already has a waiting run `{}`; only one run may wait on a key",
                 waiter.run_id
             );
-            let outcome = crate::terminal::RunOutcome {
+            let outcome = crate::hooks::terminal::RunOutcome {
                 run_id: run_id.clone(),
                 status: TerminalStatus::Failed,
                 result: None,

@@ -10,7 +10,7 @@ use taquba::object_store::path::{Path, PathPart};
 use taquba::object_store::{self, ObjectStore, ObjectStoreExt, PutPayload};
 
 use crate::error::Result;
-use crate::keys::sha256;
+use crate::store::keys::sha256;
 
 /// Deletes in flight at once when clearing a prefix.
 const DELETE_CONCURRENCY: usize = 16;

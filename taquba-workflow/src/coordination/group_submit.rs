@@ -31,14 +31,14 @@ use futures_util::stream::{self, StreamExt, TryStreamExt};
 use taquba::SettlementEffects;
 use tracing::debug;
 
-use crate::durable;
-use crate::engine::{OnTerminated, RuntimeCore};
+use crate::coordination::group::{GroupMember, Membership};
 use crate::error::{Error, Result};
-use crate::group::{GroupMember, Membership};
-use crate::keys::{RunId, group_submissions_kv_key, run_kv_key, sha256};
+use crate::hooks::terminal::TerminalStatus;
+use crate::run::core::{OnTerminated, RuntimeCore};
+use crate::run::submit_batch::MAX_BATCH_BYTES;
 use crate::runtime::{RunOptions, RunSpec};
-use crate::submit_batch::MAX_BATCH_BYTES;
-use crate::terminal::TerminalStatus;
+use crate::store::durable;
+use crate::store::keys::{RunId, group_submissions_kv_key, run_kv_key, sha256};
 
 /// Members one transaction submits (fewer once their keys and inputs reach
 /// [`MAX_BATCH_BYTES`]).
@@ -216,7 +216,7 @@ struct Split {
 async fn split_chunk(core: &RuntimeCore, group_id: &RunId, chunk: Vec<Candidate>) -> Result<Split> {
     let read: Vec<(Candidate, bool)> = stream::iter(chunk)
         .map(|candidate| async move {
-            let run_id = crate::group::member_run_id(group_id, &candidate.member.key);
+            let run_id = crate::coordination::group::member_run_id(group_id, &candidate.member.key);
             let active = match core.view.run_record(&run_id).await? {
                 Some(existing) if existing.input_hash != candidate.input_hash => {
                     return Err(Error::InputMismatch(run_id));
@@ -270,7 +270,7 @@ async fn adopt_running(
                 };
                 let pending = SettlementEffects::default().kv_put(
                     membership.kv_key(),
-                    durable::encode(&crate::group::pending_member(&membership)),
+                    durable::encode(&crate::coordination::group::pending_member(&membership)),
                 );
                 if core
                     .queue
@@ -431,9 +431,9 @@ mod tests {
     use taquba::object_store::memory::InMemory;
 
     use super::*;
+    use crate::hooks::terminal::NoopTerminalHook;
     use crate::runner::{Step, StepError, StepOutcome, StepRunner};
     use crate::runtime::WorkflowRuntime;
-    use crate::terminal::NoopTerminalHook;
 
     /// Succeeds at once, noting each run it starts.
     #[derive(Clone, Default)]
@@ -488,14 +488,14 @@ mod tests {
             .await
             .expect("submit");
         for member in &members {
-            let run_id = crate::group::member_run_id(&group_id, &member.key);
+            let run_id = crate::coordination::group::member_run_id(&group_id, &member.key);
             core.wait_run(&run_id).await.expect("wait");
         }
         submit_from(&core, &group_id, members.clone(), &options, stale)
             .await
             .expect("stale submit");
         for member in &members {
-            let run_id = crate::group::member_run_id(&group_id, &member.key);
+            let run_id = crate::coordination::group::member_run_id(&group_id, &member.key);
             core.wait_run(&run_id).await.expect("wait");
         }
         assert_eq!(
@@ -569,7 +569,7 @@ mod tests {
         assert_eq!(rejected.len(), 3);
         open.send_replace(true);
         for member in &members {
-            let run_id = crate::group::member_run_id(&group_id, &member.key);
+            let run_id = crate::coordination::group::member_run_id(&group_id, &member.key);
             core.wait_run(&run_id).await.expect("wait");
         }
         assert_eq!(runner.started.lock().expect("lock").len(), 3);
@@ -585,8 +585,8 @@ mod tests {
             group_id: RunId::new("g").expect("id"),
             key: "m".into(),
         };
-        let first = durable::encode(&crate::group::pending_member(&membership));
-        let second = durable::encode(&crate::group::pending_member(&membership));
+        let first = durable::encode(&crate::coordination::group::pending_member(&membership));
+        let second = durable::encode(&crate::coordination::group::pending_member(&membership));
         assert_ne!(first, second);
     }
 

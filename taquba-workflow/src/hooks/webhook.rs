@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use taquba_webhooks::{WebhookRequest, webhook_enqueue_request};
 
-use crate::effects::TerminalEffects;
+use crate::hooks::terminal::{RunOutcome, TerminalHook};
+use crate::run::effects::TerminalEffects;
 use crate::runner::StepError;
-use crate::terminal::{RunOutcome, TerminalHook};
 
 /// The submitter header ([`RunOptions::headers`](crate::RunOptions::headers))
 /// holding a run's callback URL.
@@ -200,8 +200,8 @@ impl TerminalHook for WebhookTerminalHook {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::RunId;
-    use crate::terminal::TerminalStatus;
+    use crate::hooks::terminal::TerminalStatus;
+    use crate::store::keys::RunId;
 
     fn outcome(headers: &[(&str, &str)], result: Option<&[u8]>) -> RunOutcome {
         RunOutcome {

@@ -8,12 +8,14 @@ use std::time::Duration;
 
 use serde_bytes::ByteBuf;
 
-use crate::durable::{self, DurableKvWrite, DurableStepOutcome, DurableStepOutput, DurableTrigger};
-use crate::effects::StagedKv;
-use crate::engine::RuntimeCore;
 use crate::error::Result;
-use crate::keys::{RunId, sha256};
+use crate::run::core::RuntimeCore;
+use crate::run::effects::StagedKv;
 use crate::runner::{StepOutcome, Trigger};
+use crate::store::durable::{
+    self, DurableKvWrite, DurableStepOutcome, DurableStepOutput, DurableTrigger,
+};
+use crate::store::keys::{RunId, sha256};
 
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)

@@ -1,0 +1,7 @@
+//! Coordination between runs and the outside: durable signals
+//! ([`signal`]) and run groups ([`group`], submitted in chunks by
+//! [`group_submit`]).
+
+pub(crate) mod group;
+pub(crate) mod group_submit;
+pub(crate) mod signal;

@@ -1,0 +1,408 @@
+//! The runtime's engine ([`RuntimeCore`]), shared by every clone of a
+//! runtime and by its run groups: its settings, building step jobs, and the
+//! effects and commit of a run's termination. Submission, cancellation,
+//! waits, the worker path, signals, groups and sweeps extend it in their
+//! own modules.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use taquba::object_store::ObjectStore;
+use taquba::{
+    Clock, EnqueueOptions, EnqueueRequest, ExpiryIndex, JobRecord, Queue, SettlementEffects,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::coordination::group::{GroupStore, Membership, terminated_member};
+use crate::coordination::signal::SignalLocks;
+use crate::error::{Error, Result};
+use crate::hooks::terminal::{RunOutcome, TerminalStatus};
+use crate::run::inflight::InFlightRegistry;
+use crate::run::submit_batch::SubmitBatcher;
+use crate::run::watch::{RunWatchers, store_closed_token};
+use crate::runner::StepErrorKind;
+use crate::runtime::RunEnd;
+use crate::store::durable::{
+    self, DurableCurrentStep, DurableRunOutcome, DurableRunResult, DurableTermination,
+};
+use crate::store::keys::{
+    GROUP_TERMINALS_PREFIX, HEADER_RUN_ID, HEADER_STEP, HEADER_TERMINAL, RESERVED_HEADER_PREFIX,
+    RunId, TERMINALS_PREFIX, outcome_kv_key, run_kv_key, step_dedup_key, step_kv_key,
+};
+use crate::store::memo::{MemoStore, RUN_RESULT_MEMO_KEY};
+use crate::view::WorkflowView;
+
+/// Whether a terminal hook wants a notification for an outcome.
+pub(crate) type Observes = Arc<dyn Fn(&RunOutcome) -> bool + Send + Sync>;
+
+/// What the builder hands the engine.
+pub(crate) struct Settings {
+    pub(crate) queue: Arc<Queue>,
+    pub(crate) object_store: Arc<dyn ObjectStore>,
+    pub(crate) queue_name: String,
+    pub(crate) memo_prefix: String,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) max_concurrent_steps: usize,
+    pub(crate) poll_interval: Duration,
+    pub(crate) memo_retention: Option<Duration>,
+    pub(crate) group_retention: Option<Duration>,
+    pub(crate) step_output_replay: bool,
+    pub(crate) observes: Observes,
+}
+
+/// The engine of one runtime.
+pub(crate) struct RuntimeCore {
+    pub(crate) queue: Arc<Queue>,
+    pub(crate) queue_name: String,
+    pub(crate) view: WorkflowView,
+    pub(crate) memo_store: MemoStore,
+    pub(crate) group_store: GroupStore,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) max_concurrent_steps: usize,
+    pub(crate) poll_interval: Duration,
+    pub(crate) memo_retention: Option<Duration>,
+    pub(crate) group_retention: Option<Duration>,
+    pub(crate) step_output_replay: bool,
+    /// Run terminal markers (memo retention).
+    pub(crate) terminals: ExpiryIndex,
+    /// Group terminal markers (group retention).
+    pub(crate) group_terminals: ExpiryIndex,
+    pub(crate) inflight: Arc<InFlightRegistry>,
+    /// Waiters on run terminations in this process.
+    pub(crate) run_watchers: RunWatchers,
+    /// The group commit of submissions under fresh run ids.
+    pub(crate) submit_batcher: SubmitBatcher,
+    pub(crate) signal_locks: SignalLocks,
+    pub(crate) observes: Observes,
+    /// Dead letters the worker performed since the last reconciliation look.
+    /// Signed: a dead letter counted before its settlement and uncounted
+    /// after it failed can leave the count below zero for one look.
+    pub(crate) own_dead_letters: AtomicI64,
+    /// The queue's dead count at the last look; -1 before the first.
+    pub(crate) last_dead_count: AtomicI64,
+    /// Maintenance rounds done, for the periodic full reconciliation.
+    pub(crate) maintenance_rounds: AtomicU64,
+    /// Fired once the queue's store is closed to this process for good
+    /// (closed, or fenced by another process that opened it): the worker
+    /// loop stops and waits fail instead of waiting forever. Shared by
+    /// every runtime over the same queue.
+    pub(crate) store_closed: CancellationToken,
+}
+
+/// What a submission does with a run id whose run terminated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnTerminated {
+    /// Start a new run under the id (runs and groups).
+    Restart,
+    /// Answer with the recorded run (idempotent jobs).
+    Keep,
+    /// Answer with the recorded run when it succeeded, start a new run
+    /// otherwise (group members).
+    KeepSucceeded,
+}
+
+/// The queue options of a run's next step.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StepEnqueueOpts {
+    pub(crate) run_at: Option<SystemTime>,
+    pub(crate) priority: Option<u32>,
+    pub(crate) max_attempts: Option<u32>,
+    /// Reserved headers beyond the run id and step (membership, signals).
+    pub(crate) reserved_headers: Vec<(&'static str, String)>,
+}
+
+/// A new step job, built with its id so the pointer can name it in the same
+/// transaction.
+pub(crate) struct PreparedStep {
+    pub(crate) job_id: String,
+    pub(crate) request: EnqueueRequest,
+}
+
+impl RuntimeCore {
+    pub(crate) fn new(settings: Settings) -> Self {
+        let memo_store =
+            MemoStore::new(settings.object_store.clone(), settings.memo_prefix.clone());
+        let view = WorkflowView::new(settings.queue.view().clone(), memo_store.clone());
+        let run_watchers = RunWatchers::for_queue(&settings.queue);
+        let store_closed = store_closed_token(&settings.queue);
+        let submit_batcher = SubmitBatcher::new(settings.queue.clone());
+        let group_store = GroupStore::new(
+            settings.object_store,
+            settings.memo_prefix,
+            memo_store.clone(),
+            settings.queue.clone(),
+        );
+        Self {
+            queue: settings.queue,
+            queue_name: settings.queue_name,
+            view,
+            memo_store,
+            group_store,
+            clock: settings.clock,
+            max_concurrent_steps: settings.max_concurrent_steps,
+            poll_interval: settings.poll_interval,
+            memo_retention: settings.memo_retention,
+            group_retention: settings.group_retention,
+            step_output_replay: settings.step_output_replay,
+            terminals: ExpiryIndex::new(TERMINALS_PREFIX.as_bytes().to_vec()),
+            group_terminals: ExpiryIndex::new(GROUP_TERMINALS_PREFIX.as_bytes().to_vec()),
+            inflight: Arc::default(),
+            run_watchers,
+            submit_batcher,
+            signal_locks: SignalLocks::default(),
+            observes: settings.observes,
+            own_dead_letters: AtomicI64::new(0),
+            last_dead_count: AtomicI64::new(-1),
+            maintenance_rounds: AtomicU64::new(0),
+            store_closed,
+        }
+    }
+
+    /// Record an error of the queue: one that says the store is closed to
+    /// this process fires [`Self::store_closed`].
+    pub(crate) fn note_error(&self, err: &Error) {
+        self.note_closed(err.is_store_closed(), err);
+    }
+
+    /// Fire [`Self::store_closed`] when `closed`, logging `err`.
+    pub(crate) fn note_closed(&self, closed: bool, err: &dyn std::fmt::Display) {
+        if closed && !self.store_closed.is_cancelled() {
+            tracing::error!(queue = %self.queue_name, "the queue's store is closed to this process (another process opened it, or it was closed): {err}");
+            self.store_closed.cancel();
+        }
+    }
+
+    /// The error reported once the store is closed to this process.
+    pub(crate) fn store_closed_error(&self) -> Error {
+        Error::Queue(taquba::Error::Storage(slatedb::Error::closed(
+            format!(
+                "the store of queue `{}` is closed to this process: another process opened it (a store has one writer) or it was closed",
+                self.queue_name
+            ),
+            slatedb::CloseReason::Fenced,
+        )))
+    }
+
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// The absolute time `delay` from now on the runtime's clock.
+    pub(crate) fn run_at_after(&self, delay: Duration) -> SystemTime {
+        let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX / 2);
+        UNIX_EPOCH + Duration::from_millis(self.now_ms().saturating_add(delay_ms))
+    }
+
+    /// Build step `step_number` of `run_id`: its id, dedup key and headers
+    /// (the submitter's `user_headers` plus the reserved ones).
+    pub(crate) fn prepare_step(
+        &self,
+        run_id: &RunId,
+        step_number: u32,
+        payload: Vec<u8>,
+        user_headers: &HashMap<String, String>,
+        opts: StepEnqueueOpts,
+    ) -> PreparedStep {
+        let job_id = self.queue.next_job_id();
+        let mut headers = user_headers.clone();
+        headers.insert(HEADER_RUN_ID.to_string(), run_id.to_string());
+        headers.insert(HEADER_STEP.to_string(), step_number.to_string());
+        for (name, value) in opts.reserved_headers {
+            headers.insert(name.to_string(), value);
+        }
+        let options = EnqueueOptions::default()
+            .id_override(job_id.clone())
+            .dedup_key(step_dedup_key(run_id, step_number))
+            .headers(headers)
+            .priority(opts.priority)
+            .max_attempts(opts.max_attempts)
+            .run_at(opts.run_at);
+        PreparedStep {
+            job_id,
+            request: EnqueueRequest {
+                queue: self.queue_name.clone(),
+                payload,
+                options,
+            },
+        }
+    }
+
+    /// The effects that make `step` the current step of `run_id`: its
+    /// enqueue and the pointer naming it.
+    pub(crate) fn step_effects(
+        run_id: &RunId,
+        step_number: u32,
+        step: PreparedStep,
+        effects: SettlementEffects,
+    ) -> SettlementEffects {
+        let pointer = DurableCurrentStep {
+            step_number,
+            job_id: step.job_id,
+        };
+        effects
+            .enqueue(step.request)
+            .kv_put(step_kv_key(run_id), durable::encode(&pointer))
+    }
+    /// The terminal record of a termination happening now.
+    pub(crate) fn termination(
+        &self,
+        outcome: &RunOutcome,
+        error_kind: Option<StepErrorKind>,
+        input_hash: &[u8],
+    ) -> DurableTermination {
+        DurableTermination {
+            status: outcome.status.into(),
+            error: outcome.error.clone(),
+            error_kind: error_kind.map(Into::into),
+            final_step: outcome.final_step,
+            terminated_at_ms: self.now_ms(),
+            input_hash: input_hash.to_vec(),
+        }
+    }
+
+    /// Await `commit`, a queue commit that carries the termination of
+    /// `ended` (when given), and report that end to the run's waiters in
+    /// this process when `committed` says the termination is in it. While
+    /// the commit is in flight the run is marked terminating, so a waiter
+    /// that reads the not-yet-durable termination waits for this report; a
+    /// closed store is noted before the mark goes.
+    pub(crate) async fn commit_ending<T>(
+        &self,
+        ended: Option<&(RunId, RunEnd)>,
+        commit: impl Future<Output = taquba::Result<T>>,
+        committed: impl FnOnce(&T) -> bool,
+    ) -> taquba::Result<T> {
+        let _terminating = ended.map(|(run_id, _)| self.run_watchers.terminating(run_id));
+        let result = commit.await;
+        match &result {
+            Ok(value) => {
+                if let Some((run_id, end)) = ended
+                    && committed(value)
+                {
+                    self.run_watchers.notify(run_id, end);
+                }
+            }
+            Err(err) => self.note_closed(Error::is_queue_store_closed(err), err),
+        }
+        result
+    }
+
+    /// Write the run result record of a worker-performed termination to the
+    /// run memo; done before the terminating settlement.
+    pub(crate) async fn store_run_result(
+        &self,
+        outcome: &RunOutcome,
+        termination: &DurableTermination,
+    ) -> Result<()> {
+        let record = DurableRunResult {
+            termination: termination.clone(),
+            outcome: outcome.into(),
+        };
+        self.memo_store
+            .new_run_memo(&outcome.run_id)
+            .put(RUN_RESULT_MEMO_KEY, &durable::encode(&record))
+            .await
+    }
+
+    /// The effects of terminating `outcome.run_id`: remove the run record
+    /// and pointer, write the terminal record (and the member record of a
+    /// group member), the retention marker when retention is configured,
+    /// and the notification job when the hook observes the outcome.
+    /// `max_attempts` is the terminal step's attempt limit, which the
+    /// notification inherits. With the effects, the end the run's waiters
+    /// are told once they commit: with `outcome` when `recorded` (its run
+    /// result record was written).
+    pub(crate) fn terminate_effects(
+        &self,
+        outcome: &RunOutcome,
+        termination: DurableTermination,
+        membership: Option<&Membership>,
+        max_attempts: u32,
+        recorded: bool,
+    ) -> (SettlementEffects, (RunId, RunEnd)) {
+        let run_id = &outcome.run_id;
+        let end = RunEnd {
+            termination: termination.clone().into(),
+            outcome: recorded.then(|| outcome.clone()),
+        };
+        let at_ms = termination.terminated_at_ms;
+        let mut effects = SettlementEffects::default()
+            .kv_delete(run_kv_key(run_id))
+            .kv_delete(step_kv_key(run_id))
+            .kv_put(outcome_kv_key(run_id), durable::encode(&termination));
+        if let Some(membership) = membership {
+            effects = effects.kv_put(
+                membership.kv_key(),
+                durable::encode(&terminated_member(membership, termination)),
+            );
+        }
+        if self.memo_retention.is_some() {
+            effects = effects.expiry_entry(&self.terminals, at_ms, run_id.as_bytes());
+        }
+        if (self.observes)(outcome) {
+            let headers = HashMap::from([
+                (
+                    HEADER_TERMINAL.to_string(),
+                    outcome.status.as_str().to_string(),
+                ),
+                (HEADER_RUN_ID.to_string(), run_id.to_string()),
+            ]);
+            effects = effects.enqueue(EnqueueRequest {
+                queue: self.queue_name.clone(),
+                payload: durable::encode(&DurableRunOutcome::from(outcome)),
+                options: EnqueueOptions::default()
+                    .headers(headers)
+                    .max_attempts(max_attempts),
+            });
+        }
+        (effects, (run_id.clone(), end))
+    }
+
+    /// The outcome of a run terminated outside any runner call, at the step
+    /// whose queue record is `job`.
+    pub(crate) fn detached_outcome(
+        run_id: &RunId,
+        job: &JobRecord,
+        final_step: u32,
+        status: TerminalStatus,
+        error: Option<String>,
+    ) -> RunOutcome {
+        RunOutcome {
+            run_id: run_id.clone(),
+            status,
+            result: None,
+            error,
+            headers: user_headers(&job.headers),
+            final_step,
+        }
+    }
+}
+
+/// The submitter's headers of a step job: every header outside the reserved
+/// prefix.
+pub(crate) fn user_headers(headers: &HashMap<String, String>) -> HashMap<String, String> {
+    headers
+        .iter()
+        .filter(|(name, _)| !name.starts_with(RESERVED_HEADER_PREFIX))
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect()
+}
+
+impl RuntimeCore {
+    /// Write the terminal marker of a group whose last termination a results
+    /// consumer observed (group retention only).
+    pub(crate) async fn mark_group_terminated(&self, group_id: &RunId) -> Result<()> {
+        if self.group_retention.is_some() {
+            self.queue
+                .commit_effects(SettlementEffects::default().expiry_entry(
+                    &self.group_terminals,
+                    self.now_ms(),
+                    group_id.as_bytes(),
+                ))
+                .await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,15 @@
+//! The life of a run inside the engine ([`core::RuntimeCore`]): submission
+//! ([`submit`], [`submit_batch`]), processing and settling a claimed step
+//! ([`settle`], with the effects a step stages in [`effects`]), external
+//! cancellation ([`cancel`], racing steps in flight through [`inflight`]),
+//! and waiting for a termination ([`wait`], woken by [`watch`]).
+
+pub(crate) mod cancel;
+pub(crate) mod core;
+pub(crate) mod effects;
+pub(crate) mod inflight;
+pub(crate) mod settle;
+pub(crate) mod submit;
+pub(crate) mod submit_batch;
+pub(crate) mod wait;
+pub(crate) mod watch;
