@@ -84,6 +84,7 @@ mod coordination;
 mod error;
 mod hooks;
 pub mod jobs;
+mod model;
 mod run;
 mod runner;
 mod runtime;
@@ -98,15 +99,16 @@ pub mod workflows;
 pub use coordination::group::{GroupMember, GroupStatus, MemberResult, RunGroup};
 pub use coordination::signal::SignalOutcome;
 pub use error::{Error, Result};
-pub use hooks::terminal::{NoopTerminalHook, RunOutcome, TerminalHook, TerminalStatus};
+pub use hooks::terminal::{NoopTerminalHook, TerminalHook};
 #[cfg(feature = "webhooks")]
 pub use hooks::webhook::{CALLBACK_URL_HEADER, DEFAULT_WEBHOOK_QUEUE, WebhookTerminalHook};
-pub use run::effects::{EffectsHandle, TerminalEffects};
-pub use runner::{Delivery, Step, StepError, StepErrorKind, StepOutcome, StepRunner, Trigger};
-pub use runtime::{
-    RunEnd, RunOptions, RunSpec, RunState, RunStatus, RunTermination, RunnerHandle, SubmitOutcome,
-    WorkflowRuntime, WorkflowRuntimeBuilder,
+pub use model::{
+    RunEnd, RunOptions, RunOutcome, RunSpec, RunState, RunStatus, RunTermination, StepError,
+    StepErrorKind, StepOutcome, SubmitOutcome, TerminalStatus, Trigger,
 };
+pub use run::effects::{EffectsHandle, TerminalEffects};
+pub use runner::{Delivery, Step, StepRunner};
+pub use runtime::{RunnerHandle, WorkflowRuntime, WorkflowRuntimeBuilder};
 pub use store::keys::{
     HEADER_RUN_ID, HEADER_SIGNAL_DELIVERED, HEADER_SIGNAL_WAIT, HEADER_STEP, HEADER_TERMINAL,
     MAX_RUN_ID_LEN, RESERVED_HEADER_PREFIX, RESERVED_KV_PREFIX, RunId,

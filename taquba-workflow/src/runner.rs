@@ -5,12 +5,11 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::ops::{Deref, DerefMut};
-use std::time::Duration;
 
 use taquba::LeaseHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::Error;
+use crate::model::{StepError, StepOutcome};
 use crate::run::effects::EffectsHandle;
 use crate::store::keys::RunId;
 use crate::store::kv::KvReadHandle;
@@ -41,148 +40,6 @@ pub trait StepRunner: Send + Sync {
     /// up to its attempt limit, then dead-letters it and fails the run;
     /// [`StepError::permanent`] dead-letters at once and fails the run.
     fn run_step(&self, step: &Step) -> impl Future<Output = Result<StepOutcome, StepError>> + Send;
-}
-
-/// When the next step of a [`StepOutcome::Continue`] becomes claimable.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Trigger {
-    /// At once.
-    Immediate,
-    /// After the delay, measured on the runtime's clock; the timer is a
-    /// scheduled queue job, so it survives restarts and holds no worker.
-    After(Duration),
-    /// When a signal for `correlation_key` arrives through
-    /// [`WorkflowRuntime::signal`](crate::WorkflowRuntime::signal), or when
-    /// `timeout` elapses, whichever comes first. The next step sees
-    /// [`Step::signal`] `Some(payload)` or `None` (timeout).
-    OnSignal {
-        /// The key the signal is sent under. One waiter per key.
-        correlation_key: String,
-        /// How long to wait before the step runs without a signal.
-        timeout: Duration,
-    },
-}
-
-/// What a step decided. Every variant is settled in one queue transaction
-/// with the acknowledgement of the step.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StepOutcome {
-    /// Enqueue the next step (step number + 1) with `payload`, claimable
-    /// per `when`.
-    Continue {
-        /// The next step's payload.
-        payload: Vec<u8>,
-        /// When the next step becomes claimable.
-        when: Trigger,
-    },
-    /// The run succeeded with `result` (the bytes
-    /// [`RunOutcome::result`](crate::RunOutcome::result) reports).
-    Succeed {
-        /// The run's result bytes.
-        result: Vec<u8>,
-    },
-    /// The run failed: a verdict of the runner, acknowledged normally (no
-    /// dead letter). The reason is the run's error.
-    Fail {
-        /// Why the run failed.
-        reason: String,
-    },
-    /// The runner cancelled the run; the reason is reported on
-    /// [`RunOutcome::error`](crate::RunOutcome::error). Staged effects are
-    /// kept.
-    Cancel {
-        /// Why the run was cancelled.
-        reason: String,
-    },
-}
-
-impl StepOutcome {
-    /// Continue with `payload` at once.
-    pub fn continue_now(payload: Vec<u8>) -> Self {
-        Self::Continue {
-            payload,
-            when: Trigger::Immediate,
-        }
-    }
-
-    /// Continue with `payload` after `delay` (a durable timer).
-    pub fn continue_after(payload: Vec<u8>, delay: Duration) -> Self {
-        Self::Continue {
-            payload,
-            when: Trigger::After(delay),
-        }
-    }
-
-    /// Continue with `payload` when a signal for `correlation_key` arrives
-    /// or after `timeout`.
-    pub fn continue_on_signal(
-        payload: Vec<u8>,
-        correlation_key: impl Into<String>,
-        timeout: Duration,
-    ) -> Self {
-        Self::Continue {
-            payload,
-            when: Trigger::OnSignal {
-                correlation_key: correlation_key.into(),
-                timeout,
-            },
-        }
-    }
-}
-
-/// How a [`StepError`] is settled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StepErrorKind {
-    /// Retry with backoff up to the attempt limit, then dead-letter.
-    Transient,
-    /// Dead-letter at once.
-    Permanent,
-}
-
-/// A step that could not produce an outcome. The message becomes the
-/// queue job's `last_error` and, when the error ends the run, the run's
-/// error.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct StepError {
-    /// What went wrong.
-    pub message: String,
-    /// Whether a retry may help.
-    pub kind: StepErrorKind,
-}
-
-impl StepError {
-    /// A failure a retry may fix (a timeout, a 503, a lost connection).
-    pub fn transient(message: impl Into<String>) -> Self {
-        Self {
-            message: message.into(),
-            kind: StepErrorKind::Transient,
-        }
-    }
-
-    /// A failure no retry can fix (bad input, a 4xx).
-    pub fn permanent(message: impl Into<String>) -> Self {
-        Self {
-            message: message.into(),
-            kind: StepErrorKind::Permanent,
-        }
-    }
-}
-
-impl From<Error> for StepError {
-    /// Transient for storage errors, permanent for the rest
-    /// ([`Error::is_permanent`]).
-    fn from(err: Error) -> Self {
-        let kind = if err.is_permanent() {
-            StepErrorKind::Permanent
-        } else {
-            StepErrorKind::Transient
-        };
-        Self {
-            message: err.to_string(),
-            kind,
-        }
-    }
 }
 
 /// One delivery of a step job: who it belongs to and the handles a runner
@@ -263,7 +120,7 @@ pub struct Step {
     /// The step's payload: the run's input for step 0, the previous step's
     /// `Continue` payload after.
     pub payload: Vec<u8>,
-    /// For a step after [`Trigger::OnSignal`]: `Some(payload)` when the
+    /// For a step after [`Trigger::OnSignal`](crate::Trigger::OnSignal): `Some(payload)` when the
     /// signal arrived, `None` when the wait timed out. `None` otherwise.
     /// The same value on every redelivery.
     pub signal: Option<Vec<u8>>,
@@ -301,7 +158,10 @@ impl DerefMut for Step {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+    use crate::model::Trigger;
 
     #[test]
     fn constructors_build_the_triggers() {

@@ -1,23 +1,23 @@
-//! The public face of the runtime: [`WorkflowRuntime`] and its builder, the
-//! submission types ([`RunSpec`], [`RunOptions`], [`SubmitOutcome`]) and the
-//! read-side types ([`RunStatus`], [`RunState`], [`RunTermination`],
-//! [`RunEnd`]). The work itself is in the engine (submission,
-//! cancellation, waits), the worker (steps) and the loop driver.
+//! The public face of the runtime: [`WorkflowRuntime`] and its builder. The
+//! data it takes and returns is in `model`; the work itself is in the
+//! engine (`run/`: submission, cancellation, waits, settlement) and the
+//! worker loop (`worker/`).
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use taquba::object_store::ObjectStore;
-use taquba::{Clock, Queue, SettlementEffects, WorkerHandle};
+use taquba::{Clock, Queue, WorkerHandle};
 
 use crate::coordination::group::RunGroup;
 use crate::coordination::signal::SignalOutcome;
 use crate::error::Result;
-use crate::hooks::terminal::{RunOutcome, TerminalHook, TerminalStatus};
+use crate::hooks::terminal::TerminalHook;
+use crate::model::RunOutcome;
+use crate::model::{RunEnd, RunSpec, RunStatus, SubmitOutcome};
 use crate::run::core::{RuntimeCore, Settings};
-use crate::runner::{StepErrorKind, StepRunner};
+use crate::runner::StepRunner;
 use crate::store::keys::RunId;
 use crate::view::WorkflowView;
 
@@ -27,105 +27,6 @@ pub(crate) const DEFAULT_QUEUE_NAME: &str = "workflow-steps";
 pub(crate) const DEFAULT_MAX_CONCURRENT_STEPS: usize = 8;
 /// The default poll interval of the worker loop.
 pub(crate) const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
-
-/// Per-run options, applied to every step of the run.
-#[derive(Debug, Clone, Default)]
-pub struct RunOptions {
-    /// Headers threaded through every step ([`Delivery::headers`](crate::Delivery::headers))
-    /// and reported to the terminal hook ([`RunOutcome::headers`]). Names
-    /// starting with `workflow.` are reserved and rejected.
-    pub headers: HashMap<String, String>,
-    /// The queue priority of every step (lower is claimed first; see
-    /// [`taquba::PRIORITY_NORMAL`]); `None` is the queue's default.
-    pub priority: Option<u32>,
-    /// The attempt limit of every step; `None` is the queue's default.
-    pub max_attempts_per_step: Option<u32>,
-    /// The first step is not claimable before this time.
-    pub run_at: Option<SystemTime>,
-}
-
-/// A run to submit.
-#[derive(Debug, Clone, Default)]
-pub struct RunSpec {
-    /// The run's id; a ULID is generated when `None`. Submission is
-    /// idempotent on `(run_id, input)`.
-    pub run_id: Option<RunId>,
-    /// The payload of step 0.
-    pub input: Vec<u8>,
-    /// Options of every step.
-    pub options: RunOptions,
-    /// Application KV effects (and enqueues) committed atomically with the
-    /// step-0 enqueue; dropped when the submission is a duplicate. Keys under
-    /// `workflow/` are rejected.
-    pub effects: SettlementEffects,
-}
-
-/// What [`WorkflowRuntime::submit`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SubmitOutcome {
-    /// The run's id (generated when the spec had none).
-    pub run_id: RunId,
-    /// `false` when the run was already active with the same input: nothing
-    /// was written.
-    pub newly_submitted: bool,
-    /// The queue job currently representing the run (its current step).
-    pub job_id: String,
-}
-
-/// Where a run is in its life.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RunState {
-    /// The current step is waiting to be claimed (pending, scheduled on a
-    /// timer, waiting for a signal, or backing off before a retry).
-    Pending,
-    /// The current step is claimed by a worker.
-    Running,
-    /// A cancellation was requested and the run has not terminated yet.
-    Cancelling,
-    /// The run terminated.
-    Terminated(RunTermination),
-}
-
-/// The status of a run, from its durable records.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunStatus {
-    /// The run.
-    pub run_id: RunId,
-    /// Its state.
-    pub state: RunState,
-    /// The current step number (the final step for a terminated run).
-    pub current_step: u32,
-}
-
-/// How a run terminated, from its terminal record.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunTermination {
-    /// How it ended.
-    pub status: TerminalStatus,
-    /// The error (or runner-issued cancel reason); `None` on success and
-    /// for an external cancellation.
-    pub error: Option<String>,
-    /// For a failure from a step error or a runner `Fail` verdict
-    /// (`Permanent`), its kind; `None` otherwise (including a dead letter
-    /// outside the worker).
-    pub error_kind: Option<StepErrorKind>,
-    /// The step the run terminated at.
-    pub final_step: u32,
-    /// When the termination committed, ms since the UNIX epoch (runtime
-    /// clock).
-    pub terminated_at_ms: u64,
-}
-
-/// A terminated run as [`WorkflowRuntime::wait`] reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunEnd {
-    /// The termination.
-    pub termination: RunTermination,
-    /// The committed outcome, when the worker that terminated the run
-    /// recorded one (`None` for a cancellation of a waiting step or a dead
-    /// letter outside the worker).
-    pub outcome: Option<RunOutcome>,
-}
 
 /// The handle of a spawned worker loop; [`WorkerHandle::shutdown`] stops
 /// claiming, drains the steps in flight and returns the loop's result.

@@ -5,8 +5,8 @@
 use taquba::{JobRecord, JobStatus, QueueView};
 
 use crate::error::{Error, Result};
-use crate::hooks::terminal::RunOutcome;
-use crate::runtime::{RunState, RunStatus, RunTermination};
+use crate::model::RunOutcome;
+use crate::model::{RunState, RunStatus, RunTermination};
 use crate::store::durable::{
     self, DurableCurrentStep, DurableRunRecord, DurableRunResult, DurableTermination,
 };

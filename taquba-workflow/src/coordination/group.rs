@@ -16,9 +16,9 @@ use tracing::warn;
 
 use crate::coordination::group_submit::{self, SUBMIT_CONCURRENCY};
 use crate::error::{Error, Result};
-use crate::hooks::terminal::{RunOutcome, TerminalStatus};
+use crate::model::{RunOptions, RunTermination};
+use crate::model::{RunOutcome, TerminalStatus};
 use crate::run::core::RuntimeCore;
-use crate::runtime::{RunOptions, RunTermination};
 use crate::store::blob::ObjectPrefix;
 use crate::store::durable::{self, DurableMember, DurableTermination};
 use crate::store::keys::{

@@ -33,10 +33,10 @@ use tracing::debug;
 
 use crate::coordination::group::{GroupMember, Membership};
 use crate::error::{Error, Result};
-use crate::hooks::terminal::TerminalStatus;
+use crate::model::TerminalStatus;
+use crate::model::{RunOptions, RunSpec};
 use crate::run::core::{OnTerminated, RuntimeCore};
 use crate::run::submit_batch::MAX_BATCH_BYTES;
-use crate::runtime::{RunOptions, RunSpec};
 use crate::store::durable;
 use crate::store::keys::{RunId, group_submissions_kv_key, run_kv_key, sha256};
 
@@ -432,7 +432,8 @@ mod tests {
 
     use super::*;
     use crate::hooks::terminal::NoopTerminalHook;
-    use crate::runner::{Step, StepError, StepOutcome, StepRunner};
+    use crate::model::{StepError, StepOutcome};
+    use crate::runner::{Step, StepRunner};
     use crate::runtime::WorkflowRuntime;
 
     /// Succeeds at once, noting each run it starts.

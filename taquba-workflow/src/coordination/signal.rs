@@ -14,10 +14,10 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 use tracing::debug;
 
 use crate::error::{Error, Result};
-use crate::hooks::terminal::TerminalStatus;
+use crate::model::StepErrorKind;
+use crate::model::TerminalStatus;
 use crate::run::core::{RuntimeCore, StepEnqueueOpts};
 use crate::run::settle::{ClaimedStep, SettleKind, Settlement};
-use crate::runner::StepErrorKind;
 use crate::store::durable::{self, DurableWaiter};
 use crate::store::keys::{
     HEADER_SIGNAL_DELIVERED, HEADER_SIGNAL_WAIT, RunId, sha256, signal_buffer_kv_key,
@@ -196,7 +196,7 @@ impl RuntimeCore {
                 settlement
             }
             Err(err) => {
-                let error = crate::runner::StepError::from(err);
+                let error = crate::model::StepError::from(err);
                 match error.kind {
                     StepErrorKind::Permanent => Settlement::of(SettleKind::Fail {
                         error: error.message,
@@ -232,7 +232,7 @@ impl RuntimeCore {
                 "correlation key {correlation_key:?} already has a waiting run `{}`; only one run may wait on a key",
                 waiter.run_id
             );
-            let outcome = crate::hooks::terminal::RunOutcome {
+            let outcome = crate::model::RunOutcome {
                 run_id: run_id.clone(),
                 status: TerminalStatus::Failed,
                 result: None,

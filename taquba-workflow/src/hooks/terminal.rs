@@ -1,64 +1,12 @@
-//! Terminations and who hears of them: [`TerminalStatus`], the committed
-//! [`RunOutcome`], and the [`TerminalHook`] run once per committed
-//! termination as a notification job on the runtime's queue.
+//! Who hears of terminations: the [`TerminalHook`] run once per committed
+//! termination (a [`RunOutcome`]) as a notification job on the runtime's
+//! queue, and the [`NoopTerminalHook`].
 
-use std::collections::HashMap;
-use std::fmt;
 use std::future::Future;
 
+use crate::model::RunOutcome;
+use crate::model::StepError;
 use crate::run::effects::TerminalEffects;
-use crate::runner::StepError;
-use crate::store::keys::RunId;
-
-/// How a run ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TerminalStatus {
-    /// The runner returned [`StepOutcome::Succeed`](crate::StepOutcome::Succeed).
-    Succeeded,
-    /// The runner returned [`StepOutcome::Fail`](crate::StepOutcome::Fail),
-    /// or a step dead-lettered (permanent error, attempts exhausted, lease
-    /// expired past its attempts).
-    Failed,
-    /// The runner returned [`StepOutcome::Cancel`](crate::StepOutcome::Cancel)
-    /// or the run was cancelled from outside.
-    Cancelled,
-}
-
-impl TerminalStatus {
-    /// `"succeeded"`, `"failed"` or `"cancelled"`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Self::Succeeded => "succeeded",
-            Self::Failed => "failed",
-            Self::Cancelled => "cancelled",
-        }
-    }
-}
-
-impl fmt::Display for TerminalStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// The committed outcome of a run, as a [`TerminalHook`] receives it and
-/// [`WorkflowRuntime::outcome`](crate::WorkflowRuntime::outcome) reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunOutcome {
-    /// The run.
-    pub run_id: RunId,
-    /// How it ended.
-    pub status: TerminalStatus,
-    /// The `Succeed` result bytes; `None` otherwise.
-    pub result: Option<Vec<u8>>,
-    /// The failure's error, or the reason of a runner-issued cancel; `None`
-    /// on success and for an external cancellation.
-    pub error: Option<String>,
-    /// The submitter's headers (without the reserved `workflow.` ones).
-    pub headers: HashMap<String, String>,
-    /// The step the run terminated at.
-    pub final_step: u32,
-}
 
 /// Processes each committed termination of a run.
 ///
@@ -114,7 +62,11 @@ impl TerminalHook for NoopTerminalHook {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
+    use crate::model::TerminalStatus;
+    use crate::store::keys::RunId;
 
     #[test]
     fn statuses_have_stable_names() {

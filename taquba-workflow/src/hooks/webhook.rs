@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use taquba_webhooks::{WebhookRequest, webhook_enqueue_request};
 
-use crate::hooks::terminal::{RunOutcome, TerminalHook};
+use crate::hooks::terminal::TerminalHook;
+use crate::model::RunOutcome;
+use crate::model::StepError;
 use crate::run::effects::TerminalEffects;
-use crate::runner::StepError;
 
 /// The submitter header ([`RunOptions::headers`](crate::RunOptions::headers))
 /// holding a run's callback URL.
@@ -200,7 +201,7 @@ impl TerminalHook for WebhookTerminalHook {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hooks::terminal::TerminalStatus;
+    use crate::model::TerminalStatus;
     use crate::store::keys::RunId;
 
     fn outcome(headers: &[(&str, &str)], result: Option<&[u8]>) -> RunOutcome {

@@ -66,12 +66,13 @@ use taquba::{Clock, Queue};
 
 use crate::coordination::group::{GroupMember, GroupStatus, MemberResult, RunGroup};
 use crate::error::{Error, Result};
-use crate::hooks::terminal::{NoopTerminalHook, RunOutcome, TerminalStatus};
+use crate::hooks::terminal::NoopTerminalHook;
+use crate::model::{RunEnd, RunOptions, RunSpec, RunStatus, RunTermination};
+use crate::model::{RunOutcome, TerminalStatus};
+use crate::model::{StepError, StepErrorKind, StepOutcome};
 use crate::run::core::OnTerminated;
-use crate::runner::{Delivery, Step, StepError, StepErrorKind, StepOutcome, StepRunner};
-use crate::runtime::{
-    RunEnd, RunOptions, RunSpec, RunStatus, RunTermination, RunnerHandle, WorkflowRuntime,
-};
+use crate::runner::{Delivery, Step, StepRunner};
+use crate::runtime::{RunnerHandle, WorkflowRuntime};
 use crate::store::durable::{self, DurableJobInput};
 use crate::store::keys::{RunId, sha256};
 

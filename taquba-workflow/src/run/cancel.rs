@@ -6,7 +6,7 @@ use taquba::{CancelOutcome, JobRecord, JobStatus, SettlementEffects};
 
 use crate::coordination::group::Membership;
 use crate::error::Result;
-use crate::hooks::terminal::TerminalStatus;
+use crate::model::TerminalStatus;
 use crate::run::core::RuntimeCore;
 use crate::run::inflight::CancelVerdict;
 use crate::store::durable::{self, DurableCurrentStep, DurableRunRecord};

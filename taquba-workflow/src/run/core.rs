@@ -18,12 +18,12 @@ use tokio_util::sync::CancellationToken;
 use crate::coordination::group::{GroupStore, Membership, terminated_member};
 use crate::coordination::signal::SignalLocks;
 use crate::error::{Error, Result};
-use crate::hooks::terminal::{RunOutcome, TerminalStatus};
+use crate::model::RunEnd;
+use crate::model::StepErrorKind;
+use crate::model::{RunOutcome, TerminalStatus};
 use crate::run::inflight::InFlightRegistry;
 use crate::run::submit_batch::SubmitBatcher;
 use crate::run::watch::{RunWatchers, store_closed_token};
-use crate::runner::StepErrorKind;
-use crate::runtime::RunEnd;
 use crate::store::durable::{
     self, DurableCurrentStep, DurableRunOutcome, DurableRunResult, DurableTermination,
 };

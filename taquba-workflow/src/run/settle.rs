@@ -15,12 +15,15 @@ use tracing::{debug, warn};
 
 use crate::coordination::group::Membership;
 use crate::error::{Error, Result};
-use crate::hooks::terminal::{RunOutcome, TerminalHook, TerminalStatus};
+use crate::hooks::terminal::TerminalHook;
+use crate::model::RunEnd;
+use crate::model::{RunOutcome, TerminalStatus};
+use crate::model::{StepError, StepErrorKind, StepOutcome, Trigger};
 use crate::run::core::{RuntimeCore, StepEnqueueOpts, user_headers};
 use crate::run::effects::{EffectsHandle, StagedKv, TerminalEffects};
 use crate::run::inflight::InFlightGuard;
-use crate::runner::{Delivery, Step, StepError, StepErrorKind, StepOutcome, StepRunner, Trigger};
-use crate::runtime::{RunEnd, RuntimeInner};
+use crate::runner::{Delivery, Step, StepRunner};
+use crate::runtime::RuntimeInner;
 use crate::store::durable::{self, DurableRunOutcome};
 use crate::store::keys::{HEADER_RUN_ID, HEADER_STEP, HEADER_TERMINAL, RunId};
 use crate::store::kv::KvReadHandle;

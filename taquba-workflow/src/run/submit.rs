@@ -6,10 +6,10 @@ use tracing::{debug, warn};
 
 use crate::coordination::group::{Membership, pending_member};
 use crate::error::{Error, Result};
+use crate::model::{RunOptions, RunSpec, SubmitOutcome};
 use crate::run::core::{OnTerminated, RuntimeCore, StepEnqueueOpts};
 use crate::run::effects::StagedKv;
 use crate::run::submit_batch::Batched;
-use crate::runtime::{RunOptions, RunSpec, SubmitOutcome};
 use crate::store::durable::{self, DurableCurrentStep, DurableRunRecord};
 use crate::store::keys::{
     RESERVED_HEADER_PREFIX, RunId, group_submissions_kv_key, run_kv_key, sha256, step_kv_key,

@@ -6,8 +6,8 @@ use std::time::Duration;
 use taquba::JobStatus;
 
 use crate::error::{Error, Result};
+use crate::model::{RunEnd, RunTermination};
 use crate::run::core::RuntimeCore;
-use crate::runtime::{RunEnd, RunTermination};
 use crate::store::keys::RunId;
 
 impl RuntimeCore {

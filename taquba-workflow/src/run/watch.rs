@@ -22,7 +22,7 @@ use taquba::Queue;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use crate::runtime::RunEnd;
+use crate::model::RunEnd;
 use crate::store::keys::RunId;
 
 type Senders = Vec<(u64, oneshot::Sender<RunEnd>)>;
@@ -187,8 +187,8 @@ impl Drop for RunWatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hooks::terminal::TerminalStatus;
-    use crate::runtime::RunTermination;
+    use crate::model::RunTermination;
+    use crate::model::TerminalStatus;
 
     fn end(step: u32) -> RunEnd {
         RunEnd {

@@ -10,9 +10,9 @@ use taquba::QueueView;
 use tracing::warn;
 
 use crate::error::Result;
-use crate::hooks::terminal::{RunOutcome, TerminalStatus};
-use crate::runner::StepErrorKind;
-use crate::runtime::RunTermination;
+use crate::model::RunTermination;
+use crate::model::StepErrorKind;
+use crate::model::{RunOutcome, TerminalStatus};
 use crate::store::keys::RunId;
 
 /// Encode `value` as MessagePack with named fields. The record types of

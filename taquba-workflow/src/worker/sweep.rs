@@ -10,7 +10,7 @@ use tracing::{debug, warn};
 
 use crate::coordination::group::Membership;
 use crate::error::Result;
-use crate::hooks::terminal::TerminalStatus;
+use crate::model::TerminalStatus;
 use crate::run::core::RuntimeCore;
 use crate::store::durable::{self, DurableCurrentStep, DurableRunRecord, DurableTermination};
 use crate::store::keys::{
@@ -282,8 +282,10 @@ mod tests {
 
     use super::*;
     use crate::hooks::terminal::NoopTerminalHook;
-    use crate::runner::{Step, StepError, StepOutcome, StepRunner};
-    use crate::runtime::{RunSpec, WorkflowRuntime};
+    use crate::model::RunSpec;
+    use crate::model::{StepError, StepOutcome};
+    use crate::runner::{Step, StepRunner};
+    use crate::runtime::WorkflowRuntime;
 
     struct Never;
 
