@@ -1,6 +1,6 @@
 //! Submission, the step loop, status and waits at the public API.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::Arc;

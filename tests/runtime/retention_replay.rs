@@ -1,6 +1,6 @@
 //! Step-output replay after a lease expiry, and memo retention.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -2,7 +2,7 @@
 //! (and so fenced) stops its worker with a clear error, and its waits fail,
 //! instead of running on without being able to commit anything.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! steps dead-lettered outside the worker, restarts over a directory
 //! store, a view over a `QueueReader` and the waits.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

@@ -2,7 +2,7 @@
 //! completion order, status counts, re-submission, errors, cancellation,
 //! `forget` and the group retention sweep.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

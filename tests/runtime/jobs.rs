@@ -2,7 +2,7 @@
 //! after a restart, idempotent submission, failures and retries, runner
 //! state, job groups and registration.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::future::IntoFuture;

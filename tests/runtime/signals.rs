@@ -2,7 +2,7 @@
 //! for the next waiter, timeouts, one waiter per key, redelivery of a woken
 //! step, cleanup of the signal state, restarts and cancellation.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! Runner verdicts, external cancellation and terminal hooks at the public
 //! API.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};

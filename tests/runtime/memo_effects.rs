@@ -1,7 +1,7 @@
 //! Step and run memos, and application KV effects staged by submissions
 //! and steps.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};

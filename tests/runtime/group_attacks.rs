@@ -12,7 +12,7 @@
 //! * `results` yields every manifest member once;
 //! * the status counts never exceed the manifest's size.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};

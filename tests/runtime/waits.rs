@@ -9,7 +9,7 @@
 //! them that ends within seconds of (paused) time was woken by the
 //! terminating commit, not by its own poll.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::future::IntoFuture;
