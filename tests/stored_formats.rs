@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use taquba::object_store::ObjectStore;
 use taquba::object_store::path::Path;
-use taquba::{ExpiryIndex, Queue};
+use taquba::{Clock, ExpiryIndex, Queue};
 use taquba_workflow::jobs::{Job, JobContext, JobRunner, payload_idempotency_key};
 use taquba_workflow::{
     Error, HEADER_RUN_ID, HEADER_STEP, HEADER_TERMINAL, Memo, MemoStore, RunOptions, RunOutcome,
@@ -321,10 +321,11 @@ async fn objects_under(store: &Arc<dyn ObjectStore>, prefix: &str) -> Vec<String
 
 #[tokio::test(start_paused = true)]
 async fn keys_paths_dedup_keys_and_headers_are_as_the_seeds_name_them() {
-    let (queue, store, _clock) = memory_queue().await;
+    let (queue, store, clock) = memory_queue().await;
     let runner = TwoSteps::default();
     let runtime = WorkflowRuntime::builder(queue.clone(), store.clone(), runner.clone(), Refuses)
         .memo_retention(Duration::from_secs(3600))
+        .group_retention(Duration::from_secs(3600))
         .step_output_replay()
         .poll_interval(Duration::from_millis(50))
         .build();
@@ -457,5 +458,15 @@ async fn keys_paths_dedup_keys_and_headers_are_as_the_seeds_name_them() {
         RunState::Terminated(_)
     ));
     assert_eq!(end.termination.final_step, 1);
+    // Once a results consumer saw the last termination: the group's
+    // retention marker, an expiry-index entry under
+    // `workflow/group-terminals/` with the group id its suffix.
+    let results: Vec<_> = group.results().await.unwrap().try_collect().await.unwrap();
+    assert_eq!(results.len(), 1);
+    let group_terminals = ExpiryIndex::new(b"workflow/group-terminals/".to_vec());
+    assert_eq!(
+        kv_keys(&queue, b"workflow/group-terminals/").await,
+        vec![group_terminals.entry_key(clock.now_ms(), b"g")]
+    );
     worker.shutdown().await.unwrap();
 }
