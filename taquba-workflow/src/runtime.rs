@@ -13,6 +13,7 @@ use taquba::{Clock, Queue, WorkerHandle};
 use crate::coordination::group::RunGroup;
 use crate::coordination::signal::SignalOutcome;
 use crate::error::Result;
+use crate::hooks::guard::{self, default_hook_timeout};
 use crate::hooks::terminal::TerminalHook;
 use crate::model::RunOutcome;
 use crate::model::{RunEnd, RunSpec, RunStatus, SubmitOutcome};
@@ -38,6 +39,8 @@ pub(crate) struct RuntimeInner<R, H> {
     pub(crate) core: Arc<RuntimeCore>,
     pub(crate) runner: R,
     pub(crate) terminal_hook: Arc<H>,
+    /// The bound on one `on_termination` call.
+    pub(crate) hook_timeout: Duration,
 }
 
 /// A workflow runtime over one [`taquba::Queue`]: submits runs, runs their
@@ -83,6 +86,7 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
             group_retention: None,
             step_output_replay: false,
             clock: None,
+            hook_timeout: None,
         }
     }
 
@@ -258,6 +262,7 @@ pub struct WorkflowRuntimeBuilder<R, H> {
     group_retention: Option<Duration>,
     step_output_replay: bool,
     clock: Option<Arc<dyn Clock>>,
+    hook_timeout: Option<Duration>,
 }
 
 impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
@@ -324,6 +329,20 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
         self
     }
 
+    /// The longest one [`TerminalHook::on_termination`] call may take
+    /// before it is dropped and counted a transient hook error (retried
+    /// per the queue's backoff, dead-lettered on the notification's last
+    /// attempt). Default: the runtime queue's lease duration
+    /// ([`taquba::QueueConfig::lease_duration`]) less a fifth of it, at
+    /// most 5 s less: 25 s for taquba's default 30 s lease. Before each
+    /// call the notification's lease is extended to cover the timeout, so
+    /// a longer timeout than the lease is safe: the queue never hands a
+    /// notification still running here to another slot.
+    pub fn hook_timeout(mut self, timeout: Duration) -> Self {
+        self.hook_timeout = Some(timeout);
+        self
+    }
+
     /// Build the runtime. Nothing is written until the first submission or
     /// the first worker loop.
     pub fn build(self) -> WorkflowRuntime<R, H>
@@ -336,6 +355,9 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
             .memo_prefix
             .unwrap_or_else(|| format!("{}-memo", self.queue_name));
         let clock = self.clock.unwrap_or_else(|| self.queue.clock());
+        let hook_timeout = self.hook_timeout.unwrap_or_else(|| {
+            default_hook_timeout(self.queue.queue_lease_duration(&self.queue_name))
+        });
         let core = RuntimeCore::new(Settings {
             queue: self.queue,
             object_store: self.object_store,
@@ -347,13 +369,14 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
             memo_retention: self.memo_retention,
             group_retention: self.group_retention,
             step_output_replay: self.step_output_replay,
-            observes: Arc::new(move |outcome: &RunOutcome| observer.observes(outcome)),
+            observes: Arc::new(move |outcome: &RunOutcome| guard::observes(&*observer, outcome)),
         });
         WorkflowRuntime {
             inner: Arc::new(RuntimeInner {
                 core: Arc::new(core),
                 runner: self.runner,
                 terminal_hook: hook,
+                hook_timeout,
             }),
         }
     }

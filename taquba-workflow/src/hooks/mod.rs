@@ -1,6 +1,8 @@
 //! What happens after a run terminates: the [`terminal::TerminalHook`] trait
-//! and its notification job, and the webhook hook (feature `webhooks`).
+//! and its notification job, the guard that calls it (panics caught, calls
+//! bounded), and the webhook hook (feature `webhooks`).
 
+pub(crate) mod guard;
 pub(crate) mod terminal;
 #[cfg(feature = "webhooks")]
 pub(crate) mod webhook;

@@ -16,6 +16,19 @@ use crate::run::effects::TerminalEffects;
 /// at least once each: make it idempotent. A transient error retries the
 /// notification with the queue's backoff up to the terminal step's attempt
 /// limit; a permanent error (or the last attempt) dead-letters it.
+///
+/// The hook's faults stay its own: the run's termination has committed
+/// before the hook runs, and no caller's `wait`, `status` or `cancel` ever
+/// sees them. A panic in [`on_termination`](Self::on_termination) (also
+/// one raised before its future exists) is logged with the run id and
+/// counts as a transient error. A call that has not returned within
+/// [`WorkflowRuntimeBuilder::hook_timeout`](crate::WorkflowRuntimeBuilder::hook_timeout)
+/// (default: the queue's lease less a fifth, at most 5 s less) is dropped
+/// and counts as a transient error too; the notification's lease is
+/// extended to cover the timeout, so a call still running is never
+/// delivered to a second runner slot. A hook that blocks its thread
+/// instead of awaiting cannot be timed out: keep blocking work off the
+/// runtime's threads (`tokio::task::spawn_blocking`).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a terminal hook",
     label = "implement `taquba_workflow::TerminalHook` for `{Self}`, or pass `NoopTerminalHook`"
@@ -34,8 +47,15 @@ pub trait TerminalHook: Send + Sync {
     ) -> impl Future<Output = Result<(), StepError>> + Send;
 
     /// Whether this hook wants a notification for `outcome`; consulted when
-    /// the run terminates. `false` enqueues no notification job. Default
-    /// `true`.
+    /// the run terminates, inside the terminating settlement (so keep it a
+    /// quick, pure judgement of `outcome`). `false` enqueues no
+    /// notification job. Default `true`.
+    ///
+    /// A panic here is logged with the run id and the panic's message and
+    /// counts as `true`: the run still terminates, and the notification is
+    /// enqueued so that [`on_termination`](Self::on_termination) decides
+    /// under its retry rules. A notification skipped is lost for good,
+    /// while one enqueued for nothing costs an idempotent hook one call.
     fn observes(&self, outcome: &RunOutcome) -> bool {
         let _ = outcome;
         true

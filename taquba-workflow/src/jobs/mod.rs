@@ -46,7 +46,10 @@
 //! (`newly_submitted() == false`), and one after it terminated returns the
 //! recorded result without running again, until retention removes the
 //! record. A different payload under the same key is
-//! [`Error::InputMismatch`].
+//! [`Error::InputMismatch`]; payloads are compared by their canonical
+//! encoding (see [`payload_idempotency_key`]), so equal jobs whose maps or
+//! sets iterate in another order are the same payload. The payload is
+//! stored as given.
 
 use std::any::{Any, TypeId, type_name};
 use std::collections::HashMap;
@@ -73,6 +76,7 @@ use crate::model::{StepError, StepErrorKind, StepOutcome};
 use crate::run::core::OnTerminated;
 use crate::runner::{Delivery, Step, StepRunner};
 use crate::runtime::{RunnerHandle, WorkflowRuntime};
+use crate::store::canonical;
 use crate::store::durable::{self, DurableJobInput};
 use crate::store::keys::{RunId, sha256};
 
@@ -118,13 +122,27 @@ pub trait Job: Serialize + DeserializeOwned + Send + Sync + 'static {
     }
 }
 
-/// A key derived from the job's type name and serialized payload (hex
-/// SHA-256, 64 characters): "same input, same job".
+/// A key derived from the job's type name and payload: the lowercase hex
+/// SHA-256 (64 characters) of [`Job::NAME`], a zero byte and the job's
+/// canonical MessagePack encoding, "same input, same job".
+///
+/// The canonical encoding is the stored one (named fields) with the
+/// entries of every map sorted by their encoded key bytes, at every depth,
+/// and the elements of every `HashSet` sorted by their encoded bytes, so
+/// equal jobs get one key whatever order their maps and sets iterate in.
+/// A job without maps and sets is digested from exactly its stored bytes,
+/// as in 0.13, so its key is unchanged; one with a map or a set may get a
+/// key other than 0.13's (whose key depended on iteration order), so a
+/// submission made before the upgrade is not recognised by one after it.
+/// A struct's fields keep their declaration order (a
+/// `#[serde(flatten)]` struct is a map, and sorted). Other collections
+/// whose iteration order is not a function of their value (a custom set
+/// type) need a deterministic `Serialize` for a stable key.
 ///
 /// # Errors
 /// [`Error::Serialization`] when the job cannot be encoded.
 pub fn payload_idempotency_key<J: Job>(job: &J) -> Result<String> {
-    let payload = durable::try_encode(job)?;
+    let payload = canonical::to_vec(job)?;
     let mut bytes = Vec::with_capacity(J::NAME.len() + 1 + payload.len());
     bytes.extend_from_slice(J::NAME.as_bytes());
     bytes.push(0);
@@ -448,6 +466,18 @@ fn job_input<J: Job>(job: &J) -> Result<Vec<u8>> {
     }))
 }
 
+/// The hash a job run's input is recorded and compared under: that of the
+/// input with the job's canonical encoding as its payload, so equal jobs
+/// compare equal whatever order their maps and sets iterate in. For a job
+/// without maps and sets it is the SHA-256 of [`job_input`]'s bytes.
+fn job_input_hash<J: Job>(job: &J) -> Result<Vec<u8>> {
+    let canonical = durable::encode(&DurableJobInput {
+        name: J::NAME.to_string(),
+        payload: canonical::to_vec(job)?,
+    });
+    Ok(sha256(&canonical).to_vec())
+}
+
 /// A job's result from its termination and recorded outcome; `None` when a
 /// success has no recorded output (removed by retention).
 fn job_result<J: Job>(
@@ -513,6 +543,7 @@ impl JobRunner {
         mut options: RunOptions,
     ) -> Result<JobHandle<J>> {
         let input = job_input(&job)?;
+        let input_hash = job_input_hash(&job)?;
         options.max_attempts_per_step = options.max_attempts_per_step.or(job.max_attempts());
         let run_id = job
             .idempotency_key()
@@ -535,7 +566,7 @@ impl JobRunner {
             .runtime
             .inner
             .core
-            .submit_as(spec, None, on_terminated)
+            .submit_hashed(spec, input_hash, None, on_terminated)
             .await?;
         Ok(self.handle(outcome.run_id, outcome.newly_submitted))
     }

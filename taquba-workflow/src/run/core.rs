@@ -34,7 +34,8 @@ use crate::store::keys::{
 use crate::store::memo::{MemoStore, RUN_RESULT_MEMO_KEY};
 use crate::view::WorkflowView;
 
-/// Whether a terminal hook wants a notification for an outcome.
+/// Whether a terminal hook wants a notification for an outcome; built over
+/// `hooks::guard::observes`, so it never panics.
 pub(crate) type Observes = Arc<dyn Fn(&RunOutcome) -> bool + Send + Sync>;
 
 /// What the builder hands the engine.

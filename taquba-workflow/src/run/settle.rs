@@ -15,6 +15,7 @@ use tracing::{debug, warn};
 
 use crate::coordination::group::Membership;
 use crate::error::{Error, Result};
+use crate::hooks::guard;
 use crate::hooks::terminal::TerminalHook;
 use crate::model::RunEnd;
 use crate::model::{RunOutcome, TerminalStatus};
@@ -260,7 +261,7 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
     ) -> Settlement {
         let job = claim.job();
         if job.headers.contains_key(HEADER_TERMINAL) {
-            return self.process_notification(job, permit).await;
+            return self.process_notification(job, lease, permit).await;
         }
         let claimed = match ClaimedStep::parse(job) {
             Ok(claimed) => claimed,
@@ -363,7 +364,9 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
                 (Ok(outcome), Some(effects))
             }
             None => {
-                let ran = AssertUnwindSafe(self.runner.run_step(&step))
+                // The call happens inside the guarded future, so a runner
+                // that panics before returning its future is caught too.
+                let ran = AssertUnwindSafe(async { self.runner.run_step(&step).await })
                     .catch_unwind()
                     .await;
                 let outcome = ran.unwrap_or_else(|panic| {
@@ -503,10 +506,13 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
         }
     }
 
-    /// Run the terminal hook for a notification job.
+    /// Run the terminal hook for a notification job, through the guard
+    /// that catches its panics and bounds the call by the hook timeout
+    /// (extending `lease` to cover it).
     async fn process_notification(
         &self,
         job: &JobRecord,
+        lease: &LeaseHandle,
         permit: OwnedSemaphorePermit,
     ) -> Settlement {
         let outcome: RunOutcome = match durable::decode::<DurableRunOutcome>(&job.payload) {
@@ -520,18 +526,16 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
             }
         };
         let effects = TerminalEffects::default();
-        let ran = AssertUnwindSafe(self.terminal_hook.on_termination(&outcome, &effects))
-            .catch_unwind()
-            .await;
+        let result = guard::on_termination(
+            &*self.terminal_hook,
+            &outcome,
+            &effects,
+            lease,
+            self.hook_timeout,
+        )
+        .await;
         drop(permit);
         let (staged, enqueues) = effects.seal_and_take();
-        let result = ran.unwrap_or_else(|panic| {
-            let message = panic_message(panic.as_ref());
-            warn!(run_id = %outcome.run_id, "terminal hook panicked: {message}");
-            Err(StepError::transient(format!(
-                "terminal hook panicked: {message}"
-            )))
-        });
         match result {
             Ok(()) => {
                 let mut settlement = SettlementEffects::default().enqueues(enqueues);

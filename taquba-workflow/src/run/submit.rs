@@ -45,6 +45,22 @@ impl RuntimeCore {
         membership: Option<&Membership>,
         on_terminated: OnTerminated,
     ) -> Result<SubmitOutcome> {
+        let input_hash = sha256(&spec.input).to_vec();
+        self.submit_hashed(spec, input_hash, membership, on_terminated)
+            .await
+    }
+
+    /// [`submit_as`](Self::submit_as) with the hash the run's input is
+    /// recorded and compared under given, instead of the SHA-256 of
+    /// `spec.input`: a job run's is the hash of its canonical encoding, so
+    /// an equal job whose maps iterate in another order is the same input.
+    pub(crate) async fn submit_hashed(
+        &self,
+        spec: RunSpec,
+        input_hash: Vec<u8>,
+        membership: Option<&Membership>,
+        on_terminated: OnTerminated,
+    ) -> Result<SubmitOutcome> {
         let RunSpec {
             run_id,
             input,
@@ -61,7 +77,6 @@ impl RuntimeCore {
             && user_effects.kv_deletes.is_empty()
             && user_effects.expiry_entries.is_empty();
         let run_id = run_id.unwrap_or_else(RunId::generate);
-        let input_hash = sha256(&input).to_vec();
         // The compare-and-commit guard: a run's record must still be absent.
         // A group member's record changes with every submission and
         // termination of it, so a member is guarded on that record as read

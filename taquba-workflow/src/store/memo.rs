@@ -15,6 +15,7 @@ use taquba::object_store::path::Path;
 
 use crate::error::{Error, Result};
 use crate::store::blob::ObjectPrefix;
+use crate::store::canonical;
 use crate::store::durable;
 use crate::store::keys::RunId;
 
@@ -22,6 +23,9 @@ use crate::store::keys::RunId;
 /// [`RunOutcome`](crate::RunOutcome) and its termination). Reserved: a
 /// runner must not write it.
 pub(crate) const RUN_RESULT_MEMO_KEY: &str = "workflow.outcome";
+
+/// The prefix of every [`Memo::content_key`].
+const CONTENT_KEY_PREFIX: &str = "content:";
 
 /// The memo entries of every run, in an object store under a path prefix.
 ///
@@ -194,8 +198,19 @@ impl Memo {
         self.memoized(&key, compute).await
     }
 
-    /// The memo key derived from `input`: the lowercase hex SHA-256 (64
-    /// characters) of its MessagePack encoding with named fields.
+    /// The memo key derived from `input`: `content:` followed by the
+    /// lowercase hex SHA-256 (64 characters) of its canonical MessagePack
+    /// encoding with named fields.
+    ///
+    /// The canonical encoding sorts the entries of every map by their
+    /// encoded key bytes, at every depth, and the elements of every
+    /// `HashSet` by their encoded bytes, so equal inputs give one key
+    /// whatever order their maps and sets iterate in; struct fields keep
+    /// their declaration order. For an input without maps and sets it is
+    /// exactly the plain encoding, so the key is 0.13's and the entries a
+    /// 0.13 store holds are found. An input with a map or a set may get a
+    /// key other than 0.13's (whose key depended on iteration order): its
+    /// entry is recomputed once.
     ///
     /// # Errors
     /// [`Error::Serialization`] when `input` cannot be encoded.
@@ -203,8 +218,11 @@ impl Memo {
     where
         T: Serialize + ?Sized,
     {
-        let bytes = durable::try_encode(input)?;
-        Ok(hex::encode(crate::store::keys::sha256(&bytes)))
+        let bytes = canonical::to_vec(input)?;
+        Ok(format!(
+            "{CONTENT_KEY_PREFIX}{}",
+            hex::encode(crate::store::keys::sha256(&bytes))
+        ))
     }
 
     /// [`get`](Self::get) under [`content_key`](Self::content_key)`(input)`.
@@ -310,7 +328,13 @@ mod tests {
     #[test]
     fn content_keys_are_stable_digests() {
         let a = Memo::content_key(&("op", 1)).unwrap();
-        assert_eq!(a.len(), 64);
+        let digest = a.strip_prefix("content:").unwrap();
+        assert_eq!(digest.len(), 64);
+        assert!(
+            digest
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        );
         assert_eq!(a, Memo::content_key(&("op", 1)).unwrap());
         assert_ne!(a, Memo::content_key(&("op", 2)).unwrap());
     }
