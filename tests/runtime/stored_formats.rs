@@ -5,7 +5,7 @@
 //! a hex digest, and every KV key, object path, dedup key and header the
 //! seeds name is spelled as they spell it.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;

@@ -4,7 +4,7 @@
 //! still terminates with its outcome committed, no caller's call panics,
 //! and the notification follows the hook's retry rules.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::future::Future;
