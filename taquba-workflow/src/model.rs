@@ -42,7 +42,9 @@ pub struct RunSpec {
     pub options: RunOptions,
     /// Application KV effects (and enqueues) committed atomically with the
     /// step-0 enqueue; dropped when the submission is a duplicate. Keys under
-    /// `workflow/` are rejected.
+    /// `workflow/` are rejected, and so are enqueues with a `workflow.`
+    /// header or into the runtime's own queue (see
+    /// [`WorkflowRuntime::submit`](crate::WorkflowRuntime::submit)).
     pub effects: SettlementEffects,
 }
 

@@ -98,10 +98,14 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// [`Error::InputMismatch`](crate::Error::InputMismatch) when the run is
     /// active with a different input;
     /// [`Error::ReservedHeaderInSubmit`](crate::Error::ReservedHeaderInSubmit)
-    /// for a `workflow.` header; [`Error::ReservedKvKey`](crate::Error::ReservedKvKey)
+    /// for a `workflow.` header in `spec.options` or on an enqueue of
+    /// `spec.effects`; [`Error::ReservedKvKey`](crate::Error::ReservedKvKey)
     /// for an effect under `workflow/`; [`Error::Queue`](crate::Error::Queue)
-    /// when the queue rejects the enqueue (bad queue name, oversized KV
-    /// value) or the store fails.
+    /// with [`taquba::Error::InvalidQueueName`] naming the runtime's queue
+    /// for an enqueue of `spec.effects` into it (the queue takes only the
+    /// runtime's own jobs), and when the queue rejects the enqueue (bad
+    /// queue name, oversized KV value) or the store fails. A refused
+    /// submission commits nothing.
     pub async fn submit(&self, spec: RunSpec) -> Result<SubmitOutcome> {
         self.inner.core.submit(spec, None).await
     }

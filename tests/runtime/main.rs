@@ -22,4 +22,5 @@ mod retention_replay;
 mod runs;
 mod signals;
 mod single_writer;
+mod staged_enqueues;
 mod waits;

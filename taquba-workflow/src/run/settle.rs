@@ -519,7 +519,7 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
                 );
             }
         };
-        let effects = TerminalEffects::default();
+        let effects = TerminalEffects::for_queue(&self.core.queue_name);
         let ran = AssertUnwindSafe(self.terminal_hook.on_termination(&outcome, &effects))
             .catch_unwind()
             .await;

@@ -8,7 +8,7 @@ use crate::coordination::group::{Membership, pending_member};
 use crate::error::{Error, Result};
 use crate::model::{RunOptions, RunSpec, SubmitOutcome};
 use crate::run::core::{OnTerminated, RuntimeCore, StepEnqueueOpts};
-use crate::run::effects::StagedKv;
+use crate::run::effects::{StagedKv, check_enqueue};
 use crate::run::submit_batch::Batched;
 use crate::store::durable::{self, DurableCurrentStep, DurableRunRecord};
 use crate::store::keys::{
@@ -52,6 +52,9 @@ impl RuntimeCore {
             effects: user_effects,
         } = spec;
         Self::check_submission(&options, &user_effects)?;
+        for request in &user_effects.enqueues {
+            check_enqueue(request, Some(&self.queue_name))?;
+        }
         // A fresh ULID names no recorded run: its first attempt skips the
         // reads (the compare-and-commit below still guards the record).
         let mut fresh_id = run_id.is_none();
