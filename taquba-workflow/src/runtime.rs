@@ -330,10 +330,23 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
 
     /// Build the runtime. Nothing is written until the first submission or
     /// the first worker loop.
+    ///
+    /// # Panics
+    /// With the `webhooks` feature, when the terminal hook is a
+    /// [`WebhookTerminalHook`](crate::WebhookTerminalHook) whose delivery
+    /// queue is the runtime's [`queue_name`](Self::queue_name): the
+    /// runtime's worker would take every delivery for a malformed step, so
+    /// no notification could be delivered. A configuration error, caught
+    /// before anything runs.
     pub fn build(self) -> WorkflowRuntime<R, H>
     where
         H: 'static,
     {
+        #[cfg(feature = "webhooks")]
+        crate::hooks::webhook::refuse_delivery_on_runtime_queue(
+            &self.terminal_hook,
+            &self.queue_name,
+        );
         let hook = Arc::new(self.terminal_hook);
         let observer = hook.clone();
         let memo_prefix = self
