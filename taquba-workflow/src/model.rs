@@ -33,8 +33,10 @@ pub struct RunOptions {
 /// A run to submit.
 #[derive(Debug, Clone, Default)]
 pub struct RunSpec {
-    /// The run's id; a ULID is generated when `None`. Submission is
-    /// idempotent on `(run_id, input)`.
+    /// The run's id; a ULID is generated when `None` (on the runtime's
+    /// clock, monotonic within a millisecond, so generated ids sort in the
+    /// order the submissions were made). Submission is idempotent on
+    /// `(run_id, input)`.
     pub run_id: Option<RunId>,
     /// The payload of step 0.
     pub input: Vec<u8>,

@@ -186,9 +186,10 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
         RunGroup::new(self.inner.core.clone(), id)
     }
 
-    /// A run group with a fresh ULID id.
+    /// A run group with a fresh ULID id on the runtime's clock, ordered
+    /// with the runtime's generated run ids.
     pub fn new_group(&self) -> RunGroup {
-        self.group(RunId::generate())
+        self.group(self.inner.core.new_run_id())
     }
 
     /// Spawn the worker loop as a Tokio task; it stops when `shutdown`

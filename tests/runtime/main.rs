@@ -19,6 +19,7 @@ mod kill9;
 mod memo_effects;
 mod poison;
 mod retention_replay;
+mod run_ids;
 mod runs;
 mod signals;
 mod single_writer;

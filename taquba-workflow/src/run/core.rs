@@ -22,6 +22,7 @@ use crate::model::RunEnd;
 use crate::model::StepErrorKind;
 use crate::model::{RunOutcome, TerminalStatus};
 use crate::run::inflight::InFlightRegistry;
+use crate::run::ids::IdGenerator;
 use crate::run::submit_batch::SubmitBatcher;
 use crate::run::watch::{RunWatchers, store_closed_token};
 use crate::store::durable::{
@@ -74,6 +75,9 @@ pub(crate) struct RuntimeCore {
     pub(crate) run_watchers: RunWatchers,
     /// The group commit of submissions under fresh run ids.
     pub(crate) submit_batcher: SubmitBatcher,
+    /// The ids of runs submitted without one and of new groups (shared by
+    /// every runtime over the queue).
+    pub(crate) ids: IdGenerator,
     pub(crate) signal_locks: SignalLocks,
     pub(crate) observes: Observes,
     /// Dead letters the worker performed since the last reconciliation look.
@@ -128,6 +132,7 @@ impl RuntimeCore {
         let run_watchers = RunWatchers::for_queue(&settings.queue);
         let store_closed = store_closed_token(&settings.queue);
         let submit_batcher = SubmitBatcher::new(settings.queue.clone());
+        let ids = IdGenerator::for_queue(&settings.queue);
         let group_store = GroupStore::new(
             settings.object_store,
             settings.memo_prefix,
@@ -151,6 +156,7 @@ impl RuntimeCore {
             inflight: Arc::default(),
             run_watchers,
             submit_batcher,
+            ids,
             signal_locks: SignalLocks::default(),
             observes: settings.observes,
             own_dead_letters: AtomicI64::new(0),
@@ -187,6 +193,12 @@ impl RuntimeCore {
 
     pub(crate) fn now_ms(&self) -> u64 {
         self.clock.now_ms()
+    }
+
+    /// A fresh ULID id on the runtime's clock, later than every id
+    /// generated before over the queue (in this process).
+    pub(crate) fn new_run_id(&self) -> RunId {
+        self.ids.next(self.now_ms())
     }
 
     /// The absolute time `delay` from now on the runtime's clock.

@@ -63,7 +63,9 @@ impl RuntimeCore {
             && user_effects.kv_writes.is_empty()
             && user_effects.kv_deletes.is_empty()
             && user_effects.expiry_entries.is_empty();
-        let run_id = run_id.unwrap_or_else(RunId::generate);
+        // Generated before the first await: submissions get ids in the
+        // order they were made.
+        let run_id = run_id.unwrap_or_else(|| self.new_run_id());
         let input_hash = sha256(&input).to_vec();
         // The compare-and-commit guard: a run's record must still be absent.
         // A group member's record changes with every submission and
