@@ -170,7 +170,9 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// fires and the run ends `Cancelled` when the step returns, whatever it
     /// returned. `Ok(true)` means the run ends `Cancelled`. A step claimed
     /// by a worker of another runtime over the queue cannot be judged from
-    /// here, so the call then waits for that step to settle.
+    /// here, so the call then waits for that step to settle (a step record
+    /// whose offloaded payload object is gone is waited on by its record,
+    /// not failed on).
     ///
     /// # Errors
     /// Storage errors. Returns `Ok(false)` for an unknown or already

@@ -16,6 +16,7 @@ mod group_attacks;
 mod groups;
 mod jobs;
 mod kill9;
+mod lost_payloads;
 mod memo_effects;
 mod poison;
 mod retention_replay;
