@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use taquba::object_store::{ObjectStore, ObjectStoreExt};
 use taquba::object_store::memory::InMemory;
 use taquba::object_store::path::Path;
+use taquba::object_store::{ObjectStore, ObjectStoreExt};
 use taquba::{JobStatus, MockClock, Queue, QueueConfig, QueueReader, ReaderOptions};
 use taquba_workflow::{
     MemoStore, RunSpec, RunState, Step, StepError, StepOutcome, StepRunner, TerminalStatus,
@@ -100,7 +100,10 @@ async fn dead_step_without_payload(
         .job_id;
     let claim = claim_step(queue).await.expect("the step job");
     assert_eq!(claim.job().id, job_id);
-    queue.dead_letter(&claim, "hung").await.expect("dead letter");
+    queue
+        .dead_letter(&claim, "hung")
+        .await
+        .expect("dead letter");
     lose_payload(queue, store, &job_id).await;
     job_id
 }
@@ -201,10 +204,7 @@ async fn done_steps_without_their_payloads_leave_runs_readable_and_running() {
     assert_eq!(status.state, RunState::Terminated(end.termination.clone()));
     let outcome = runtime.outcome(&rid("first")).await.unwrap().unwrap();
     assert_eq!(outcome.result.as_deref(), Some(b"done".as_slice()));
-    assert_eq!(
-        within(30, runtime.wait(&rid("first"))).await.unwrap(),
-        end
-    );
+    assert_eq!(within(30, runtime.wait(&rid("first"))).await.unwrap(), end);
 
     // The run id runs again, its replayed and new steps unaffected, and the
     // worker's maintenance does not trip over the records.

@@ -59,14 +59,13 @@ async fn runs_submitted_in_one_millisecond_list_in_submission_order() {
     assert!(later > ids[ids.len() - 1]);
 
     // Concurrent submissions are ordered as they were issued, too.
-    let concurrent: Vec<RunId> = futures_util::future::try_join_all(
-        (0..50).map(|_| runtime.submit(RunSpec::default())),
-    )
-    .await
-    .expect("submit")
-    .into_iter()
-    .map(|outcome| outcome.run_id)
-    .collect();
+    let concurrent: Vec<RunId> =
+        futures_util::future::try_join_all((0..50).map(|_| runtime.submit(RunSpec::default())))
+            .await
+            .expect("submit")
+            .into_iter()
+            .map(|outcome| outcome.run_id)
+            .collect();
     let mut sorted = concurrent.clone();
     sorted.sort();
     assert_eq!(sorted, concurrent);

@@ -11,9 +11,8 @@ use std::sync::{Arc, Mutex};
 use common::*;
 use taquba::{EnqueueOptions, EnqueueRequest, JobStatus, SettlementEffects};
 use taquba_workflow::{
-    Error, HEADER_RUN_ID, HEADER_STEP, HEADER_TERMINAL, RunOutcome, RunSpec,
-    Step, StepError, StepOutcome, StepRunner, TerminalEffects, TerminalHook, TerminalStatus,
-    WorkflowRuntime,
+    Error, HEADER_RUN_ID, HEADER_STEP, HEADER_TERMINAL, RunOutcome, RunSpec, Step, StepError,
+    StepOutcome, StepRunner, TerminalEffects, TerminalHook, TerminalStatus, WorkflowRuntime,
 };
 
 #[derive(Clone)]
@@ -69,7 +68,12 @@ async fn jobs_on(queue: &taquba::Queue, name: &str) -> usize {
 async fn a_submission_enqueue_with_a_reserved_header_is_refused_naming_it() {
     let (queue, store, _clock) = memory_queue().await;
     let runtime = workflow_builder(&queue, &store, &Succeeds).build();
-    for header in [HEADER_RUN_ID, HEADER_STEP, HEADER_TERMINAL, "workflow.custom"] {
+    for header in [
+        HEADER_RUN_ID,
+        HEADER_STEP,
+        HEADER_TERMINAL,
+        "workflow.custom",
+    ] {
         let forged = request("elsewhere", &[(header, "victim"), ("tenant", "a")]);
         let err = runtime
             .submit(spec_with("forger", forged))
@@ -158,7 +162,9 @@ impl TerminalHook for StagesEnqueue {
 
 /// Run one run through a runtime whose hook stages `request`; returns what
 /// staging said and the dead notification's error, if any.
-async fn hook_staging(request: EnqueueRequest) -> (Vec<String>, Option<String>, Arc<taquba::Queue>) {
+async fn hook_staging(
+    request: EnqueueRequest,
+) -> (Vec<String>, Option<String>, Arc<taquba::Queue>) {
     let (queue, store, _clock) = memory_queue().await;
     let hook = StagesEnqueue {
         request,

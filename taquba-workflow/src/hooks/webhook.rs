@@ -296,7 +296,10 @@ mod tests {
         })
         .expect_err("refused");
         let message = crate::run::settle::panic_message(refused.as_ref());
-        assert!(message.contains("`steps`, the runtime's own queue"), "{message}");
+        assert!(
+            message.contains("`steps`, the runtime's own queue"),
+            "{message}"
+        );
     }
 
     #[tokio::test]

@@ -21,8 +21,8 @@ use crate::error::{Error, Result};
 use crate::model::RunEnd;
 use crate::model::StepErrorKind;
 use crate::model::{RunOutcome, TerminalStatus};
-use crate::run::inflight::InFlightRegistry;
 use crate::run::ids::IdGenerator;
+use crate::run::inflight::InFlightRegistry;
 use crate::run::submit_batch::SubmitBatcher;
 use crate::run::watch::{RunWatchers, store_closed_token};
 use crate::store::durable::{

@@ -342,8 +342,11 @@ mod tests {
         let err = check_enqueue(&with("steps", &["a"]), Some("steps")).expect_err("own");
         assert!(err.to_string().contains("`steps`"), "{err}");
         assert!(err.is_permanent());
-        check_enqueue(&with("steps", &["workflowx", "a.workflow.b"]), Some("other"))
-            .expect("neither");
+        check_enqueue(
+            &with("steps", &["workflowx", "a.workflow.b"]),
+            Some("other"),
+        )
+        .expect("neither");
 
         let bound = TerminalEffects::for_queue("steps");
         assert!(bound.enqueue(with("steps", &[])).is_err());
