@@ -149,12 +149,13 @@ impl RuntimeCore {
         Ok(outcome)
     }
 
-    /// Wait until the claimed job `job_id` is no longer claimed (settled,
-    /// given back, or gone). The queue's completion wait reads the job with
-    /// its payload, which fails on a record whose offloaded payload object
-    /// is gone (a done or dead record left so by a crash in the queue's
-    /// retention sweep): such a record is followed by its stored form, at
-    /// the poll interval, instead.
+    /// Wait until the claimed job `job_id` is done, dead or gone. The
+    /// queue's completion wait reads the job with its payload, which fails
+    /// on a record whose offloaded payload object is gone (a done or dead
+    /// record left so by a crash in the queue's retention sweep): such a
+    /// record is followed in its stored form instead, at the poll interval,
+    /// until it is no longer claimed. Reads only, so dropping the wait
+    /// leaves nothing behind.
     async fn wait_for_settlement(&self, job_id: &str) -> Result<()> {
         match self.queue.wait_for_completion(job_id).await {
             Ok(_) => Ok(()),
