@@ -193,3 +193,36 @@ async fn a_run_with_a_callback_url_is_delivered_once_and_others_not_at_all() {
     delivering.await.expect("join").expect("delivery worker");
     worker.shutdown().await.expect("worker shutdown");
 }
+
+/// A runtime whose webhook hook would deliver on the runtime's own queue
+/// (where its worker takes every delivery for a malformed step) is refused
+/// when it is built.
+async fn build_with_hook(runtime_queue: Option<&str>, hook: WebhookTerminalHook) {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = Arc::new(Queue::open(store.clone(), "db").await.expect("open"));
+    let mut builder = WorkflowRuntime::builder(queue, store, Done, hook);
+    if let Some(name) = runtime_queue {
+        builder = builder.queue_name(name);
+    }
+    let _runtime = builder.build();
+}
+
+#[tokio::test]
+#[should_panic(expected = "delivers on `workflow-steps`, the runtime's own queue")]
+async fn a_webhook_hook_on_the_runtimes_default_queue_is_refused_at_build() {
+    build_with_hook(None, WebhookTerminalHook::new("workflow-steps")).await;
+}
+
+#[tokio::test]
+#[should_panic(expected = "delivers on `orders`, the runtime's own queue")]
+async fn a_webhook_hook_on_the_runtimes_named_queue_is_refused_at_build() {
+    build_with_hook(Some("orders"), WebhookTerminalHook::new("orders")).await;
+}
+
+#[tokio::test]
+async fn a_webhook_hook_on_another_queue_builds() {
+    build_with_hook(None, WebhookTerminalHook::default()).await;
+    // The default runtime queue name is just another queue to a runtime on
+    // "orders".
+    build_with_hook(Some("orders"), WebhookTerminalHook::new("workflow-steps")).await;
+}

@@ -27,7 +27,11 @@ pub enum Error {
     },
     /// A submission carries a user header under
     /// [`RESERVED_HEADER_PREFIX`](crate::RESERVED_HEADER_PREFIX) (the
-    /// header name is given).
+    /// header name is given), in its options or on an enqueue of its
+    /// effects; also returned by
+    /// [`TerminalEffects::enqueue`](crate::TerminalEffects::enqueue) for
+    /// such a header. Those headers make a job a step or a notification of
+    /// a runtime, so a caller's enqueue carrying one would forge one.
     #[error("header `{0}` uses the reserved `workflow.` prefix")]
     ReservedHeaderInSubmit(String),
     /// A run id breaks the rules of [`RunId::new`].

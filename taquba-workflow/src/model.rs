@@ -33,8 +33,10 @@ pub struct RunOptions {
 /// A run to submit.
 #[derive(Debug, Clone, Default)]
 pub struct RunSpec {
-    /// The run's id; a ULID is generated when `None`. Submission is
-    /// idempotent on `(run_id, input)`.
+    /// The run's id; a ULID is generated when `None` (on the runtime's
+    /// clock, monotonic within a millisecond, so generated ids sort in the
+    /// order the submissions were made). Submission is idempotent on
+    /// `(run_id, input)`.
     pub run_id: Option<RunId>,
     /// The payload of step 0.
     pub input: Vec<u8>,
@@ -42,7 +44,9 @@ pub struct RunSpec {
     pub options: RunOptions,
     /// Application KV effects (and enqueues) committed atomically with the
     /// step-0 enqueue; dropped when the submission is a duplicate. Keys under
-    /// `workflow/` are rejected.
+    /// `workflow/` are rejected, and so are enqueues with a `workflow.`
+    /// header or into the runtime's own queue (see
+    /// [`WorkflowRuntime::submit`](crate::WorkflowRuntime::submit)).
     pub effects: SettlementEffects,
 }
 

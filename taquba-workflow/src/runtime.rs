@@ -102,10 +102,14 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// [`Error::InputMismatch`](crate::Error::InputMismatch) when the run is
     /// active with a different input;
     /// [`Error::ReservedHeaderInSubmit`](crate::Error::ReservedHeaderInSubmit)
-    /// for a `workflow.` header; [`Error::ReservedKvKey`](crate::Error::ReservedKvKey)
+    /// for a `workflow.` header in `spec.options` or on an enqueue of
+    /// `spec.effects`; [`Error::ReservedKvKey`](crate::Error::ReservedKvKey)
     /// for an effect under `workflow/`; [`Error::Queue`](crate::Error::Queue)
-    /// when the queue rejects the enqueue (bad queue name, oversized KV
-    /// value) or the store fails.
+    /// with [`taquba::Error::InvalidQueueName`] naming the runtime's queue
+    /// for an enqueue of `spec.effects` into it (the queue takes only the
+    /// runtime's own jobs), and when the queue rejects the enqueue (bad
+    /// queue name, oversized KV value) or the store fails. A refused
+    /// submission commits nothing.
     pub async fn submit(&self, spec: RunSpec) -> Result<SubmitOutcome> {
         self.inner.core.submit(spec, None).await
     }
@@ -170,7 +174,9 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// fires and the run ends `Cancelled` when the step returns, whatever it
     /// returned. `Ok(true)` means the run ends `Cancelled`. A step claimed
     /// by a worker of another runtime over the queue cannot be judged from
-    /// here, so the call then waits for that step to settle.
+    /// here, so the call then waits for that step to settle (a step record
+    /// whose offloaded payload object is gone is waited on by its record,
+    /// not failed on).
     ///
     /// # Errors
     /// Storage errors. Returns `Ok(false)` for an unknown or already
@@ -186,9 +192,10 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
         RunGroup::new(self.inner.core.clone(), id)
     }
 
-    /// A run group with a fresh ULID id.
+    /// A run group with a fresh ULID id on the runtime's clock, ordered
+    /// with the runtime's generated run ids.
     pub fn new_group(&self) -> RunGroup {
-        self.group(RunId::generate())
+        self.group(self.inner.core.new_run_id())
     }
 
     /// Spawn the worker loop as a Tokio task; it stops when `shutdown`
@@ -345,10 +352,23 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
 
     /// Build the runtime. Nothing is written until the first submission or
     /// the first worker loop.
+    ///
+    /// # Panics
+    /// With the `webhooks` feature, when the terminal hook is a
+    /// [`WebhookTerminalHook`](crate::WebhookTerminalHook) whose delivery
+    /// queue is the runtime's [`queue_name`](Self::queue_name): the
+    /// runtime's worker would take every delivery for a malformed step, so
+    /// no notification could be delivered. A configuration error, caught
+    /// before anything runs.
     pub fn build(self) -> WorkflowRuntime<R, H>
     where
         H: 'static,
     {
+        #[cfg(feature = "webhooks")]
+        crate::hooks::webhook::refuse_delivery_on_runtime_queue(
+            &self.terminal_hook,
+            &self.queue_name,
+        );
         let hook = Arc::new(self.terminal_hook);
         let observer = hook.clone();
         let memo_prefix = self

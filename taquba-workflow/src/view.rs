@@ -52,6 +52,9 @@ impl WorkflowView {
     /// or [`RunState::Cancelling`] once a cancellation was requested); a
     /// terminated run from its terminal record ([`RunState::Terminated`]).
     /// `None` for a run never submitted or whose records retention removed.
+    /// The step job is read in its stored form, without its payload: a done
+    /// or dead record whose offloaded payload object is gone (a crash in
+    /// the queue's retention sweep can leave one) reads like any other.
     ///
     /// # Errors
     /// Storage and decoding errors;

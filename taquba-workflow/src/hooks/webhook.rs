@@ -35,7 +35,12 @@ pub const DEFAULT_WEBHOOK_QUEUE: &str = "workflow-webhooks";
 /// `Webhook-Id` header for receiver-side deduplication.
 ///
 /// The delivery queue must not be the runtime's own queue (its worker
-/// would take the deliveries for malformed steps).
+/// would take every delivery for a malformed step and dead-letter it):
+/// [`WorkflowRuntimeBuilder::build`](crate::WorkflowRuntimeBuilder::build)
+/// panics when it is. A hook of your own that wraps this one is not seen
+/// through at build; its staging of the delivery is refused instead
+/// ([`TerminalEffects::enqueue`]), so each notification is dead-lettered
+/// with an error naming the queue.
 ///
 /// The request body is a JSON object:
 ///
@@ -161,6 +166,21 @@ impl WebhookTerminalHook {
     }
 }
 
+/// Panic when `hook` is a [`WebhookTerminalHook`] delivering on
+/// `runtime_queue`, the queue of the runtime being built: a configuration
+/// error no notification could survive.
+pub(crate) fn refuse_delivery_on_runtime_queue<H: 'static>(hook: &H, runtime_queue: &str) {
+    let Some(hook) = (hook as &dyn std::any::Any).downcast_ref::<WebhookTerminalHook>() else {
+        return;
+    };
+    assert!(
+        hook.delivery_queue() != runtime_queue,
+        "WebhookTerminalHook delivers on `{runtime_queue}`, the runtime's own queue, whose worker \
+         would dead-letter every delivery as a malformed step: give the hook another queue \
+         (WebhookTerminalHook::new) or the runtime another (WorkflowRuntimeBuilder::queue_name)"
+    );
+}
+
 impl TerminalHook for WebhookTerminalHook {
     /// Stage the delivery of `outcome` to its callback URL.
     ///
@@ -264,6 +284,22 @@ mod tests {
         assert_eq!(body["headers"]["tenant"], "acme");
         assert!(body["headers"].get("callback_url").is_none());
         assert!(body.get("result_hex").is_none());
+    }
+
+    #[test]
+    fn only_a_webhook_hook_on_the_runtimes_queue_is_refused() {
+        // Another hook type is never looked into, whatever the queue.
+        refuse_delivery_on_runtime_queue(&crate::NoopTerminalHook, DEFAULT_WEBHOOK_QUEUE);
+        refuse_delivery_on_runtime_queue(&WebhookTerminalHook::default(), "workflow-steps");
+        let refused = std::panic::catch_unwind(|| {
+            refuse_delivery_on_runtime_queue(&WebhookTerminalHook::new("steps"), "steps");
+        })
+        .expect_err("refused");
+        let message = crate::run::settle::panic_message(refused.as_ref());
+        assert!(
+            message.contains("`steps`, the runtime's own queue"),
+            "{message}"
+        );
     }
 
     #[tokio::test]

@@ -2,6 +2,8 @@
 //! then the current step reached wherever it is (waiting, claimed here or
 //! elsewhere, dead).
 
+use std::time::Duration;
+
 use taquba::{CancelOutcome, JobRecord, JobStatus, SettlementEffects};
 
 use crate::coordination::group::Membership;
@@ -77,7 +79,7 @@ impl RuntimeCore {
                                 // run's termination.
                                 CancelOutcome::Removed => return Ok(true),
                                 CancelOutcome::Requested => {
-                                    self.queue.wait_for_completion(&job.id).await?;
+                                    self.wait_for_settlement(&job.id).await?;
                                     continue;
                                 }
                                 CancelOutcome::NotFound => continue,
@@ -145,6 +147,31 @@ impl RuntimeCore {
             )
             .await?;
         Ok(outcome)
+    }
+
+    /// Wait until the claimed job `job_id` is done, dead or gone. The
+    /// queue's completion wait reads the job with its payload, which fails
+    /// on a record whose offloaded payload object is gone (a done or dead
+    /// record left so by a crash in the queue's retention sweep): such a
+    /// record is followed in its stored form instead, at the poll interval,
+    /// until it is no longer claimed. Reads only, so dropping the wait
+    /// leaves nothing behind.
+    async fn wait_for_settlement(&self, job_id: &str) -> Result<()> {
+        match self.queue.wait_for_completion(job_id).await {
+            Ok(_) => Ok(()),
+            Err(taquba::Error::PayloadMissing { .. }) => loop {
+                match self.queue.view().job_record(job_id).await? {
+                    Some(job) if job.status == JobStatus::Claimed => {
+                        tokio::select! {
+                            () = self.store_closed.cancelled() => return Err(self.store_closed_error()),
+                            () = tokio::time::sleep(self.poll_interval.max(Duration::from_millis(1))) => {}
+                        }
+                    }
+                    _ => return Ok(()),
+                }
+            },
+            Err(err) => Err(err.into()),
+        }
     }
 
     async fn ended_cancelled(&self, run_id: &RunId) -> Result<bool> {

@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::model::RunEnd;
 use crate::model::StepErrorKind;
 use crate::model::{RunOutcome, TerminalStatus};
+use crate::run::ids::IdGenerator;
 use crate::run::inflight::InFlightRegistry;
 use crate::run::submit_batch::SubmitBatcher;
 use crate::run::watch::{RunWatchers, store_closed_token};
@@ -75,6 +76,9 @@ pub(crate) struct RuntimeCore {
     pub(crate) run_watchers: RunWatchers,
     /// The group commit of submissions under fresh run ids.
     pub(crate) submit_batcher: SubmitBatcher,
+    /// The ids of runs submitted without one and of new groups (shared by
+    /// every runtime over the queue).
+    pub(crate) ids: IdGenerator,
     pub(crate) signal_locks: SignalLocks,
     pub(crate) observes: Observes,
     /// Dead letters the worker performed since the last reconciliation look.
@@ -129,6 +133,7 @@ impl RuntimeCore {
         let run_watchers = RunWatchers::for_queue(&settings.queue);
         let store_closed = store_closed_token(&settings.queue);
         let submit_batcher = SubmitBatcher::new(settings.queue.clone());
+        let ids = IdGenerator::for_queue(&settings.queue);
         let group_store = GroupStore::new(
             settings.object_store,
             settings.memo_prefix,
@@ -152,6 +157,7 @@ impl RuntimeCore {
             inflight: Arc::default(),
             run_watchers,
             submit_batcher,
+            ids,
             signal_locks: SignalLocks::default(),
             observes: settings.observes,
             own_dead_letters: AtomicI64::new(0),
@@ -188,6 +194,12 @@ impl RuntimeCore {
 
     pub(crate) fn now_ms(&self) -> u64 {
         self.clock.now_ms()
+    }
+
+    /// A fresh ULID id on the runtime's clock, later than every id
+    /// generated before over the queue (in this process).
+    pub(crate) fn new_run_id(&self) -> RunId {
+        self.ids.next(self.now_ms())
     }
 
     /// The absolute time `delay` from now on the runtime's clock.

@@ -2,7 +2,8 @@
 //! writes and deletes, [`TerminalEffects`] a terminal hook's writes,
 //! deletes and follow-up enqueues. Both validate as they stage and are
 //! sealed once their owner returns, so nothing staged late is silently
-//! lost.
+//! lost. [`check_enqueue`] is the rule of every enqueue a caller adds to
+//! the runtime's commits (a hook's, a submission's).
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
@@ -11,7 +12,39 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use taquba::{EnqueueRequest, MAX_KV_VALUE_SIZE};
 
 use crate::error::{Error, Result};
-use crate::store::keys::RESERVED_KV_PREFIX;
+use crate::store::keys::{RESERVED_HEADER_PREFIX, RESERVED_KV_PREFIX};
+
+/// Why an enqueue into the runtime's own queue is refused.
+const OWN_QUEUE_REASON: &str =
+    "it is the runtime's own queue, which takes only the runtime's step and notification jobs";
+
+/// Check an enqueue a caller adds to the runtime's commits: no header under
+/// [`RESERVED_HEADER_PREFIX`] (those headers make a job a step or a
+/// notification of a runtime over the queue, so the enqueue would forge
+/// one), and not into `own_queue`, the runtime's queue (when known).
+///
+/// # Errors
+/// [`Error::ReservedHeaderInSubmit`] naming the reserved header (the first
+/// in byte order when there are several); [`Error::Queue`] with
+/// [`taquba::Error::InvalidQueueName`] naming the runtime's queue.
+pub(crate) fn check_enqueue(request: &EnqueueRequest, own_queue: Option<&str>) -> Result<()> {
+    if let Some(name) = request
+        .options
+        .headers
+        .keys()
+        .filter(|name| name.starts_with(RESERVED_HEADER_PREFIX))
+        .min()
+    {
+        return Err(Error::ReservedHeaderInSubmit(name.clone()));
+    }
+    if own_queue == Some(request.queue.as_str()) {
+        return Err(Error::Queue(taquba::Error::InvalidQueueName {
+            queue: request.queue.clone(),
+            reason: OWN_QUEUE_REASON,
+        }));
+    }
+    Ok(())
+}
 
 /// The writes and deletes one step (or hook) staged.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -183,21 +216,42 @@ impl fmt::Debug for EffectsHandle {
 #[derive(Clone, Default)]
 pub struct TerminalEffects {
     shared: Shared,
+    /// The runtime's queue, which no follow-up enqueue may target; `None`
+    /// for a detached handle.
+    own_queue: Option<Arc<str>>,
 }
 
 impl TerminalEffects {
-    /// A handle bound to no notification, for tests of hooks.
+    /// A handle bound to no notification, for tests of hooks. It knows no
+    /// runtime, so it refuses reserved headers but no queue.
     pub fn detached() -> Self {
         Self::default()
     }
 
-    /// Stage a follow-up enqueue (on any queue of the runtime's
-    /// [`taquba::Queue`]).
+    /// The handle of a notification of the runtime on `own_queue`.
+    pub(crate) fn for_queue(own_queue: &str) -> Self {
+        Self {
+            shared: Shared::default(),
+            own_queue: Some(Arc::from(own_queue)),
+        }
+    }
+
+    /// Stage a follow-up enqueue, on any queue of the runtime's
+    /// [`taquba::Queue`] but the runtime's own.
     ///
     /// # Errors
-    /// [`Error::EffectsSealed`] once the hook has returned.
+    /// [`Error::ReservedHeaderInSubmit`] naming a header under
+    /// [`RESERVED_HEADER_PREFIX`](crate::RESERVED_HEADER_PREFIX) (such a
+    /// job would pass for a step or a notification of a runtime);
+    /// [`Error::Queue`] with [`taquba::Error::InvalidQueueName`] naming the
+    /// runtime's own queue when the request targets it (the runtime's
+    /// worker takes every job there for one of its own);
+    /// [`Error::EffectsSealed`] once the hook has returned. Both refusals
+    /// are permanent: a hook that returns them with `?` dead-letters the
+    /// notification with the message, and nothing it staged commits.
     pub fn enqueue(&self, request: EnqueueRequest) -> Result<()> {
         self.shared.stage(|s| {
+            check_enqueue(&request, self.own_queue.as_deref())?;
             s.enqueues.push(request);
             Ok(())
         })
@@ -265,6 +319,42 @@ mod tests {
             h.clone().delete("app/c"),
             Err(Error::EffectsSealed)
         ));
+    }
+
+    #[test]
+    fn enqueues_are_checked_for_reserved_headers_and_the_runtimes_queue() {
+        let with = |queue: &str, headers: &[&str]| EnqueueRequest {
+            queue: queue.into(),
+            payload: vec![],
+            options: taquba::EnqueueOptions::default().headers(
+                headers
+                    .iter()
+                    .map(|h| (h.to_string(), "v".to_string()))
+                    .collect(),
+            ),
+        };
+        let err = check_enqueue(&with("q", &["workflow.z", "a", "workflow.b"]), None)
+            .expect_err("reserved");
+        assert!(
+            matches!(&err, Error::ReservedHeaderInSubmit(h) if h == "workflow.b"),
+            "{err:?}"
+        );
+        let err = check_enqueue(&with("steps", &["a"]), Some("steps")).expect_err("own");
+        assert!(err.to_string().contains("`steps`"), "{err}");
+        assert!(err.is_permanent());
+        check_enqueue(
+            &with("steps", &["workflowx", "a.workflow.b"]),
+            Some("other"),
+        )
+        .expect("neither");
+
+        let bound = TerminalEffects::for_queue("steps");
+        assert!(bound.enqueue(with("steps", &[])).is_err());
+        bound.enqueue(with("other", &[])).expect("another queue");
+        TerminalEffects::detached()
+            .enqueue(with("steps", &[]))
+            .expect("a detached handle knows no runtime queue");
+        assert_eq!(bound.seal_and_take().1.len(), 1, "only the accepted one");
     }
 
     #[test]

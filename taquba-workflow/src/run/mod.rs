@@ -2,11 +2,13 @@
 //! ([`submit`], [`submit_batch`]), processing and settling a claimed step
 //! ([`settle`], with the effects a step stages in [`effects`]), external
 //! cancellation ([`cancel`], racing steps in flight through [`inflight`]),
-//! and waiting for a termination ([`wait`], woken by [`watch`]).
+//! and waiting for a termination ([`wait`], woken by [`watch`]); the ids
+//! the runtime generates ([`ids`]).
 
 pub(crate) mod cancel;
 pub(crate) mod core;
 pub(crate) mod effects;
+pub(crate) mod ids;
 pub(crate) mod inflight;
 pub(crate) mod settle;
 pub(crate) mod submit;

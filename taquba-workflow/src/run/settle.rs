@@ -525,7 +525,7 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
                 );
             }
         };
-        let effects = TerminalEffects::default();
+        let effects = TerminalEffects::for_queue(&self.core.queue_name);
         let result = guard::on_termination(
             &*self.terminal_hook,
             &outcome,

@@ -8,7 +8,7 @@ use crate::coordination::group::{Membership, pending_member};
 use crate::error::{Error, Result};
 use crate::model::{RunOptions, RunSpec, SubmitOutcome};
 use crate::run::core::{OnTerminated, RuntimeCore, StepEnqueueOpts};
-use crate::run::effects::StagedKv;
+use crate::run::effects::{StagedKv, check_enqueue};
 use crate::run::submit_batch::Batched;
 use crate::store::durable::{self, DurableCurrentStep, DurableRunRecord};
 use crate::store::keys::{
@@ -68,6 +68,9 @@ impl RuntimeCore {
             effects: user_effects,
         } = spec;
         Self::check_submission(&options, &user_effects)?;
+        for request in &user_effects.enqueues {
+            check_enqueue(request, Some(&self.queue_name))?;
+        }
         // A fresh ULID names no recorded run: its first attempt skips the
         // reads (the compare-and-commit below still guards the record).
         let mut fresh_id = run_id.is_none();
@@ -76,7 +79,9 @@ impl RuntimeCore {
             && user_effects.kv_writes.is_empty()
             && user_effects.kv_deletes.is_empty()
             && user_effects.expiry_entries.is_empty();
-        let run_id = run_id.unwrap_or_else(RunId::generate);
+        // Generated before the first await: submissions get ids in the
+        // order they were made.
+        let run_id = run_id.unwrap_or_else(|| self.new_run_id());
         // The compare-and-commit guard: a run's record must still be absent.
         // A group member's record changes with every submission and
         // termination of it, so a member is guarded on that record as read

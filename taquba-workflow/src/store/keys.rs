@@ -48,7 +48,8 @@ pub const MAX_RUN_ID_LEN: usize = 128;
 ///
 /// Built with [`RunId::new`] (validating) or parsed with [`str::parse`].
 /// When a [`RunSpec`](crate::RunSpec) carries no id the runtime generates a
-/// ULID. Dereferences to `str`.
+/// ULID on its clock, monotonic within a millisecond (generated ids sort in
+/// the order they were made). Dereferences to `str`.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RunId(String);
 
@@ -79,9 +80,11 @@ impl RunId {
         }
     }
 
-    /// A fresh ULID run id (26 characters, time-ordered).
-    pub(crate) fn generate() -> Self {
-        Self(ulid::Ulid::new().to_string())
+    /// The run id spelling `ulid` (26 characters of Crockford base32,
+    /// always valid); generated ids come from
+    /// [`IdGenerator`](crate::run::ids::IdGenerator).
+    pub(crate) fn from_ulid(ulid: ulid::Ulid) -> Self {
+        Self(ulid.to_string())
     }
 
     /// The run id that is the lowercase hex SHA-256 digest of the
