@@ -755,12 +755,20 @@ fn cfg_attr_cfgs(meta: &syn::Meta) -> Option<syn::Meta> {
     Some(syn::parse_quote!(#path(#predicate, #(#kept),*)))
 }
 
-/// Removes the doc comments of every parameter: rustc refuses them on
-/// parameters, and the macro has moved them to the generated fields.
-pub(crate) fn strip_param_docs<'a>(inputs: impl IntoIterator<Item = &'a mut FnArg>) {
+/// Keeps on each parameter only the attributes rustc takes there
+/// (`#[cfg]`, `#[cfg_attr]`, lint levels): doc comments moved to the
+/// generated fields (rustc refuses them on parameters), and any other
+/// attribute was reported, so re-emitting it would only add an error.
+pub(crate) fn strip_param_attrs<'a>(inputs: impl IntoIterator<Item = &'a mut FnArg>) {
     for input in inputs {
         if let FnArg::Typed(arg) = input {
-            arg.attrs.retain(|a| !a.path().is_ident("doc"));
+            arg.attrs.retain(|a| {
+                let path = a.path();
+                path.is_ident("cfg")
+                    || path.is_ident("cfg_attr")
+                    || path.is_ident("expect")
+                    || LINTS.iter().any(|l| path.is_ident(l))
+            });
         }
     }
 }

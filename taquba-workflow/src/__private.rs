@@ -114,9 +114,9 @@ pub(crate) fn duplicate_names<'a>(
 
 /// A job fn's return type: `Result<T, E>` under any name (`anyhow::Result<T>`,
 /// `std::io::Result<T>`, a local alias), resolved by the type system. The
-/// generated `impl Job` names `Output` and `Error` through it, and its impl
-/// requires [`JobOutput`] and [`JobFnError`], so a wrong `T` or `E` is
-/// reported once, at the return type.
+/// generated `impl Job` names `Output` and `Error` through it (and
+/// [`JobOutputOf`], [`JobErrorOf`]), so a wrong `T` or `E` is reported
+/// once, at the return type.
 #[diagnostic::on_unimplemented(
     message = "a `#[job]` fn must return `Result<T, E>`, not `{Self}`",
     label = "not a `Result`",
@@ -134,12 +134,31 @@ pub trait JobReturn {
     fn into_result(self) -> Result<Self::Output, Self::Error>;
 }
 
-impl<T: JobOutput, E: JobFnError> JobReturn for Result<T, E> {
+impl<T, E> JobReturn for Result<T, E> {
     type Output = T;
     type Error = E;
     fn into_result(self) -> Result<T, E> {
         self
     }
+}
+
+/// `Job::Output` of a `#[job]`: `<<R as JobReturn>::Output as JobOutputOf>::Type`,
+/// whose impl requires [`JobOutput`], so a wrong `T` is reported once.
+pub trait JobOutputOf {
+    /// `Self`.
+    type Type;
+}
+impl<T: JobOutput> JobOutputOf for T {
+    type Type = T;
+}
+
+/// `Job::Error` of a `#[job]`, as [`JobOutputOf`], requiring [`JobFnError`].
+pub trait JobErrorOf {
+    /// `Self`.
+    type Type;
+}
+impl<E: JobFnError> JobErrorOf for E {
+    type Type = E;
 }
 
 /// What a job's output must be ([`Job::Output`]'s bounds).
@@ -372,8 +391,8 @@ pub fn decode_step<S: WorkflowStep>(step: &Step) -> Result<S, StepError> {
 /// What a step fn returns: `Result<Transition<S>, E>` under any name,
 /// resolved by the type system.
 #[diagnostic::on_unimplemented(
-    message = "a `#[step]` fn must return `Result<Transition<{S}>, E>`, not `{Self}`",
-    label = "expected `Result<Transition<{S}>, E>`",
+    message = "a `#[step]` fn must return `Result<Transition<Step>, E>` with its workflow's step enum as `Step`, not `{Self}`",
+    label = "expected `Result<Transition<Step>, E>`, where `Step` is the step enum `#[workflow]` generates (`OrderStep` for `impl Order`)",
     note = "return `Ok(Transition::next(...))`, `Ok(Transition::done(...))`, ...; `E` is `StepError`, a type with `impl From<E> for StepError`, or any `Display` type (`anyhow::Error`, `Box<dyn Error + Send + Sync>`), which becomes a transient `StepError`"
 )]
 pub trait StepReturn<S: WorkflowStep> {

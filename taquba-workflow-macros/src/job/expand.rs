@@ -92,12 +92,19 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
     // impl Job.
     let ret = &model.ret;
     let ret_span = ret.span();
-    let output = quote_spanned!(ret_span=> <#ret as #krate::__private::JobReturn>::Output);
-    let error = quote_spanned!(ret_span=> <#ret as #krate::__private::JobReturn>::Error);
+    let output = quote_spanned!(ret_span=>
+        <<#ret as #krate::__private::JobReturn>::Output as #krate::__private::JobOutputOf>::Type);
+    let error = quote_spanned!(ret_span=>
+        <<#ret as #krate::__private::JobReturn>::Error as #krate::__private::JobErrorOf>::Type);
     let into_result =
         quote_spanned!(ret_span=> <#ret as #krate::__private::JobReturn>::into_result);
+    // The unchecked `T` and `E` (the checked ones are the associated
+    // types): a wrong one is reported once, there, not again here.
     let run_output = quote_spanned!(ret_span=>
-        ::core::result::Result<<Self as #krate::jobs::Job>::Output, <Self as #krate::jobs::Job>::Error>);
+        ::core::result::Result<
+            <#ret as #krate::__private::JobReturn>::Output,
+            <#ret as #krate::__private::JobReturn>::Error,
+        >);
     let name = &model.name;
     let ctx = Ident::new("__taquba_ctx", Span::mixed_site());
     let uses_ctx = model.slots.iter().any(|s| matches!(s, Slot::Context(_)));
@@ -120,7 +127,16 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
         }
     });
     let call = quote_spanned!(fn_ident.span()=> #fn_ident(#(#args),*));
-    let future = Ident::new("__taquba_future", Span::mixed_site());
+    // Located at the return type: rustc points a bound of `JobReturn` at
+    // the argument that carries the type.
+    let future = Ident::new("__taquba_future", Span::mixed_site().located_at(ret_span));
+    // The call is made inside the block: a fn whose parameters share one
+    // lifetime (`fn f<'a>(ctx: JobContext<'a>, name: &'a str)`) borrows the
+    // context and the job for one region, which only the block can name.
+    let awaited = quote_spanned!(ret_span=> async move {
+        let #future = #call;
+        #into_result(#future.await)
+    });
     let key_fn = key_fn(model, &krate);
     let attempts_fn = model.options.max_attempts.as_ref().map(|n| {
         quote! {
@@ -143,19 +159,25 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
             }
         }
     });
+    // Everything that names the output or the error is spanned at the
+    // return type, so a wrong one is one diagnostic there.
+    let assoc_types = quote_spanned! {ret_span=>
+        type Output = #output;
+        type Error = #error;
+    };
+    let run_ret = quote_spanned!(ret_span=>
+        impl ::core::future::Future<Output = #run_output> + ::core::marker::Send);
     let item_impl = quote! {
         #(#cfgs)*
         impl #krate::jobs::Job for #path {
-            type Output = #output;
-            type Error = #error;
+            #assoc_types
             const NAME: &'static str = #name;
 
             fn run(
                 &self,
                 #ctx_pat: #krate::jobs::JobContext<'_>,
-            ) -> impl ::core::future::Future<Output = #run_output> + ::core::marker::Send {
-                let #future = #call;
-                async move { #into_result(#future.await) }
+            ) -> #run_ret {
+                #awaited
             }
 
             #key_fn

@@ -250,6 +250,10 @@ fn workflow_impl(model: &WorkflowModel, krate: &TokenStream, fallback: bool) -> 
         }
         None => quote!(()),
     };
+    let output_item = match &model.options.output {
+        Some(ty) => quote_spanned!(ty.span()=> type Output = #output;),
+        None => quote!(type Output = #output;),
+    };
     let step = Ident::new("__taquba_step", Span::mixed_site());
     let start_name = model
         .start
@@ -301,7 +305,7 @@ fn workflow_impl(model: &WorkflowModel, krate: &TokenStream, fallback: bool) -> 
             const NAME: &'static str = #name;
             const START: &'static str = #start_name;
             const STEPS: &'static [&'static str] = &[#(#names),*];
-            type Output = #output;
+            #output_item
         }
 
         impl #krate::StepRunner for #self_ty {
@@ -360,7 +364,13 @@ fn dispatch_arm(
     };
     let ret = &step.ret;
     let split = quote_spanned!(ret.span()=> #krate::__private::step_return::<#step_enum, #ret>);
-    let error = Ident::new("__taquba_error", Span::mixed_site());
+    // Located at the return type: rustc points a failed bound at the
+    // argument that carries the type.
+    let returned = Ident::new(
+        "__taquba_returned",
+        Span::mixed_site().located_at(ret.span()),
+    );
+    let error = Ident::new("__taquba_error", Span::mixed_site().located_at(ret.span()));
     // `Into<StepError>` when the error has it, else `Display` (transient);
     // the fallback's bound is checked at the return type.
     let convert = quote_spanned! {ret.span()=>
@@ -368,7 +378,7 @@ fn dispatch_arm(
     };
     quote! {
         #(#cfgs)*
-        #step_enum::#variant { #(#fields,)* } => match #split(#call.await) {
+        #step_enum::#variant { #(#fields,)* } => match { let #returned = #call.await; #split(#returned) } {
             ::core::result::Result::Ok(transition) => transition.into_outcome(),
             ::core::result::Result::Err(#error) => ::core::result::Result::Err(#convert),
         },

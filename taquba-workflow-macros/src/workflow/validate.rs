@@ -191,7 +191,7 @@ pub(crate) fn validate(
         if let ImplItem::Fn(func) = impl_item
             && marked_fns.contains(&func.sig.ident)
         {
-            crate::common::strip_param_docs(func.sig.inputs.iter_mut());
+            crate::common::strip_param_attrs(func.sig.inputs.iter_mut());
         }
     }
 
