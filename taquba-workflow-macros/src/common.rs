@@ -1247,7 +1247,12 @@ mod tests {
             assert_eq!(fields.params.len(), 2);
             assert!(matches!(
                 fields.slots[..],
-                [Slot::Field(0), Slot::Context, Slot::Field(1), Slot::Context]
+                [
+                    Slot::Field(0),
+                    Slot::Context(_),
+                    Slot::Field(1),
+                    Slot::Context(_)
+                ]
             ));
         }
     }
@@ -1281,11 +1286,11 @@ mod tests {
     fn context_is_recognised_by_name() {
         assert!(matches!(
             classify(quote!(ctx: JobContext<'_>)).0,
-            ParamKind::Context
+            ParamKind::Context(_)
         ));
         assert!(matches!(
             classify(quote!(ctx: taquba_workflow::jobs::JobContext<'_>)).0,
-            ParamKind::Context
+            ParamKind::Context(_)
         ));
         let (kind, errors) = classify(quote!(ctx: &JobContext<'_>));
         assert!(matches!(kind, ParamKind::Invalid));
@@ -1299,7 +1304,7 @@ mod tests {
             (quote!(_: u8), "name this parameter"),
             (quote!(x: impl Into<String>), "`impl Trait`"),
             (quote!(x: &mut u8), "`&mut`"),
-            (quote!(x: &'a str), "remove the lifetime"),
+            (quote!(x: std::borrow::Cow<'a, str>), "borrows for `'a`"),
             (quote!(ref x: u8), "`ref`"),
             (quote!(x: Vec<_>), "`_`"),
         ] {

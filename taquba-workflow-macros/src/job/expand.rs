@@ -269,7 +269,7 @@ mod tests {
         let options = parse::parse(attr, &mut errors);
         let model = validate::validate(&func, options, &mut errors).unwrap();
         assert!(errors.is_empty(), "{:?}", errors.messages());
-        let file: syn::File = syn::parse2(super::expand(&model)).unwrap();
+        let file: syn::File = syn::parse2(super::expand(&model, &func)).unwrap();
         prettyplease_lite(&file)
     }
 
@@ -294,16 +294,26 @@ mod tests {
         );
         assert!(out.contains("pub (crate) struct SendEmail"), "{out}");
         assert!(
-            out.contains("# [serde (with = \"::taquba_workflow::__private::job_field\")] pub (crate) to : :: std :: string :: String"),
+            out.contains("# [serde (serialize_with = \"<:: std :: string :: String as ::taquba_workflow::__private::JobField>::serialize\" , deserialize_with = \"<:: std :: string :: String as ::taquba_workflow::__private::JobField>::deserialize\")] pub (crate) to : :: std :: string :: String"),
             "{out}"
         );
         assert!(out.contains("pub (crate) n : u32"), "{out}");
         assert!(out.contains("const NAME : & 'static str = \"email.send\""));
-        assert!(out.contains("send_email (__taquba_ctx , & self . to , :: taquba_workflow :: __private :: clone_param (& self . n))"), "{out}");
+        assert!(out.contains("send_email (__taquba_ctx , & self . to , < u32 as :: taquba_workflow :: __private :: JobFieldOwned > :: clone_param (& self . n))"), "{out}");
         assert!(out.contains("\"email:{}\""), "{out}");
         assert!(out.contains(":: core :: option :: Option :: Some (4)"));
         assert!(out.contains("# [doc = r\" Sends one email.\"]"), "{out}");
-        assert!(out.contains("register_job :: < SendEmail >"));
+        assert!(out.contains("register_job :: < __taquba_job_send_email :: SendEmail >"));
+        // The struct lives in a hidden module, re-exported with the fn's
+        // visibility; its name is checked in the fn's module.
+        assert!(
+            out.contains("pub (crate) use __taquba_job_send_email :: * ;"),
+            "{out}"
+        );
+        assert!(
+            out.contains("generated_job_struct :: < SendEmail > ()"),
+            "{out}"
+        );
     }
 
     #[test]
@@ -327,7 +337,8 @@ mod tests {
                 async fn tick() -> Result<(), E> {}
             ),
         );
-        assert_eq!(out.matches("# [cfg (feature = \"x\")]").count(), 4, "{out}");
+        // The fn, the module, its re-export, the impl and the registration.
+        assert_eq!(out.matches("# [cfg (feature = \"x\")]").count(), 5, "{out}");
     }
 
     #[test]
@@ -338,8 +349,39 @@ mod tests {
                 async fn tick() -> Result<(), E> {}
             ),
         );
-        assert!(out.contains("impl :: other :: jobs :: Job for Tick"));
+        assert!(out.contains("impl :: other :: jobs :: Job for __taquba_job_tick :: Tick"));
         assert!(out.contains("\"::other::__private::serde\""), "{out}");
         assert!(!out.contains("taquba_workflow"));
+    }
+
+    #[test]
+    fn parameter_attributes_reach_the_field_and_cfg_every_use() {
+        let out = expand(
+            quote!(),
+            quote!(
+                async fn f(
+                    /// Who.
+                    #[allow(unused_mut)]
+                    mut to: String,
+                    #[cfg(feature = "x")] n: u32,
+                    #[cfg_attr(feature = "y", cfg(feature = "z"), allow(dead_code))] m: u8,
+                ) -> Result<(), E> {
+                }
+            ),
+        );
+        assert!(
+            out.contains("# [doc = r\" Who.\"] # [allow (unused_mut)] # [serde"),
+            "{out}"
+        );
+        assert!(out.contains("# [cfg (feature = \"x\")] # [serde"), "{out}");
+        assert!(
+            out.contains("# [cfg (feature = \"x\")] < u32 as :: taquba_workflow :: __private :: JobFieldOwned > :: clone_param (& self . n)"),
+            "{out}"
+        );
+        // Only the part of a `cfg_attr` that can remove the argument.
+        assert!(
+            out.contains("# [cfg_attr (feature = \"y\" , cfg (feature = \"z\"))] < u8"),
+            "{out}"
+        );
     }
 }

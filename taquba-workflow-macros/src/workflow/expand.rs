@@ -456,8 +456,8 @@ mod tests {
     #[test]
     fn the_enum_has_one_renamed_variant_per_step() {
         let out = expand(quote!(output = Receipt), ORDER.parse().unwrap());
-        assert!(out.contains("] enum OrderStep"), "{out}");
-        assert!(out.contains("# [serde (rename = \"charge\")] Charge { # [doc = \" The `order_id` parameter of `charge`.\"] # [serde (with = \"::taquba_workflow::__private::step_field\")] order_id : :: std :: string :: String"), "{out}");
+        assert!(out.contains("pub (super) enum OrderStep {"), "{out}");
+        assert!(out.contains("# [serde (rename = \"charge\")] Charge { # [doc = \" The `order_id` parameter of `charge`.\"] # [serde (serialize_with = \"<:: std :: string :: String as ::taquba_workflow::__private::StepField>::serialize\" , deserialize_with = \"<:: std :: string :: String as ::taquba_workflow::__private::StepField>::deserialize\")] order_id : :: std :: string :: String"), "{out}");
         assert!(out.contains("# [cfg (feature = \"ship\")] # [doc = \" The `ship_it` step: runs `Order::ship`.\"] # [serde (rename = \"ship_it\")] Ship"), "{out}");
         assert!(out.contains("# [doc = \" Charges the card.\"] # [serde (rename = \"charge\")]"));
         assert!(!out.contains("# [step"), "{out}");
@@ -467,11 +467,18 @@ mod tests {
     fn the_input_is_the_start_steps_parameters() {
         let out = expand(quote!(vis = pub(crate)), ORDER.parse().unwrap());
         assert!(out.contains("pub (crate) struct OrderInput { # [doc = \" The `order_id` parameter of `charge`.\"] pub (crate) order_id : :: std :: string :: String"), "{out}");
-        assert!(out.contains("impl :: core :: convert :: From < OrderInput > for OrderStep"));
-        assert!(out.contains("type Step = OrderStep"));
+        assert!(out.contains("impl :: core :: convert :: From < __taquba_workflow_order :: OrderInput > for __taquba_workflow_order :: OrderStep"), "{out}");
+        assert!(out.contains("type Step = __taquba_workflow_order :: OrderStep"));
+        assert!(
+            out.contains("pub (crate) use __taquba_workflow_order :: * ;"),
+            "{out}"
+        );
         assert!(out.contains("type Output = ()"));
         let out = expand(quote!(output = Receipt), ORDER.parse().unwrap());
-        assert!(out.contains("type Output = Receipt"), "{out}");
+        assert!(
+            out.contains("type Output = < Receipt as :: taquba_workflow :: __private :: WorkflowOutputOf > :: Type"),
+            "{out}"
+        );
     }
 
     #[test]
@@ -479,7 +486,7 @@ mod tests {
         let out = expand(quote!(name = "order"), ORDER.parse().unwrap());
         assert!(out.contains("const NAME : & 'static str = \"order\""));
         assert!(
-            out.contains("const STEPS : & 'static [& 'static str] = & [\"charge\" , \"ship_it\"]"),
+            out.contains("const STEPS : & 'static [& 'static str] = & [\"charge\" , # [cfg (feature = \"ship\")] \"ship_it\"]"),
             "{out}"
         );
         assert!(
@@ -488,8 +495,12 @@ mod tests {
         );
         assert!(out.contains("Self :: ship (__taquba_arg0)"), "{out}");
         assert!(out.contains(
-            "finish_step :: < OrderStep , Result < Transition < OrderStep > , StepError > >"
-        ));
+            "step_return :: < __taquba_workflow_order :: OrderStep , Result < Transition < OrderStep > , StepError > >"
+        ), "{out}");
+        assert!(
+            out.contains("generated_step_enum :: < OrderStep > ()"),
+            "{out}"
+        );
         assert!(out.contains("inventory :: submit !"));
     }
 
