@@ -36,8 +36,8 @@ const RULES: ParamRules<'static> = ParamRules {
 
 /// Checks everything about the fn, reporting each mistake; `None` when the
 /// fn cannot be modelled at all.
-pub(crate) fn validate<'a>(
-    func: &'a ItemFn,
+pub(crate) fn validate(
+    func: &ItemFn,
     options: JobOptions,
     errors: &mut Errors,
 ) -> Option<JobModel> {
