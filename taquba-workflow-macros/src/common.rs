@@ -475,6 +475,14 @@ pub(crate) struct Param {
     pub(crate) field_ty: Type,
     /// Whether the parameter is a reference, passed back as `&field`.
     pub(crate) by_ref: bool,
+    /// The attributes the generated field carries: doc comments, lint
+    /// levels, `#[cfg]` and `#[cfg_attr]`.
+    pub(crate) field_attrs: Vec<Attribute>,
+    /// The `#[cfg]`s (and `#[cfg_attr]`s that can expand to one): every
+    /// generated use of the field (call argument, pattern, struct
+    /// expression) carries them, so a parameter configured out is absent
+    /// everywhere.
+    pub(crate) cfgs: Vec<Attribute>,
 }
 
 impl Param {
@@ -486,8 +494,9 @@ impl Param {
 
 /// What `classify_param` makes of one parameter.
 pub(crate) enum ParamKind {
-    /// The context parameter (`JobContext<'_>` / `StepContext<'_>`).
-    Context,
+    /// The context parameter (`JobContext<'_>` / `StepContext<'_>`), with
+    /// its `#[cfg]`s.
+    Context(Vec<Attribute>),
     /// A field of the generated type.
     Field(Box<Param>),
     /// An error was reported.
@@ -497,8 +506,8 @@ pub(crate) enum ParamKind {
 /// Where each of a fn's parameters comes from in the generated call.
 pub(crate) enum Slot {
     /// The context (`JobContext<'_>` / `StepContext<'_>`) the runtime
-    /// passes.
-    Context,
+    /// passes, with the parameter's `#[cfg]`s.
+    Context(Vec<Attribute>),
     /// The field with this index.
     Field(usize),
 }
@@ -518,8 +527,9 @@ impl Params {
     /// Classifies the next parameter, reporting a second context.
     pub(crate) fn push(&mut self, arg: &PatType, rules: &ParamRules<'_>, errors: &mut Errors) {
         match classify_param(arg, rules, errors) {
-            ParamKind::Context => {
-                if self.context_seen {
+            ParamKind::Context(cfgs) => {
+                let conditional = !cfgs.is_empty();
+                if self.context_seen && !conditional {
                     errors.spanned(
                         arg,
                         format!(
@@ -528,8 +538,8 @@ impl Params {
                         ),
                     );
                 }
-                self.context_seen = true;
-                self.slots.push(Slot::Context);
+                self.context_seen |= !conditional;
+                self.slots.push(Slot::Context(cfgs));
             }
             ParamKind::Field(param) => {
                 self.slots.push(Slot::Field(self.params.len()));
@@ -560,20 +570,17 @@ pub(crate) fn classify_param(
     errors: &mut Errors,
 ) -> ParamKind {
     let mut ok = true;
-    if let Some(attr) = arg.attrs.first() {
-        errors.spanned(
-            attr,
-            format!(
-                "attributes on `{}` parameters are not supported: each parameter becomes a field of the generated type; move the attribute into the body",
-                rules.attribute
-            ),
-        );
-        ok = false;
-    }
+    let (field_attrs, cfgs) = match param_attrs(&arg.attrs, rules, errors) {
+        Some(split) => split,
+        None => {
+            ok = false;
+            (Vec::new(), Vec::new())
+        }
+    };
     // The context parameter, by value, in any position.
     if is_named(&arg.ty, rules.context) {
         return if check_context_pat(&arg.pat, rules, errors) && ok {
-            ParamKind::Context
+            ParamKind::Context(cfgs)
         } else {
             ParamKind::Invalid
         };
@@ -649,6 +656,7 @@ pub(crate) fn classify_param(
         },
         ty => ((*ty).clone(), false),
     };
+    ok &= check_borrows(&field_ty, &arg.ty, rules, errors);
     if !ok {
         return ParamKind::Invalid;
     }
@@ -657,7 +665,211 @@ pub(crate) fn classify_param(
         ty: (*arg.ty).clone(),
         field_ty,
         by_ref,
+        field_attrs,
+        cfgs,
     }))
+}
+
+/// The lint attributes a parameter may carry onto its field.
+const LINTS: &[&str] = &["allow", "warn", "deny", "forbid"];
+
+/// Splits a parameter's attributes into those of the generated field and
+/// the `#[cfg]`s of its every use, reporting an attribute that cannot be
+/// carried (`None` then).
+///
+/// Accepted: doc comments (moved to the field; rustc refuses them on
+/// parameters, so the re-emitted fn drops them), `#[cfg]` and
+/// `#[cfg_attr]` (on the fn, the field and every use), the lint levels
+/// `allow`, `warn`, `deny`, `forbid` (on the fn and the field) and
+/// `expect` (on the fn only: on the field it would be unfulfilled).
+fn param_attrs(
+    attrs: &[Attribute],
+    rules: &ParamRules<'_>,
+    errors: &mut Errors,
+) -> Option<(Vec<Attribute>, Vec<Attribute>)> {
+    let mut field = Vec::new();
+    let mut cfgs = Vec::new();
+    let mut ok = true;
+    for attr in attrs {
+        let path = attr.path();
+        if path.is_ident("doc") || LINTS.iter().any(|l| path.is_ident(l)) {
+            field.push(attr.clone());
+        } else if path.is_ident("cfg") {
+            field.push(attr.clone());
+            cfgs.push(attr.clone());
+        } else if path.is_ident("cfg_attr") {
+            field.push(attr.clone());
+            if let Some(cfg) = cfg_part(attr) {
+                cfgs.push(cfg);
+            }
+        } else if path.is_ident("expect") {
+        } else {
+            errors.spanned(
+                attr,
+                format!(
+                    "`#[{}]` cannot be carried onto the field this `{}` parameter becomes: a parameter takes doc comments, `#[cfg]`, `#[cfg_attr]` and the lint levels (`allow`, `warn`, `deny`, `forbid`, `expect`); move this attribute into the body",
+                    path.to_token_stream().to_string().replace(' ', ""),
+                    rules.attribute
+                ),
+            );
+            ok = false;
+        }
+    }
+    ok.then_some((field, cfgs))
+}
+
+/// The part of a `#[cfg_attr(predicate, attrs...)]` that can configure
+/// the item out (its `cfg`s and nested `cfg_attr`s), as an attribute of
+/// its own; `None` when there is none.
+fn cfg_part(attr: &Attribute) -> Option<Attribute> {
+    let meta = cfg_attr_cfgs(&attr.meta)?;
+    Some(Attribute {
+        meta,
+        ..attr.clone()
+    })
+}
+
+fn cfg_attr_cfgs(meta: &syn::Meta) -> Option<syn::Meta> {
+    let syn::Meta::List(list) = meta else {
+        return None;
+    };
+    let items: Punctuated<syn::Meta, Token![,]> =
+        list.parse_args_with(Punctuated::parse_terminated).ok()?;
+    let mut items = items.into_iter();
+    let predicate = items.next()?;
+    let kept: Vec<syn::Meta> = items
+        .filter_map(|m| {
+            if m.path().is_ident("cfg") {
+                Some(m)
+            } else if m.path().is_ident("cfg_attr") {
+                cfg_attr_cfgs(&m)
+            } else {
+                None
+            }
+        })
+        .collect();
+    if kept.is_empty() {
+        return None;
+    }
+    let path = &list.path;
+    Some(syn::parse_quote!(#path(#predicate, #(#kept),*)))
+}
+
+/// Keeps on each parameter only the attributes rustc takes there
+/// (`#[cfg]`, `#[cfg_attr]`, lint levels): doc comments moved to the
+/// generated fields (rustc refuses them on parameters), and any other
+/// attribute was reported, so re-emitting it would only add an error.
+pub(crate) fn strip_param_attrs<'a>(inputs: impl IntoIterator<Item = &'a mut FnArg>) {
+    for input in inputs {
+        if let FnArg::Typed(arg) = input {
+            arg.attrs.retain(|a| {
+                let path = a.path();
+                path.is_ident("cfg")
+                    || path.is_ident("cfg_attr")
+                    || path.is_ident("expect")
+                    || LINTS.iter().any(|l| path.is_ident(l))
+            });
+        }
+    }
+}
+
+/// Reports a lifetime other than `'static` in a field's owned type: a
+/// stored field cannot borrow.
+fn check_borrows(
+    field_ty: &Type,
+    written: &Type,
+    rules: &ParamRules<'_>,
+    errors: &mut Errors,
+) -> bool {
+    match first_borrow(field_ty) {
+        None => true,
+        Some(lifetime) => {
+            errors.spanned(
+                &lifetime,
+                format!(
+                    "a `{}` parameter is stored owned in the {}'s payload, and `{}` borrows for `{lifetime}`: take an owned type (for example `String` for `Cow<'_, str>`), or a plain reference `&T` whose `T` owns its data",
+                    rules.attribute,
+                    rules.what,
+                    written.to_token_stream()
+                ),
+            );
+            false
+        }
+    }
+}
+
+/// The first lifetime other than `'static` in `ty`.
+pub(crate) fn first_borrow(ty: &Type) -> Option<syn::Lifetime> {
+    struct Finder(Option<syn::Lifetime>);
+    impl<'ast> Visit<'ast> for Finder {
+        fn visit_lifetime(&mut self, lifetime: &'ast syn::Lifetime) {
+            if self.0.is_none() && lifetime.ident != "static" {
+                self.0 = Some(lifetime.clone());
+            }
+        }
+        fn visit_type_reference(&mut self, reference: &'ast TypeReference) {
+            match &reference.lifetime {
+                Some(lifetime) => self.visit_lifetime(lifetime),
+                None if self.0.is_none() => {
+                    self.0 = Some(syn::Lifetime::new("'_", reference.and_token.span));
+                }
+                None => {}
+            }
+            self.visit_type(&reference.elem);
+        }
+    }
+    let mut finder = Finder(None);
+    finder.visit_type(ty);
+    finder.0
+}
+
+/// Reports type and const generics (lifetimes are accepted): one error
+/// spanning the generics and the `where` clause. `what` is `a \`#[job]\` fn`.
+pub(crate) fn check_generics(
+    generics: &syn::Generics,
+    what: &str,
+    reason: &str,
+    errors: &mut Errors,
+) -> bool {
+    let typed = generics
+        .params
+        .iter()
+        .any(|p| !matches!(p, syn::GenericParam::Lifetime(_)));
+    let where_types = generics.where_clause.as_ref().is_some_and(|w| {
+        w.predicates
+            .iter()
+            .any(|p| matches!(p, syn::WherePredicate::Type(t) if mentions_params(&t.bounded_ty, generics)))
+    });
+    if !typed && !where_types {
+        return true;
+    }
+    let where_clause = &generics.where_clause;
+    errors.spanned(
+        quote!(#generics #where_clause),
+        format!("{what} cannot have type or const parameters: {reason}"),
+    );
+    false
+}
+
+fn mentions_params(ty: &Type, generics: &syn::Generics) -> bool {
+    let names: Vec<&Ident> = generics
+        .params
+        .iter()
+        .filter_map(|p| match p {
+            syn::GenericParam::Type(t) => Some(&t.ident),
+            syn::GenericParam::Const(c) => Some(&c.ident),
+            syn::GenericParam::Lifetime(_) => None,
+        })
+        .collect();
+    struct Finder<'n>(&'n [&'n Ident], bool);
+    impl<'ast> Visit<'ast> for Finder<'_> {
+        fn visit_ident(&mut self, ident: &'ast Ident) {
+            self.1 |= self.0.contains(&ident);
+        }
+    }
+    let mut finder = Finder(&names, false);
+    finder.visit_type(ty);
+    finder.1
 }
 
 fn check_context_pat(pat: &Pat, rules: &ParamRules<'_>, errors: &mut Errors) -> bool {
@@ -689,19 +901,6 @@ fn owned_type(
             format!(
                 "`&mut` parameters are not supported: a {} gets its parameters from a stored value; take it by value and return what changed",
                 rules.what
-            ),
-        );
-        return None;
-    }
-    if let Some(lifetime) = &reference.lifetime
-        && lifetime.ident != "_"
-    {
-        errors.spanned(
-            lifetime,
-            format!(
-                "remove the lifetime `{lifetime}`: a reference parameter of a {} is stored owned and lent back for the call; write `&{}`",
-                rules.what,
-                reference.elem.to_token_stream()
             ),
         );
         return None;
@@ -873,6 +1072,56 @@ pub(crate) fn parse_template(template: &str) -> Result<Vec<Piece>, String> {
     Ok(pieces)
 }
 
+/// The generated types live in a hidden module beside the annotated item
+/// and are glob re-exported from it: an item of the user's with the same
+/// name shadows the glob instead of clashing with it, and the expansion
+/// checks that the name still means the generated type (one error naming
+/// the option that renames it). Written in the module, a visibility is one
+/// level deeper: `pub(super)` there is private here.
+pub(crate) fn inner_visibility(vis: &syn::Visibility) -> TokenStream {
+    match vis {
+        syn::Visibility::Public(_) => quote!(pub),
+        syn::Visibility::Inherited => quote!(pub(super)),
+        syn::Visibility::Restricted(restricted) => {
+            let path = &restricted.path;
+            let first = path.segments.first().map(|s| s.ident.to_string());
+            match first.as_deref() {
+                Some("crate") => quote!(#vis),
+                Some("self") => {
+                    let rest = path.segments.iter().skip(1);
+                    quote!(pub(in super #(::#rest)*))
+                }
+                _ => quote!(pub(in super::#path)),
+            }
+        }
+    }
+}
+
+/// `ty` as written in the hidden module: a path starting with `self` or
+/// `super` is one module deeper there (every other name resolves through
+/// the module's `use super::*`).
+pub(crate) fn inner_type(ty: &Type) -> Type {
+    struct Deeper;
+    impl syn::visit_mut::VisitMut for Deeper {
+        fn visit_path_mut(&mut self, path: &mut Path) {
+            if path.leading_colon.is_none()
+                && let Some(first) = path.segments.first_mut()
+            {
+                if first.ident == "self" {
+                    first.ident = Ident::new("super", first.ident.span());
+                } else if first.ident == "super" {
+                    let span = first.ident.span();
+                    path.segments.insert(0, Ident::new("super", span).into());
+                }
+            }
+            syn::visit_mut::visit_path_mut(self, path);
+        }
+    }
+    let mut ty = ty.clone();
+    syn::visit_mut::VisitMut::visit_type_mut(&mut Deeper, &mut ty);
+    ty
+}
+
 /// The runtime crate's path: `::taquba_workflow` unless `crate = path`.
 pub(crate) fn crate_path(custom: Option<&Path>) -> TokenStream {
     match custom {
@@ -998,7 +1247,12 @@ mod tests {
             assert_eq!(fields.params.len(), 2);
             assert!(matches!(
                 fields.slots[..],
-                [Slot::Field(0), Slot::Context, Slot::Field(1), Slot::Context]
+                [
+                    Slot::Field(0),
+                    Slot::Context(_),
+                    Slot::Field(1),
+                    Slot::Context(_)
+                ]
             ));
         }
     }
@@ -1032,11 +1286,11 @@ mod tests {
     fn context_is_recognised_by_name() {
         assert!(matches!(
             classify(quote!(ctx: JobContext<'_>)).0,
-            ParamKind::Context
+            ParamKind::Context(_)
         ));
         assert!(matches!(
             classify(quote!(ctx: taquba_workflow::jobs::JobContext<'_>)).0,
-            ParamKind::Context
+            ParamKind::Context(_)
         ));
         let (kind, errors) = classify(quote!(ctx: &JobContext<'_>));
         assert!(matches!(kind, ParamKind::Invalid));
@@ -1050,7 +1304,7 @@ mod tests {
             (quote!(_: u8), "name this parameter"),
             (quote!(x: impl Into<String>), "`impl Trait`"),
             (quote!(x: &mut u8), "`&mut`"),
-            (quote!(x: &'a str), "remove the lifetime"),
+            (quote!(x: std::borrow::Cow<'a, str>), "borrows for `'a`"),
             (quote!(ref x: u8), "`ref`"),
             (quote!(x: Vec<_>), "`_`"),
         ] {

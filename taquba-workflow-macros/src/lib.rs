@@ -10,9 +10,14 @@
 //!
 //! Each macro is split into `parse` (the attribute's options), `validate`
 //! (the annotated item, producing a model) and `expand` (the generated
-//! code). Every mistake is a `compile_error!` spanned on the offending
-//! token, all of them are reported in one compile, and the user's item is
-//! emitted unchanged beside them.
+//! code). Every mistake the macro can see is a `compile_error!` spanned on
+//! the offending token, all of them are reported in one compile, and the
+//! user's item is emitted unchanged beside them (so the rest of the crate
+//! does not cascade). What only the type system can tell (is the return
+//! type a `Result`, is a parameter serializable) is checked through hidden
+//! marker traits of `taquba_workflow::__private`, named at the user's
+//! token, whose `#[diagnostic::on_unimplemented]` message names the fix:
+//! one error per missing capability.
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
@@ -40,6 +45,23 @@ use proc_macro::TokenStream;
 /// `fn(&E) -> StepErrorKind`), `struct_name = Ident` (default the fn name
 /// in PascalCase), `derive(...)` (extra derives on the struct) and
 /// `crate = path` (where the runtime crate is, default `::taquba_workflow`).
+///
+/// Accepted signatures: an optional `JobContext<'_>` (or `JobContext<'a>`)
+/// in any position; named lifetimes on the fn (`&'a str`); parameters with
+/// doc comments (moved to the field), `#[cfg]` / `#[cfg_attr]` (a
+/// parameter configured out is absent from the struct and from the call)
+/// and lint levels; a return type that is `Result<T, E>` under any name
+/// (`anyhow::Result<T>`, `std::io::Result<T>`, a local alias), resolved by
+/// the type system, with `T: Serialize + DeserializeOwned + Send` and
+/// `E: Debug + Display + Send + Sync` (`anyhow::Error`,
+/// `Box<dyn Error + Send + Sync>`, `String` and every `std::error::Error`).
+/// Refused, with one error on the token to change: type and const
+/// generics, `self`, destructuring patterns, `impl Trait`, `&mut`, fields
+/// that borrow (`Cow<'a, str>`), other attributes on parameters.
+///
+/// The struct has the fn's visibility. It is defined in a hidden module
+/// and re-exported, so an item of yours with the same name is reported
+/// once (with the option that renames the struct) instead of clashing.
 #[proc_macro_attribute]
 pub fn job(attr: TokenStream, item: TokenStream) -> TokenStream {
     job::job(attr.into(), item.into()).into()
@@ -65,9 +87,20 @@ pub fn job(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// Workflow options: `name = "..."` (default the type's name),
 /// `output = Type` (default `()`), `step_enum = Ident` (default
 /// `{Type}Step`), `input = Ident` (default `{Type}Input`), `vis = ...`
-/// (the generated types' visibility, default `pub`), `derive(...)` and
-/// `crate = path`. Step options: `start` (exactly one step) and
-/// `name = "..."` (the step's stable name, default the fn name).
+/// (the generated types' visibility, default private to the module, as an
+/// item without `pub` is), `derive(...)` and `crate = path`. Step options:
+/// `start` (exactly one step) and `name = "..."` (the step's stable name,
+/// default the fn name).
+///
+/// A step takes `&self` or no receiver, an optional `StepContext<'_>` (or
+/// `StepContext<'a>`), and parameters as a job does (attributes, lifetimes,
+/// `#[cfg]`); it returns `Result<Transition<{Type}Step>, E>` under any
+/// name, where `E` is `StepError`, a type with `impl From<E> for
+/// StepError`, or any `Display` type (`anyhow::Error`,
+/// `Box<dyn Error + Send + Sync>`), which becomes a transient `StepError`.
+/// A `#[cfg]`'d-out step is absent from the enum, the dispatch and
+/// `Workflow::STEPS`. The impl block cannot be generic (one error on its
+/// generics).
 #[proc_macro_attribute]
 pub fn workflow(attr: TokenStream, item: TokenStream) -> TokenStream {
     workflow::workflow(attr.into(), item.into()).into()

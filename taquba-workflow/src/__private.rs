@@ -105,100 +105,189 @@ pub(crate) fn duplicate_names<'a>(
     }
 }
 
-/// `Ok` and `Err` of a job fn's return type.
+// Every check below is a marker trait with one blanket impl marked
+// `#[diagnostic::do_not_recommend]`: when a type misses any of the bounds,
+// rustc reports the marker trait itself, with its
+// `#[diagnostic::on_unimplemented]` message, once per missing capability
+// (the generated code names each check at one span, the user's token, so
+// the repeated uses render identically and are shown once).
+
+/// A job fn's return type: `Result<T, E>` under any name (`anyhow::Result<T>`,
+/// `std::io::Result<T>`, a local alias), resolved by the type system. The
+/// generated `impl Job` names `Output` and `Error` through it (and
+/// [`JobOutputOf`], [`JobErrorOf`]), so a wrong `T` or `E` is reported
+/// once, at the return type.
 #[diagnostic::on_unimplemented(
     message = "a `#[job]` fn must return `Result<T, E>`, not `{Self}`",
-    label = "not `core::result::Result`",
-    note = "write `-> Result<T, E>` with `E: std::error::Error + Send + Sync + 'static` (a `Result` alias such as `io::Result<T>` works too)"
+    label = "not a `Result`",
+    note = "write `-> Result<T, E>`; any name of `core::result::Result` works (`anyhow::Result<T>`, `std::io::Result<T>`, a local `type Result<T> = ...`)"
 )]
 pub trait JobReturn {
     /// `T`.
-    type Ok;
+    type Output;
     /// `E`.
-    type Err;
-}
-
-impl<T, E> JobReturn for core::result::Result<T, E> {
-    type Ok = T;
-    type Err = E;
-}
-
-/// The bounds of a job field, checked where the generated struct
-/// serializes the field (`#[serde(with = "job_field")]`), so a missing
-/// bound is reported at the parameter with this message.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot be a `#[job]` parameter",
-    label = "job parameters must be `Serialize + DeserializeOwned + Send + Sync + 'static`",
-    note = "a job's parameters are its fields, stored as MessagePack until a worker runs it: derive `serde::Serialize` and `serde::Deserialize` for `{Self}` (and keep it `Send + Sync`)"
-)]
-pub trait JobField: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static {}
-impl<T: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static> JobField for T {}
-
-/// `#[serde(with)]` of a job field: serde's own, behind [`JobField`].
-pub mod job_field {
-    /// Serializes the field.
+    type Error;
+    /// `self` as the `Result` it is.
     ///
     /// # Errors
-    /// The serializer's.
-    pub fn serialize<T: super::JobField, S: serde::Serializer>(
-        value: &T,
-        serializer: S,
-    ) -> Result<S::Ok, S::Error> {
-        value.serialize(serializer)
-    }
+    /// `E`, when `self` is `Err`.
+    fn into_result(self) -> Result<Self::Output, Self::Error>;
+}
 
-    /// Deserializes the field.
-    ///
-    /// # Errors
-    /// The deserializer's.
-    pub fn deserialize<'de, T: super::JobField, D: serde::Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<T, D::Error> {
-        T::deserialize(deserializer)
+impl<T, E> JobReturn for Result<T, E> {
+    type Output = T;
+    type Error = E;
+    fn into_result(self) -> Result<T, E> {
+        self
     }
 }
 
-/// A parameter taken by value is cloned out of the job for each run.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is taken by value, so the job clones it for each run, but it is not `Clone`",
-    label = "take it by reference (`&{Self}`) or implement `Clone`",
-    note = "`#[job]` passes a reference parameter as a borrow of the stored field, and clones a by-value one"
-)]
-pub trait JobFieldClone: Clone {}
-impl<T: Clone> JobFieldClone for T {}
-
-/// Clones a by-value job parameter out of the stored field.
-pub fn clone_param<T: JobFieldClone>(value: &T) -> T {
-    value.clone()
+/// `Job::Output` of a `#[job]`: `<<R as JobReturn>::Output as JobOutputOf>::Type`,
+/// whose impl requires [`JobOutput`], so a wrong `T` is reported once.
+pub trait JobOutputOf {
+    /// `Self`.
+    type Type;
+}
+impl<T: JobOutput> JobOutputOf for T {
+    type Type = T;
 }
 
-/// The output of a job, checked where `Job::Output` is defined.
+/// `Job::Error` of a `#[job]`, as [`JobOutputOf`], requiring [`JobFnError`].
+pub trait JobErrorOf {
+    /// `Self`.
+    type Type;
+}
+impl<E: JobFnError> JobErrorOf for E {
+    type Type = E;
+}
+
+/// What a job's output must be ([`Job::Output`]'s bounds).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be the output of a `#[job]`",
     label = "a job's output must be `Serialize + DeserializeOwned + Send + 'static`",
     note = "the output is stored as MessagePack for the caller: derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
 )]
-pub trait JobOutputType {
-    /// `Self`.
-    type Type: serde::Serialize + serde::de::DeserializeOwned + Send + 'static;
-}
-impl<T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static> JobOutputType for T {
-    type Type = T;
-}
+pub trait JobOutput: serde::Serialize + serde::de::DeserializeOwned + Send + 'static {}
 
-/// The error of a job, checked where `Job::Error` is defined.
+#[diagnostic::do_not_recommend]
+impl<T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static> JobOutput for T {}
+
+/// What a job's error must be ([`Job::Error`]'s bounds).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be the error of a `#[job]`",
-    label = "a job's error must be `std::error::Error + Send + Sync + 'static`",
-    note = "use an error type that implements `std::error::Error` (for example with `thiserror`); `String`, `anyhow::Error` and `Box<dyn Error>` do not"
+    label = "a job's error must be `Debug + Display + Send + Sync + 'static`",
+    note = "any `std::error::Error + Send + Sync + 'static` type works, and so do `anyhow::Error`, `Box<dyn std::error::Error + Send + Sync>` and `String`; its `Display` is the job's error message"
 )]
-pub trait JobErrorType {
-    /// `Self`.
-    type Type: std::error::Error + Send + Sync + 'static;
+pub trait JobFnError: std::fmt::Debug + std::fmt::Display + Send + Sync + 'static {}
+
+#[diagnostic::do_not_recommend]
+impl<T: std::fmt::Debug + std::fmt::Display + Send + Sync + 'static> JobFnError for T {}
+
+/// A field of a job struct taken by reference: the generated struct
+/// serializes it through these fns (`#[serde(serialize_with, deserialize_with)]`),
+/// so a missing bound is reported once, at the parameter's type.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a `#[job]` parameter",
+    label = "job parameters must be `Serialize + DeserializeOwned + Send + Sync + 'static`",
+    note = "a job's parameters are its fields, stored as MessagePack until a worker runs it: derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
+)]
+pub trait JobField: Sized {
+    /// Serializes the field.
+    ///
+    /// # Errors
+    /// The serializer's.
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error>;
+    /// Deserializes the field.
+    ///
+    /// # Errors
+    /// The deserializer's.
+    fn deserialize<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error>;
 }
-impl<T: std::error::Error + Send + Sync + 'static> JobErrorType for T {
-    type Type = T;
+
+#[diagnostic::do_not_recommend]
+impl<T: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static> JobField for T {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serde::Serialize::serialize(self, serializer)
+    }
+    fn deserialize<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        <T as serde::Deserialize<'de>>::deserialize(deserializer)
+    }
 }
+
+/// A field of a job struct taken by value: as [`JobField`], and cloned out
+/// of the stored job for each attempt.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a `#[job]` parameter taken by value",
+    label = "a by-value job parameter must be `Clone + Serialize + DeserializeOwned + Send + Sync + 'static`",
+    note = "a job's parameters are its fields, stored as MessagePack, and one taken by value is cloned for each attempt: derive `Clone`, `serde::Serialize` and `serde::Deserialize` for `{Self}`, or take it by reference (`&{Self}`)"
+)]
+pub trait JobFieldOwned: Sized {
+    /// Serializes the field.
+    ///
+    /// # Errors
+    /// The serializer's.
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error>;
+    /// Deserializes the field.
+    ///
+    /// # Errors
+    /// The deserializer's.
+    fn deserialize<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error>;
+    /// The value passed to the job fn.
+    fn clone_param(&self) -> Self;
+}
+
+#[diagnostic::do_not_recommend]
+impl<T: Clone + serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static>
+    JobFieldOwned for T
+{
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serde::Serialize::serialize(self, serializer)
+    }
+    fn deserialize<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        <T as serde::Deserialize<'de>>::deserialize(deserializer)
+    }
+    fn clone_param(&self) -> Self {
+        self.clone()
+    }
+}
+
+/// The signature of `#[job(classify = f)]`: the generated code coerces `f`
+/// to this fn pointer, so a wrong signature is reported at `f`.
+pub type Classify<E> = fn(&E) -> crate::StepErrorKind;
+
+/// Implemented by the struct `#[job]` generates only: the generated code
+/// names the struct by its plain name in the user's module and checks it is
+/// this one, so a user item of the same name (which shadows the generated
+/// struct) is reported once, with the option that renames the struct.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` names your item, not the struct `#[job]` generates",
+    label = "`#[job]` generates a struct of this name, and another item of this module has it",
+    note = "rename your item, or give the generated struct another name with `#[job(struct_name = ...)]`"
+)]
+pub trait GeneratedJobStruct {}
+
+/// As [`GeneratedJobStruct`], for the step enum of `#[workflow]`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` names your item, not the step enum `#[workflow]` generates",
+    label = "`#[workflow]` generates an enum of this name, and another item of this module has it",
+    note = "rename your item, or give the generated enum another name with `#[workflow(step_enum = ...)]`"
+)]
+pub trait GeneratedStepEnum {}
+
+/// As [`GeneratedJobStruct`], for the input struct of `#[workflow]`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` names your item, not the input struct `#[workflow]` generates",
+    label = "`#[workflow]` generates a struct of this name, and another item of this module has it",
+    note = "rename your item, or give the generated struct another name with `#[workflow(input = ...)]`"
+)]
+pub trait GeneratedInput {}
+
+/// Compiles when `T` is a generated job struct.
+pub const fn generated_job_struct<T: GeneratedJobStruct>() {}
+/// Compiles when `T` is a generated step enum.
+pub const fn generated_step_enum<T: GeneratedStepEnum>() {}
+/// Compiles when `T` is a generated input struct.
+pub const fn generated_input<T: GeneratedInput>() {}
 
 // ---------------------------------------------------------------------------
 // Workflows
@@ -299,29 +388,39 @@ pub fn decode_step<S: WorkflowStep>(step: &Step) -> Result<S, StepError> {
     crate::workflows::decode_step::<S>(&step.payload)
 }
 
-/// What a step fn returns.
+/// What a step fn returns: `Result<Transition<S>, E>` under any name,
+/// resolved by the type system.
 #[diagnostic::on_unimplemented(
-    message = "a `#[step]` fn must return `Result<Transition<{S}>, E>` with `E: Into<StepError>`, not `{Self}`",
-    label = "expected `Result<Transition<{S}>, E>` with `E: Into<StepError>`",
-    note = "return `Ok(Transition::next(...))`, `Ok(Transition::done(...))`, ...; `E` can be `StepError`, `taquba_workflow::Error`, or any type with `impl From<E> for StepError`"
+    message = "a `#[step]` fn must return `Result<Transition<Step>, E>` with its workflow's step enum as `Step`, not `{Self}`",
+    label = "expected `Result<Transition<Step>, E>`, where `Step` is the step enum `#[workflow]` generates (`OrderStep` for `impl Order`)",
+    note = "return `Ok(Transition::next(...))`, `Ok(Transition::done(...))`, ...; `E` is `StepError`, a type with `impl From<E> for StepError`, or any `Display` type (`anyhow::Error`, `Box<dyn Error + Send + Sync>`), which becomes a transient `StepError`"
 )]
-pub trait StepReturn<S> {
-    /// The untyped outcome.
-    fn into_step_outcome(self) -> Result<StepOutcome, StepError>;
+pub trait StepReturn<S: WorkflowStep> {
+    /// `E`.
+    type Error;
+    /// `self` as the `Result` it is.
+    ///
+    /// # Errors
+    /// `E`, when `self` is `Err`.
+    fn into_result(self) -> Result<Transition<S>, Self::Error>;
 }
 
-impl<S: WorkflowStep, E: Into<StepError>> StepReturn<S> for Result<Transition<S>, E> {
-    fn into_step_outcome(self) -> Result<StepOutcome, StepError> {
-        self.map_err(Into::into)?.into_outcome()
+impl<S: WorkflowStep, E> StepReturn<S> for Result<Transition<S>, E> {
+    type Error = E;
+    fn into_result(self) -> Self {
+        self
     }
 }
 
-/// Encodes a step fn's return value; `R` is written out (the step's
-/// return type, at its span) so a wrong one is reported there.
-pub fn finish_step<S: WorkflowStep, R: StepReturn<S>>(
+/// Splits a step fn's return value; `R` is written out (the step's return
+/// type, at its span) so a wrong one is reported there.
+///
+/// # Errors
+/// The step fn's error.
+pub fn step_return<S: WorkflowStep, R: StepReturn<S>>(
     returned: R,
-) -> Result<StepOutcome, StepError> {
-    returned.into_step_outcome()
+) -> Result<Transition<S>, R::Error> {
+    returned.into_result()
 }
 
 /// The future of a step fn, which the runtime moves between threads.
@@ -329,54 +428,117 @@ pub fn step_future<F: Future + Send>(future: F) -> F {
     future
 }
 
-/// The bounds of a step parameter, checked where the step enum serializes
-/// the field (`#[serde(with = "step_field")]`), so a missing bound is
-/// reported at the parameter with this message.
+/// Picks how a step fn's error becomes a [`StepError`] (autoref
+/// specialization, resolved on the concrete error type in the generated
+/// code): through `Into<StepError>` when the type has it, so `StepError`
+/// keeps its kind and a `From` impl decides; otherwise through `Display`,
+/// as a transient error.
+pub struct StepErrorProbe<E>(PhantomData<fn() -> E>);
+
+/// A probe for the type of `error`.
+pub fn step_error_probe<E>(_error: &E) -> StepErrorProbe<E> {
+    StepErrorProbe(PhantomData)
+}
+
+/// The `Into<StepError>` case of [`StepErrorProbe`].
+pub trait StepErrorViaInto {
+    /// The conversion.
+    fn step_error_kind(&self) -> ViaInto {
+        ViaInto
+    }
+}
+impl<E: Into<StepError>> StepErrorViaInto for StepErrorProbe<E> {}
+
+/// The fallback case of [`StepErrorProbe`].
+pub trait StepErrorViaDisplay {
+    /// The conversion.
+    fn step_error_kind(&self) -> ViaDisplay {
+        ViaDisplay
+    }
+}
+impl<E> StepErrorViaDisplay for &StepErrorProbe<E> {}
+
+/// Converts with `Into<StepError>`.
+pub struct ViaInto;
+impl ViaInto {
+    /// `error.into()`.
+    pub fn convert<E: Into<StepError>>(self, error: E) -> StepError {
+        error.into()
+    }
+}
+
+/// Converts with `Display`, as a transient error.
+pub struct ViaDisplay;
+impl ViaDisplay {
+    /// `StepError::transient(error.to_string())`.
+    pub fn convert<E: StepFnError>(self, error: E) -> StepError {
+        StepError::transient(error.to_string())
+    }
+}
+
+/// What a step's error must be when it has no `Into<StepError>`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be the error of a `#[step]`",
+    label = "a step's error must be `Into<StepError>` or `Display`",
+    note = "return `StepError` (`StepError::permanent(...)` / `StepError::transient(...)`), a type with `impl From<E> for StepError`, or any `Display` type, which becomes a transient `StepError` with its message"
+)]
+pub trait StepFnError: std::fmt::Display {}
+
+#[diagnostic::do_not_recommend]
+impl<T: std::fmt::Display> StepFnError for T {}
+
+/// A field of a step enum variant: the generated enum serializes it
+/// through these fns (`#[serde(serialize_with, deserialize_with)]`), so a
+/// missing bound is reported once, at the parameter's type.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be a `#[step]` parameter",
     label = "step parameters must be `Serialize + DeserializeOwned + Send + 'static`",
-    note = "a step's parameters are stored in the run's payload as MessagePack: derive `serde::Serialize` and `serde::Deserialize` for `{Self}` (and keep it `Send`)"
+    note = "a step's parameters are stored in the run's payload as MessagePack: derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
 )]
-pub trait StepField: serde::Serialize + serde::de::DeserializeOwned + Send + 'static {}
-impl<T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static> StepField for T {}
-
-/// `#[serde(with)]` of a step field: serde's own, behind [`StepField`].
-pub mod step_field {
+pub trait StepField: Sized {
     /// Serializes the field.
     ///
     /// # Errors
     /// The serializer's.
-    pub fn serialize<T: super::StepField, S: serde::Serializer>(
-        value: &T,
-        serializer: S,
-    ) -> Result<S::Ok, S::Error> {
-        value.serialize(serializer)
-    }
-
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error>;
     /// Deserializes the field.
     ///
     /// # Errors
     /// The deserializer's.
-    pub fn deserialize<'de, T: super::StepField, D: serde::Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<T, D::Error> {
-        T::deserialize(deserializer)
+    fn deserialize<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error>;
+}
+
+#[diagnostic::do_not_recommend]
+impl<T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static> StepField for T {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serde::Serialize::serialize(self, serializer)
+    }
+    fn deserialize<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        <T as serde::Deserialize<'de>>::deserialize(deserializer)
     }
 }
 
-/// The output of a workflow, checked where `Workflow::Output` is defined.
+/// The output of a workflow (`output = T`): the generated `impl Workflow`
+/// names `<T as WorkflowOutputOf>::Type`, whose impl requires
+/// [`WorkflowOutput`], so a wrong `T` is reported once, at `T`.
+pub trait WorkflowOutputOf {
+    /// `Self`.
+    type Type;
+}
+impl<T: WorkflowOutput> WorkflowOutputOf for T {
+    type Type = T;
+}
+
+/// What a workflow's output must be ([`Workflow::Output`]'s bounds).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be the output of a `#[workflow]`",
     label = "a workflow's output must be `Serialize + DeserializeOwned + Send + 'static`",
     note = "the output is stored as MessagePack for the caller: derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
 )]
-pub trait WorkflowOutputType {
-    /// `Self`.
-    type Type: serde::Serialize + serde::de::DeserializeOwned + Send + 'static;
-}
-impl<T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static> WorkflowOutputType for T {
-    type Type = T;
-}
+pub trait WorkflowOutput: serde::Serialize + serde::de::DeserializeOwned + Send + 'static {}
+
+#[diagnostic::do_not_recommend]
+impl<T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static> WorkflowOutput for T {}
 
 #[cfg(test)]
 mod tests {

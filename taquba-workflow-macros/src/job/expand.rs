@@ -1,26 +1,32 @@
-//! Writes the code of a checked `#[job]` fn: the fn unchanged, the job
-//! struct, `impl Job`, the per-parameter bound checks and the
-//! registration entry.
+//! Writes the code of a checked `#[job]` fn: the fn as written, the job
+//! struct (in a hidden module, glob re-exported), `impl Job`, the check
+//! that the struct's name is not taken, and the registration entry.
+//!
+//! Every bound is checked at the user's token: the return type goes
+//! through `JobReturn` (at the return type), each field through
+//! `JobField` / `JobFieldOwned` (at its parameter's type), `classify` is
+//! coerced to a fn pointer (at its path).
 
 use proc_macro2::{Span, TokenStream};
-use quote::{quote, quote_spanned};
+use quote::{format_ident, quote, quote_spanned};
 use syn::Ident;
+use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 
 use super::validate::JobModel;
-use crate::common::{Piece, Slot, cfg_attrs, crate_path, doc_attrs};
+use crate::common::{Piece, Slot, cfg_attrs, crate_path, doc_attrs, inner_type, inner_visibility};
 
-/// The full expansion of one `#[job]`.
-pub(crate) fn expand(model: &JobModel<'_>) -> TokenStream {
+/// The full expansion of one `#[job]`; `func` is the fn as re-emitted.
+pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
     let krate = crate_path(model.options.krate.as_ref());
-    let func = model.func;
     let fn_ident = &func.sig.ident;
     let vis = &func.vis;
+    let inner_vis = inner_visibility(vis);
     let ident = &model.struct_ident;
+    let module = format_ident!("__taquba_job_{}", fn_ident.unraw());
     let cfgs = cfg_attrs(&func.attrs);
     let krate_string = krate.to_string().replace(' ', "");
     let serde_path = format!("{krate_string}::__private::serde");
-    let field_with = format!("{krate_string}::__private::job_field");
 
     // The struct.
     let docs = doc_attrs(&func.attrs);
@@ -36,61 +42,101 @@ pub(crate) fn expand(model: &JobModel<'_>) -> TokenStream {
     let derives = &model.options.derives;
     let fields = model.params.iter().map(|param| {
         let field = &param.ident;
-        let ty = &param.field_ty;
-        let doc = format!(" The `{}` parameter of `{fn_ident}`.", param.name());
-        // The bounds are checked by `job_field`, at the parameter's span.
-        let with = syn::LitStr::new(&field_with, param.ty.span());
-        quote!(#[doc = #doc] #[serde(with = #with)] #vis #field: #ty)
+        let ty = inner_type(&param.field_ty);
+        let attrs = &param.field_attrs;
+        let doc = (!attrs.iter().any(|a| a.path().is_ident("doc"))).then(|| {
+            let text = format!(" The `{}` parameter of `{fn_ident}`.", param.name());
+            quote!(#[doc = #text])
+        });
+        // Serialized through the check trait, named at the parameter's
+        // type, so a missing bound is reported once, there.
+        let span = param.ty.span();
+        let check = if param.by_ref { "JobField" } else { "JobFieldOwned" };
+        let written = inner_type(&param.field_ty);
+        let with = |method: &str| {
+            let path = format!(
+                "<{} as {krate_string}::__private::{check}>::{method}",
+                quote!(#written)
+            );
+            syn::LitStr::new(&path, span)
+        };
+        let (ser, de) = (with("serialize"), with("deserialize"));
+        quote!(#doc #(#attrs)* #[serde(serialize_with = #ser, deserialize_with = #de)] #inner_vis #field: #ty)
     });
     let body = if model.params.is_empty() {
         quote!(;)
     } else {
         quote!({ #(#fields,)* })
     };
-    let item_struct = quote! {
+    let item_module = quote! {
         #(#cfgs)*
-        #doc_block
-        #[doc = ""]
-        #[doc = #generated_note]
-        #[derive(#krate::__private::serde::Serialize, #krate::__private::serde::Deserialize #(, #derives)*)]
-        #[serde(crate = #serde_path)]
-        #vis struct #ident #body
+        #[doc(hidden)]
+        mod #module {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #doc_block
+            #[doc = ""]
+            #[doc = #generated_note]
+            #[derive(#krate::__private::serde::Serialize, #krate::__private::serde::Deserialize #(, #derives)*)]
+            #[serde(crate = #serde_path)]
+            #inner_vis struct #ident #body
+
+            impl #krate::__private::GeneratedJobStruct for #ident {}
+        }
+        #(#cfgs)*
+        #vis use #module::*;
     };
+    let path = quote!(#module::#ident);
 
     // impl Job.
     let ret = &model.ret;
     let ret_span = ret.span();
-    // `T` and `E` written out are used as they are, so a missing bound
-    // (`Job::Output`'s, `Job::Error`'s) is reported once, at their own
-    // spans; a `Result` alias goes through `JobReturn`, checked at the
-    // return type's span.
-    let (output, error) = match (&model.ok_ty, &model.err_ty) {
-        (Some(ok), Some(err)) => (quote!(#ok), quote!(#err)),
-        _ => (
-            quote_spanned!(ret_span=>
-                <<#ret as #krate::__private::JobReturn>::Ok as #krate::__private::JobOutputType>::Type),
-            quote_spanned!(ret_span=>
-                <<#ret as #krate::__private::JobReturn>::Err as #krate::__private::JobErrorType>::Type),
-        ),
-    };
+    let output = quote_spanned!(ret_span=>
+        <<#ret as #krate::__private::JobReturn>::Output as #krate::__private::JobOutputOf>::Type);
+    let error = quote_spanned!(ret_span=>
+        <<#ret as #krate::__private::JobReturn>::Error as #krate::__private::JobErrorOf>::Type);
+    let into_result =
+        quote_spanned!(ret_span=> <#ret as #krate::__private::JobReturn>::into_result);
+    // The unchecked `T` and `E` (the checked ones are the associated
+    // types): a wrong one is reported once, there, not again here.
+    let run_output = quote_spanned!(ret_span=>
+        ::core::result::Result<
+            <#ret as #krate::__private::JobReturn>::Output,
+            <#ret as #krate::__private::JobReturn>::Error,
+        >);
     let name = &model.name;
     let ctx = Ident::new("__taquba_ctx", Span::mixed_site());
-    let uses_ctx = model.slots.iter().any(|s| matches!(s, Slot::Context));
+    let uses_ctx = model.slots.iter().any(|s| matches!(s, Slot::Context(_)));
     let ctx_pat = if uses_ctx { quote!(#ctx) } else { quote!(_) };
     let args = model.slots.iter().map(|slot| match slot {
-        Slot::Context => quote!(#ctx),
+        Slot::Context(cfgs) => quote!(#(#cfgs)* #ctx),
         Slot::Field(index) => {
             let param = &model.params[*index];
             let field = &param.ident;
+            let cfgs = &param.cfgs;
             if param.by_ref {
-                quote!(&self.#field)
+                quote!(#(#cfgs)* &self.#field)
             } else {
                 let span = param.ty.span();
-                quote_spanned!(span=> #krate::__private::clone_param(&self.#field))
+                let written = &param.field_ty;
+                let call = quote_spanned!(span=>
+                    <#written as #krate::__private::JobFieldOwned>::clone_param(&self.#field));
+                quote!(#(#cfgs)* #call)
             }
         }
     });
     let call = quote_spanned!(fn_ident.span()=> #fn_ident(#(#args),*));
+    // Located at the return type: rustc points a bound of `JobReturn` at
+    // the argument that carries the type.
+    let future = Ident::new("__taquba_future", Span::mixed_site().located_at(ret_span));
+    // The call is made inside the block: a fn whose parameters share one
+    // lifetime (`fn f<'a>(ctx: JobContext<'a>, name: &'a str)`) borrows the
+    // context and the job for one region, which only the block can name.
+    let awaited = quote_spanned!(ret_span=> async move {
+        let #future = #call;
+        #into_result(#future.await)
+    });
     let key_fn = key_fn(model, &krate);
     let attempts_fn = model.options.max_attempts.as_ref().map(|n| {
         quote! {
@@ -99,29 +145,39 @@ pub(crate) fn expand(model: &JobModel<'_>) -> TokenStream {
             }
         }
     });
-    let classify_fn = model.options.classify.as_ref().map(|path| {
+    let classify_fn = model.options.classify.as_ref().map(|classify| {
         let error_ident = Ident::new("__taquba_error", Span::mixed_site());
-        let call = quote_spanned!(path.span()=> #path(#error_ident));
+        let pointer = Ident::new("__taquba_classify", Span::mixed_site());
+        // Coerced to the expected fn pointer at the path's span, so a
+        // wrong signature is reported there.
+        let coerce = quote_spanned!(classify.span()=>
+            let #pointer: #krate::__private::Classify<<Self as #krate::jobs::Job>::Error> = #classify;);
         quote! {
-            fn classify(&self, #error_ident: &Self::Error) -> #krate::StepErrorKind {
-                #call
+            fn classify(&self, #error_ident: &<Self as #krate::jobs::Job>::Error) -> #krate::StepErrorKind {
+                #coerce
+                #pointer(#error_ident)
             }
         }
     });
+    // Everything that names the output or the error is spanned at the
+    // return type, so a wrong one is one diagnostic there.
+    let assoc_types = quote_spanned! {ret_span=>
+        type Output = #output;
+        type Error = #error;
+    };
+    let run_ret = quote_spanned!(ret_span=>
+        impl ::core::future::Future<Output = #run_output> + ::core::marker::Send);
     let item_impl = quote! {
         #(#cfgs)*
-        impl #krate::jobs::Job for #ident {
-            type Output = #output;
-            type Error = #error;
+        impl #krate::jobs::Job for #path {
+            #assoc_types
             const NAME: &'static str = #name;
 
             fn run(
                 &self,
                 #ctx_pat: #krate::jobs::JobContext<'_>,
-            ) -> impl ::core::future::Future<
-                Output = ::core::result::Result<Self::Output, Self::Error>,
-            > + ::core::marker::Send {
-                #call
+            ) -> #run_ret {
+                #awaited
             }
 
             #key_fn
@@ -130,7 +186,9 @@ pub(crate) fn expand(model: &JobModel<'_>) -> TokenStream {
         }
     };
 
-    // The registration entry.
+    // The name check and the registration entry.
+    let name_check = quote_spanned!(ident.span()=>
+        #krate::__private::generated_job_struct::<#ident>());
     let type_name = ident.to_string();
     let line_span = fn_ident.span();
     let file = quote_spanned!(line_span=> ::core::file!());
@@ -138,14 +196,15 @@ pub(crate) fn expand(model: &JobModel<'_>) -> TokenStream {
     let registration = quote! {
         #(#cfgs)*
         const _: () = {
+            #name_check;
             #krate::__private::inventory::submit! {
                 #krate::__private::JobRegistration {
-                    name: <#ident as #krate::jobs::Job>::NAME,
+                    name: <#path as #krate::jobs::Job>::NAME,
                     type_name: #type_name,
                     module_path: ::core::module_path!(),
                     file: #file,
                     line: #line,
-                    register: #krate::__private::register_job::<#ident>,
+                    register: #krate::__private::register_job::<#path>,
                 }
             }
         };
@@ -153,13 +212,13 @@ pub(crate) fn expand(model: &JobModel<'_>) -> TokenStream {
 
     quote! {
         #func
-        #item_struct
+        #item_module
         #item_impl
         #registration
     }
 }
 
-fn key_fn(model: &JobModel<'_>, krate: &TokenStream) -> Option<TokenStream> {
+fn key_fn(model: &JobModel, krate: &TokenStream) -> Option<TokenStream> {
     if model.options.idempotent.is_some() {
         return Some(quote! {
             fn idempotency_key(&self) -> ::core::option::Option<::std::string::String> {
@@ -210,7 +269,7 @@ mod tests {
         let options = parse::parse(attr, &mut errors);
         let model = validate::validate(&func, options, &mut errors).unwrap();
         assert!(errors.is_empty(), "{:?}", errors.messages());
-        let file: syn::File = syn::parse2(super::expand(&model)).unwrap();
+        let file: syn::File = syn::parse2(super::expand(&model, &func)).unwrap();
         prettyplease_lite(&file)
     }
 
@@ -235,16 +294,26 @@ mod tests {
         );
         assert!(out.contains("pub (crate) struct SendEmail"), "{out}");
         assert!(
-            out.contains("# [serde (with = \"::taquba_workflow::__private::job_field\")] pub (crate) to : :: std :: string :: String"),
+            out.contains("# [serde (serialize_with = \"<:: std :: string :: String as ::taquba_workflow::__private::JobField>::serialize\" , deserialize_with = \"<:: std :: string :: String as ::taquba_workflow::__private::JobField>::deserialize\")] pub (crate) to : :: std :: string :: String"),
             "{out}"
         );
         assert!(out.contains("pub (crate) n : u32"), "{out}");
         assert!(out.contains("const NAME : & 'static str = \"email.send\""));
-        assert!(out.contains("send_email (__taquba_ctx , & self . to , :: taquba_workflow :: __private :: clone_param (& self . n))"), "{out}");
+        assert!(out.contains("send_email (__taquba_ctx , & self . to , < u32 as :: taquba_workflow :: __private :: JobFieldOwned > :: clone_param (& self . n))"), "{out}");
         assert!(out.contains("\"email:{}\""), "{out}");
         assert!(out.contains(":: core :: option :: Option :: Some (4)"));
         assert!(out.contains("# [doc = r\" Sends one email.\"]"), "{out}");
-        assert!(out.contains("register_job :: < SendEmail >"));
+        assert!(out.contains("register_job :: < __taquba_job_send_email :: SendEmail >"));
+        // The struct lives in a hidden module, re-exported with the fn's
+        // visibility; its name is checked in the fn's module.
+        assert!(
+            out.contains("pub (crate) use __taquba_job_send_email :: * ;"),
+            "{out}"
+        );
+        assert!(
+            out.contains("generated_job_struct :: < SendEmail > ()"),
+            "{out}"
+        );
     }
 
     #[test]
@@ -268,7 +337,8 @@ mod tests {
                 async fn tick() -> Result<(), E> {}
             ),
         );
-        assert_eq!(out.matches("# [cfg (feature = \"x\")]").count(), 4, "{out}");
+        // The fn, the module, its re-export, the impl and the registration.
+        assert_eq!(out.matches("# [cfg (feature = \"x\")]").count(), 5, "{out}");
     }
 
     #[test]
@@ -279,8 +349,39 @@ mod tests {
                 async fn tick() -> Result<(), E> {}
             ),
         );
-        assert!(out.contains("impl :: other :: jobs :: Job for Tick"));
+        assert!(out.contains("impl :: other :: jobs :: Job for __taquba_job_tick :: Tick"));
         assert!(out.contains("\"::other::__private::serde\""), "{out}");
         assert!(!out.contains("taquba_workflow"));
+    }
+
+    #[test]
+    fn parameter_attributes_reach_the_field_and_cfg_every_use() {
+        let out = expand(
+            quote!(),
+            quote!(
+                async fn f(
+                    /// Who.
+                    #[allow(unused_mut)]
+                    mut to: String,
+                    #[cfg(feature = "x")] n: u32,
+                    #[cfg_attr(feature = "y", cfg(feature = "z"), allow(dead_code))] m: u8,
+                ) -> Result<(), E> {
+                }
+            ),
+        );
+        assert!(
+            out.contains("# [doc = r\" Who.\"] # [allow (unused_mut)] # [serde"),
+            "{out}"
+        );
+        assert!(out.contains("# [cfg (feature = \"x\")] # [serde"), "{out}");
+        assert!(
+            out.contains("# [cfg (feature = \"x\")] < u32 as :: taquba_workflow :: __private :: JobFieldOwned > :: clone_param (& self . n)"),
+            "{out}"
+        );
+        // Only the part of a `cfg_attr` that can remove the argument.
+        assert!(
+            out.contains("# [cfg_attr (feature = \"y\" , cfg (feature = \"z\"))] < u8"),
+            "{out}"
+        );
     }
 }

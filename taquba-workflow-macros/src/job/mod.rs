@@ -29,14 +29,18 @@ pub(crate) fn job(attr: TokenStream, item: TokenStream) -> TokenStream {
             return quote!(#item #error);
         }
     };
+    // Re-emitted without the parameters' doc comments, which the struct's
+    // fields carry (rustc refuses them on parameters).
+    let mut emitted = func.clone();
+    crate::common::strip_param_attrs(emitted.sig.inputs.iter_mut());
     let mut errors = Errors::new();
     let options = parse::parse(attr, &mut errors);
     let model = validate::validate(&func, options, &mut errors);
     match model {
-        Some(model) if errors.is_empty() => expand::expand(&model),
+        Some(model) if errors.is_empty() => expand::expand(&model, &emitted),
         _ => {
             let compile_errors = errors.to_compile_errors();
-            quote!(#func #compile_errors)
+            quote!(#emitted #compile_errors)
         }
     }
 }

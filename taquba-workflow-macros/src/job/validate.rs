@@ -1,16 +1,16 @@
 //! Checks the fn under `#[job]` and builds the model `expand` writes out.
 
-use quote::{ToTokens, format_ident};
-use syn::{GenericArgument, Ident, ItemFn, PathArguments, ReturnType, Type, TypePath};
+use quote::format_ident;
+use syn::{Ident, ItemFn, ReturnType, Type};
 
 use super::parse::JobOptions;
 use crate::common::{
-    Errors, Param, ParamRules, Params, Piece, Slot, parse_template, pascal_case, typed_inputs,
+    Errors, Param, ParamRules, Params, Piece, Slot, check_generics, first_borrow, parse_template,
+    pascal_case, typed_inputs,
 };
 
 /// A checked `#[job]` fn.
-pub(crate) struct JobModel<'a> {
-    pub(crate) func: &'a ItemFn,
+pub(crate) struct JobModel {
     pub(crate) options: JobOptions,
     /// The generated struct's name.
     pub(crate) struct_ident: Ident,
@@ -20,11 +20,9 @@ pub(crate) struct JobModel<'a> {
     pub(crate) params: Vec<Param>,
     /// The fn's parameters in order.
     pub(crate) slots: Vec<Slot>,
-    /// The return type as written.
+    /// The return type as written: `Result<T, E>` under any name, which
+    /// the expansion resolves through the type system (`JobReturn`).
     pub(crate) ret: Type,
-    /// `T` and `E` of `Result<T, E>` when written out, for spanned checks.
-    pub(crate) ok_ty: Option<Type>,
-    pub(crate) err_ty: Option<Type>,
     /// The parsed `key = "..."` template.
     pub(crate) key: Option<Vec<Piece>>,
 }
@@ -38,11 +36,11 @@ const RULES: ParamRules<'static> = ParamRules {
 
 /// Checks everything about the fn, reporting each mistake; `None` when the
 /// fn cannot be modelled at all.
-pub(crate) fn validate<'a>(
-    func: &'a ItemFn,
+pub(crate) fn validate(
+    func: &ItemFn,
     options: JobOptions,
     errors: &mut Errors,
-) -> Option<JobModel<'a>> {
+) -> Option<JobModel> {
     let sig = &func.sig;
     if sig.asyncness.is_none() {
         errors.spanned(
@@ -68,18 +66,12 @@ pub(crate) fn validate<'a>(
     if let Some(variadic) = &sig.variadic {
         errors.spanned(variadic, "a `#[job]` fn cannot be variadic");
     }
-    if !sig.generics.params.is_empty() {
-        errors.spanned(
-            &sig.generics,
-            "a `#[job]` fn cannot be generic: its parameters become the fields of a job struct, which needs concrete types; replace the type parameters with concrete types (and `&'a T` with `&T`)",
-        );
-    }
-    if let Some(where_clause) = &sig.generics.where_clause {
-        errors.spanned(
-            where_clause,
-            "a `#[job]` fn cannot have a `where` clause: its parameters need concrete types",
-        );
-    }
+    check_generics(
+        &sig.generics,
+        "a `#[job]` fn",
+        "its parameters become the fields of a job struct, which needs concrete types; replace each type parameter with the concrete type (lifetimes, as in `JobContext<'a>` or `&'a str`, are fine)",
+        errors,
+    );
 
     let (_, typed) = typed_inputs(
         &sig.inputs,
@@ -94,30 +86,26 @@ pub(crate) fn validate<'a>(
     }
     let Params { params, slots, .. } = fields;
 
-    let (ret, ok_ty, err_ty) = match &sig.output {
+    let ret = match &sig.output {
         ReturnType::Default => {
             errors.at(
                 sig.paren_token.span.close(),
                 format!(
-                    "a `#[job]` fn must return `Result<T, E>` with `E: std::error::Error + Send + Sync + 'static`: write `async fn {}(...) -> Result<(), YourError>`",
+                    "a `#[job]` fn must return `Result<T, E>`: write `async fn {}(...) -> Result<(), YourError>`",
                     sig.ident
                 ),
             );
-            (None, None, None)
+            None
         }
-        ReturnType::Type(_, ty) => match result_args(ty) {
-            Some((ok, err)) => (Some((**ty).clone()), ok, err),
-            None => {
+        ReturnType::Type(_, ty) => match first_borrow(ty) {
+            Some(lifetime) => {
                 errors.spanned(
-                    ty,
-                    format!(
-                        "a `#[job]` fn must return `Result<T, E>` with `E: std::error::Error + Send + Sync + 'static`, not `{}`: write `-> Result<{}, YourError>`",
-                        ty.to_token_stream(),
-                        ty.to_token_stream()
-                    ),
+                    &lifetime,
+                    "a job's output and error are stored and sent to the caller, so they cannot borrow: return owned types (`String` instead of `&str` or `Cow<'_, str>`)",
                 );
-                (None, None, None)
+                None
             }
+            None => Some((**ty).clone()),
         },
     };
 
@@ -150,6 +138,16 @@ pub(crate) fn validate<'a>(
                     ),
                 );
                 ok = false;
+            } else if let Piece::Field { name, .. } = piece
+                && params.iter().any(|p| p.name() == *name && !p.cfgs.is_empty())
+            {
+                errors.spanned(
+                    lit,
+                    format!(
+                        "`{{{name}}}` in the key template is a `#[cfg]`-gated parameter, absent from some builds: name only parameters present in every build"
+                    ),
+                );
+                ok = false;
             }
         }
         ok.then_some(pieces)
@@ -169,46 +167,14 @@ pub(crate) fn validate<'a>(
         .unwrap_or_else(|| syn::ext::IdentExt::unraw(&sig.ident).to_string());
     let ret = ret?;
     Some(JobModel {
-        func,
         options,
         struct_ident,
         name,
         params,
         slots,
         ret,
-        ok_ty,
-        err_ty,
         key,
     })
-}
-
-/// `Some` when `ty` is a path, which may name a `Result` (directly, or
-/// through an alias such as `io::Result<T>`), with its `T` and `E` when
-/// written out as `Result<T, E>`.
-fn result_args(ty: &Type) -> Option<(Option<Type>, Option<Type>)> {
-    let Type::Path(TypePath { qself: None, path }) = ty else {
-        return None;
-    };
-    let last = path.segments.last()?;
-    if last.ident != "Result" {
-        // Maybe an alias (`type JobResult = Result<u32, MyError>`): the
-        // `JobReturn` check of the expansion decides, at this type's span.
-        return Some((None, None));
-    }
-    let types: Vec<&Type> = match &last.arguments {
-        PathArguments::AngleBracketed(args) => args
-            .args
-            .iter()
-            .filter_map(|a| match a {
-                GenericArgument::Type(t) => Some(t),
-                _ => None,
-            })
-            .collect(),
-        _ => Vec::new(),
-    };
-    let ok = types.first().map(|t| (*t).clone());
-    let err = types.get(1).map(|t| (*t).clone());
-    Some((ok, err))
 }
 
 #[cfg(test)]
@@ -240,9 +206,8 @@ mod tests {
         assert_eq!(model.params.len(), 2);
         assert!(matches!(
             model.slots[..],
-            [Slot::Field(0), Slot::Context, Slot::Field(1)]
+            [Slot::Field(0), Slot::Context(_), Slot::Field(1)]
         ));
-        assert!(model.ok_ty.is_some() && model.err_ty.is_some());
     }
 
     #[test]
@@ -255,11 +220,10 @@ mod tests {
         );
         let expected = [
             "goes on an `async fn`",
-            "cannot be generic",
+            "cannot have type or const parameters",
             "cannot take `self`",
             "destructuring patterns",
             "`impl Trait`",
-            "must return `Result<T, E>`",
         ];
         assert_eq!(messages.len(), expected.len(), "{messages:?}");
         for (message, needle) in messages.iter().zip(expected) {
@@ -304,23 +268,5 @@ mod tests {
             ),
         );
         assert!(ok && messages.is_empty(), "{messages:?}");
-    }
-
-    #[test]
-    fn result_aliases_are_accepted() {
-        assert!(matches!(
-            result_args(&syn::parse_quote!(io::Result<u8>)),
-            Some((Some(_), None))
-        ));
-        assert!(matches!(
-            result_args(&syn::parse_quote!(Result<u8, E>)),
-            Some((Some(_), Some(_)))
-        ));
-        assert!(matches!(
-            result_args(&syn::parse_quote!(JobResult)),
-            Some((None, None))
-        ));
-        assert!(result_args(&syn::parse_quote!(&str)).is_none());
-        assert!(result_args(&syn::parse_quote!((u8, u8))).is_none());
     }
 }

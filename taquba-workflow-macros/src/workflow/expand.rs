@@ -1,7 +1,9 @@
-//! Writes the code of a checked `#[workflow]` impl block: the impl block
-//! without its `#[step]` markers, the step enum, the input struct,
-//! `impl Workflow`, `impl StepRunner`, the bound checks and the
-//! registration entry.
+//! Writes the code of a checked `#[workflow]`: the impl block without its
+//! `#[step]` markers; the step enum and the input struct (in a hidden
+//! module, glob re-exported, so a user item of the same name shadows them
+//! and is reported once by the name check instead of clashing); `impl
+//! Workflow`, `impl StepRunner`, the bound checks and the registration
+//! entry.
 //!
 //! With `fallback`, the same types and impls are written with bodies that
 //! are never run (`unreachable!`) and without registration: the crate does
@@ -11,35 +13,80 @@
 
 use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
+use syn::Ident;
+use syn::ext::IdentExt;
 use syn::spanned::Spanned;
-use syn::{Ident, Visibility};
 
 use super::validate::{StepModel, WorkflowModel};
-use crate::common::{Slot, crate_path};
+use crate::common::{Slot, crate_path, inner_type, inner_visibility};
 
 /// The full expansion of one `#[workflow]`.
 pub(crate) fn expand(model: &WorkflowModel, fallback: bool) -> TokenStream {
     let krate = crate_path(model.options.krate.as_ref());
     let item = &model.item;
+    let vis = model
+        .options
+        .vis
+        .clone()
+        .unwrap_or(syn::Visibility::Inherited);
+    let module = module_ident(model);
     let step_enum = step_enum(model, &krate);
-    let input = input_struct(model, &krate);
+    let (input, input_impls) = input_struct(model, &krate);
     let workflow_impl = workflow_impl(model, &krate, fallback);
+    let names = name_checks(model, &krate);
     let registration = if fallback {
         TokenStream::new()
     } else {
         registration(model, &krate)
     };
+    let (enum_ident, input_ident) = (&model.step_enum, &model.input);
     quote! {
         #item
-        #step_enum
-        #input
+
+        #[doc(hidden)]
+        mod #module {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #step_enum
+            #input
+
+            impl #krate::__private::GeneratedStepEnum for #enum_ident {}
+            impl #krate::__private::GeneratedInput for #input_ident {}
+        }
+        #vis use #module::*;
+
+        #input_impls
         #workflow_impl
-        #registration
+        const _: () = {
+            #names
+            #registration
+        };
     }
 }
 
-fn visibility(model: &WorkflowModel) -> Visibility {
-    model.options.vis.clone().unwrap_or(Visibility::Inherited)
+fn module_ident(model: &WorkflowModel) -> Ident {
+    format_ident!(
+        "__taquba_workflow_{}",
+        model.type_ident.unraw().to_string().to_lowercase()
+    )
+}
+
+/// `path::Name` of a generated type, as the code outside the module
+/// names it.
+fn generated(model: &WorkflowModel, ident: &Ident) -> TokenStream {
+    let module = module_ident(model);
+    quote!(#module::#ident)
+}
+
+fn inner_vis(model: &WorkflowModel) -> TokenStream {
+    inner_visibility(
+        &model
+            .options
+            .vis
+            .clone()
+            .unwrap_or(syn::Visibility::Inherited),
+    )
 }
 
 fn serde_path(krate: &TokenStream) -> String {
@@ -47,15 +94,12 @@ fn serde_path(krate: &TokenStream) -> String {
 }
 
 fn step_enum(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
-    let vis = visibility(model);
+    let vis = inner_vis(model);
     let ident = &model.step_enum;
     let type_ident = &model.type_ident;
     let derives = &model.options.derives;
     let serde_path = serde_path(krate);
-    let field_with = format!(
-        "{}::__private::step_field",
-        krate.to_string().replace(' ', "")
-    );
+    let krate_string = krate.to_string().replace(' ', "");
     let doc = format!(
         " The steps of the `{}` workflow: one variant per `#[step]` fn of `{type_ident}`, whose fields are that step's parameters.",
         model.name
@@ -77,11 +121,24 @@ fn step_enum(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
         };
         let fields = step.params.iter().map(|param| {
             let field = &param.ident;
-            let ty = &param.field_ty;
-            let doc = format!(" The `{}` parameter of `{}`.", param.name(), step.fn_ident);
-            // The bounds are checked by `step_field`, at the parameter's span.
-            let with = syn::LitStr::new(&field_with, param.ty.span());
-            quote!(#[doc = #doc] #[serde(with = #with)] #field: #ty)
+            let ty = inner_type(&param.field_ty);
+            let attrs = &param.field_attrs;
+            let doc = (!attrs.iter().any(|a| a.path().is_ident("doc"))).then(|| {
+                let text = format!(" The `{}` parameter of `{}`.", param.name(), step.fn_ident);
+                quote!(#[doc = #text])
+            });
+            // Serialized through the check trait, named at the parameter's
+            // type, so a missing bound is reported once, there.
+            let span = param.ty.span();
+            let with = |method: &str| {
+                let path = format!(
+                    "<{} as {krate_string}::__private::StepField>::{method}",
+                    quote!(#ty)
+                );
+                syn::LitStr::new(&path, span)
+            };
+            let (ser, de) = (with("serialize"), with("deserialize"));
+            quote!(#doc #(#attrs)* #[serde(serialize_with = #ser, deserialize_with = #de)] #field: #ty)
         });
         quote! {
             #(#cfgs)*
@@ -102,25 +159,28 @@ fn step_enum(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
     }
 }
 
-fn input_struct(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
-    let vis = visibility(model);
+/// The input struct (in the module) and its impls (outside).
+fn input_struct(model: &WorkflowModel, krate: &TokenStream) -> (TokenStream, TokenStream) {
+    let vis = inner_vis(model);
     let ident = &model.input;
+    let input_path = generated(model, ident);
+    let step_enum = generated(model, &model.step_enum);
     let Some(start) = model.start.map(|i| &model.steps[i]) else {
         // Only with errors: a stand-in so `Workflow::Input` resolves.
-        let step_enum = &model.step_enum;
-        return quote! {
-            #vis struct #ident;
-            impl ::core::convert::From<#ident> for #step_enum {
-                fn from(_: #ident) -> Self {
-                    ::core::unreachable!("`#[workflow]` reported an error")
+        return (
+            quote!(#vis struct #ident;),
+            quote! {
+                impl ::core::convert::From<#input_path> for #step_enum {
+                    fn from(_: #input_path) -> Self {
+                        ::core::unreachable!("`#[workflow]` reported an error")
+                    }
                 }
-            }
-            impl #krate::workflows::WorkflowInput for #ident {
-                type Step = #step_enum;
-            }
-        };
+                impl #krate::workflows::WorkflowInput for #input_path {
+                    type Step = #step_enum;
+                }
+            },
+        );
     };
-    let step_enum = &model.step_enum;
     let variant = &start.variant;
     let derives = &model.options.derives;
     let derive = if derives.is_empty() {
@@ -134,9 +194,13 @@ fn input_struct(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
     );
     let fields = start.params.iter().map(|param| {
         let field = &param.ident;
-        let ty = &param.field_ty;
-        let doc = format!(" The `{}` parameter of `{}`.", param.name(), start.fn_ident);
-        quote!(#[doc = #doc] #vis #field: #ty)
+        let ty = inner_type(&param.field_ty);
+        let attrs = &param.field_attrs;
+        let doc = (!attrs.iter().any(|a| a.path().is_ident("doc"))).then(|| {
+            let text = format!(" The `{}` parameter of `{}`.", param.name(), start.fn_ident);
+            quote!(#[doc = #text])
+        });
+        quote!(#doc #(#attrs)* #vis #field: #ty)
     });
     let body = if start.params.is_empty() {
         quote!(;)
@@ -146,46 +210,60 @@ fn input_struct(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
     let input = Ident::new("__taquba_input", Span::mixed_site());
     let moves = start.params.iter().map(|param| {
         let field = &param.ident;
-        quote!(#field: #input.#field)
+        let cfgs = &param.cfgs;
+        quote!(#(#cfgs)* #field: #input.#field)
     });
     let input_pat = if start.params.is_empty() {
         quote!(_)
     } else {
         quote!(#input)
     };
-    quote! {
-        #[doc = #doc]
-        #derive
-        #vis struct #ident #body
-
-        impl ::core::convert::From<#ident> for #step_enum {
-            fn from(#input_pat: #ident) -> Self {
-                #step_enum::#variant { #(#moves,)* }
+    (
+        quote! {
+            #[doc = #doc]
+            #derive
+            #vis struct #ident #body
+        },
+        quote! {
+            impl ::core::convert::From<#input_path> for #step_enum {
+                fn from(#input_pat: #input_path) -> Self {
+                    #step_enum::#variant { #(#moves,)* }
+                }
             }
-        }
 
-        impl #krate::workflows::WorkflowInput for #ident {
-            type Step = #step_enum;
-        }
-    }
+            impl #krate::workflows::WorkflowInput for #input_path {
+                type Step = #step_enum;
+            }
+        },
+    )
 }
 
 fn workflow_impl(model: &WorkflowModel, krate: &TokenStream, fallback: bool) -> TokenStream {
     let self_ty = &model.self_ty;
-    let step_enum = &model.step_enum;
+    let step_enum = generated(model, &model.step_enum);
     let name = &model.name;
     let output = match &model.options.output {
-        // Used as written, so a missing bound of `Workflow::Output` is
-        // reported once, at the type's span.
-        Some(ty) => quote!(#ty),
+        // Through `WorkflowOutputOf`, at the type's span, so a missing
+        // bound of `Workflow::Output` is reported once, there.
+        Some(ty) => {
+            quote_spanned!(ty.span()=> <#ty as #krate::__private::WorkflowOutputOf>::Type)
+        }
         None => quote!(()),
+    };
+    let output_item = match &model.options.output {
+        Some(ty) => quote_spanned!(ty.span()=> type Output = #output;),
+        None => quote!(type Output = #output;),
     };
     let step = Ident::new("__taquba_step", Span::mixed_site());
     let start_name = model
         .start
         .map(|i| model.steps[i].name.clone())
         .unwrap_or_default();
-    let names = model.steps.iter().map(|s| &s.name);
+    let names = model.steps.iter().map(|s| {
+        let cfgs = &s.cfgs;
+        let name = &s.name;
+        quote!(#(#cfgs)* #name)
+    });
     let name_arms = model.steps.iter().map(|s| {
         let cfgs = &s.cfgs;
         let variant = &s.variant;
@@ -207,6 +285,8 @@ fn workflow_impl(model: &WorkflowModel, krate: &TokenStream, fallback: bool) -> 
             quote!({ match self { #(#name_arms)* } }),
             quote!({
                 async move {
+                    #[allow(unused_imports)]
+                    use #krate::__private::{StepErrorViaDisplay as _, StepErrorViaInto as _};
                     match #krate::__private::decode_step::<#step_enum>(#step)? {
                         #(#arms)*
                     }
@@ -225,7 +305,7 @@ fn workflow_impl(model: &WorkflowModel, krate: &TokenStream, fallback: bool) -> 
             const NAME: &'static str = #name;
             const START: &'static str = #start_name;
             const STEPS: &'static [&'static str] = &[#(#names),*];
-            type Output = #output;
+            #output_item
         }
 
         impl #krate::StepRunner for #self_ty {
@@ -245,7 +325,7 @@ fn dispatch_arm(
     krate: &TokenStream,
     step_ident: &Ident,
 ) -> TokenStream {
-    let step_enum = &model.step_enum;
+    let step_enum = generated(model, &model.step_enum);
     let variant = &step.variant;
     let cfgs = &step.cfgs;
     let name = &step.name;
@@ -254,11 +334,13 @@ fn dispatch_arm(
         .collect();
     let fields = step.params.iter().zip(&bindings).map(|(param, binding)| {
         let field = &param.ident;
-        quote!(#field: #binding)
+        let cfgs = &param.cfgs;
+        quote!(#(#cfgs)* #field: #binding)
     });
     let receiver = step.receiver.then(|| quote!(self));
     let args = step.slots.iter().map(|slot| match slot {
-        Slot::Context => quote! {
+        Slot::Context(cfgs) => quote! {
+            #(#cfgs)*
             #krate::workflows::StepContext::new(
                 #step_ident,
                 <Self as #krate::workflows::Workflow>::NAME,
@@ -267,10 +349,11 @@ fn dispatch_arm(
         },
         Slot::Field(i) => {
             let binding = &bindings[*i];
+            let cfgs = &step.params[*i].cfgs;
             if step.params[*i].by_ref {
-                quote!(&#binding)
+                quote!(#(#cfgs)* &#binding)
             } else {
-                quote!(#binding)
+                quote!(#(#cfgs)* #binding)
             }
         }
     });
@@ -280,11 +363,38 @@ fn dispatch_arm(
         #krate::__private::step_future(Self::#fn_ident(#(#all_args),*))
     };
     let ret = &step.ret;
-    let finish = quote_spanned!(ret.span()=> #krate::__private::finish_step::<#step_enum, #ret>);
+    let split = quote_spanned!(ret.span()=> #krate::__private::step_return::<#step_enum, #ret>);
+    // Located at the return type: rustc points a failed bound at the
+    // argument that carries the type.
+    let returned = Ident::new(
+        "__taquba_returned",
+        Span::mixed_site().located_at(ret.span()),
+    );
+    let error = Ident::new("__taquba_error", Span::mixed_site().located_at(ret.span()));
+    // `Into<StepError>` when the error has it, else `Display` (transient);
+    // the fallback's bound is checked at the return type.
+    let convert = quote_spanned! {ret.span()=>
+        (&#krate::__private::step_error_probe(&#error)).step_error_kind().convert(#error)
+    };
     quote! {
         #(#cfgs)*
-        #step_enum::#variant { #(#fields,)* } => #finish(#call.await),
+        #step_enum::#variant { #(#fields,)* } => match { let #returned = #call.await; #split(#returned) } {
+            ::core::result::Result::Ok(transition) => transition.into_outcome(),
+            ::core::result::Result::Err(#error) => ::core::result::Result::Err(#convert),
+        },
     }
+}
+
+/// Checks that the generated types' names still mean them in the user's
+/// module (see `GeneratedStepEnum`).
+fn name_checks(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
+    let enum_ident = &model.step_enum;
+    let input_ident = &model.input;
+    let enum_check = quote_spanned!(enum_ident.span()=>
+        #krate::__private::generated_step_enum::<#enum_ident>());
+    let input_check = quote_spanned!(input_ident.span()=>
+        #krate::__private::generated_input::<#input_ident>());
+    quote!(#enum_check; #input_check;)
 }
 
 fn registration(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
@@ -294,26 +404,24 @@ fn registration(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
     let file = quote_spanned!(span=> ::core::file!());
     let line = quote_spanned!(span=> ::core::line!());
     quote! {
-        const _: () = {
-            fn __taquba_make() -> ::core::option::Option<
-                ::std::boxed::Box<dyn #krate::__private::ErasedWorkflow>,
-            > {
-                #[allow(unused_imports)]
-                use #krate::__private::{MakeWithDefault as _, MakeWithoutDefault as _};
-                (&#krate::__private::Maker::<#self_ty>::new()).make()
-            }
+        fn __taquba_make() -> ::core::option::Option<
+            ::std::boxed::Box<dyn #krate::__private::ErasedWorkflow>,
+        > {
+            #[allow(unused_imports)]
+            use #krate::__private::{MakeWithDefault as _, MakeWithoutDefault as _};
+            (&#krate::__private::Maker::<#self_ty>::new()).make()
+        }
 
-            #krate::__private::inventory::submit! {
-                #krate::__private::WorkflowRegistration {
-                    name: <#self_ty as #krate::workflows::Workflow>::NAME,
-                    type_name: #type_name,
-                    module_path: ::core::module_path!(),
-                    file: #file,
-                    line: #line,
-                    make: __taquba_make,
-                }
+        #krate::__private::inventory::submit! {
+            #krate::__private::WorkflowRegistration {
+                name: <#self_ty as #krate::workflows::Workflow>::NAME,
+                type_name: #type_name,
+                module_path: ::core::module_path!(),
+                file: #file,
+                line: #line,
+                make: __taquba_make,
             }
-        };
+        }
     }
 }
 
@@ -348,8 +456,8 @@ mod tests {
     #[test]
     fn the_enum_has_one_renamed_variant_per_step() {
         let out = expand(quote!(output = Receipt), ORDER.parse().unwrap());
-        assert!(out.contains("] enum OrderStep"), "{out}");
-        assert!(out.contains("# [serde (rename = \"charge\")] Charge { # [doc = \" The `order_id` parameter of `charge`.\"] # [serde (with = \"::taquba_workflow::__private::step_field\")] order_id : :: std :: string :: String"), "{out}");
+        assert!(out.contains("pub (super) enum OrderStep {"), "{out}");
+        assert!(out.contains("# [serde (rename = \"charge\")] Charge { # [doc = \" The `order_id` parameter of `charge`.\"] # [serde (serialize_with = \"<:: std :: string :: String as ::taquba_workflow::__private::StepField>::serialize\" , deserialize_with = \"<:: std :: string :: String as ::taquba_workflow::__private::StepField>::deserialize\")] order_id : :: std :: string :: String"), "{out}");
         assert!(out.contains("# [cfg (feature = \"ship\")] # [doc = \" The `ship_it` step: runs `Order::ship`.\"] # [serde (rename = \"ship_it\")] Ship"), "{out}");
         assert!(out.contains("# [doc = \" Charges the card.\"] # [serde (rename = \"charge\")]"));
         assert!(!out.contains("# [step"), "{out}");
@@ -359,11 +467,18 @@ mod tests {
     fn the_input_is_the_start_steps_parameters() {
         let out = expand(quote!(vis = pub(crate)), ORDER.parse().unwrap());
         assert!(out.contains("pub (crate) struct OrderInput { # [doc = \" The `order_id` parameter of `charge`.\"] pub (crate) order_id : :: std :: string :: String"), "{out}");
-        assert!(out.contains("impl :: core :: convert :: From < OrderInput > for OrderStep"));
-        assert!(out.contains("type Step = OrderStep"));
+        assert!(out.contains("impl :: core :: convert :: From < __taquba_workflow_order :: OrderInput > for __taquba_workflow_order :: OrderStep"), "{out}");
+        assert!(out.contains("type Step = __taquba_workflow_order :: OrderStep"));
+        assert!(
+            out.contains("pub (crate) use __taquba_workflow_order :: * ;"),
+            "{out}"
+        );
         assert!(out.contains("type Output = ()"));
         let out = expand(quote!(output = Receipt), ORDER.parse().unwrap());
-        assert!(out.contains("type Output = Receipt"), "{out}");
+        assert!(
+            out.contains("type Output = < Receipt as :: taquba_workflow :: __private :: WorkflowOutputOf > :: Type"),
+            "{out}"
+        );
     }
 
     #[test]
@@ -371,7 +486,7 @@ mod tests {
         let out = expand(quote!(name = "order"), ORDER.parse().unwrap());
         assert!(out.contains("const NAME : & 'static str = \"order\""));
         assert!(
-            out.contains("const STEPS : & 'static [& 'static str] = & [\"charge\" , \"ship_it\"]"),
+            out.contains("const STEPS : & 'static [& 'static str] = & [\"charge\" , # [cfg (feature = \"ship\")] \"ship_it\"]"),
             "{out}"
         );
         assert!(
@@ -380,8 +495,12 @@ mod tests {
         );
         assert!(out.contains("Self :: ship (__taquba_arg0)"), "{out}");
         assert!(out.contains(
-            "finish_step :: < OrderStep , Result < Transition < OrderStep > , StepError > >"
-        ));
+            "step_return :: < __taquba_workflow_order :: OrderStep , Result < Transition < OrderStep > , StepError > >"
+        ), "{out}");
+        assert!(
+            out.contains("generated_step_enum :: < OrderStep > ()"),
+            "{out}"
+        );
         assert!(out.contains("inventory :: submit !"));
     }
 

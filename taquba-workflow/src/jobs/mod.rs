@@ -92,8 +92,15 @@ pub const DEFAULT_JOB_QUEUE: &str = "jobs";
 pub trait Job: Serialize + DeserializeOwned + Send + Sync + 'static {
     /// The success value, stored as MessagePack with named fields.
     type Output: Serialize + DeserializeOwned + Send + 'static;
-    /// The failure; its `Display` is the job's error message.
-    type Error: std::error::Error + Send + Sync + 'static;
+    /// The failure; its `Display` is the job's error message, and
+    /// [`classify`](Self::classify) decides whether it is retried.
+    ///
+    /// Any `std::error::Error + Send + Sync + 'static` type qualifies, and
+    /// so do the error types services use that are not `std::error::Error`:
+    /// `anyhow::Error`, `Box<dyn std::error::Error + Send + Sync>` and
+    /// `String`. (The 0.13 bound was `std::error::Error + Send + Sync +
+    /// 'static`; every type it accepted is still accepted.)
+    type Error: fmt::Debug + fmt::Display + Send + Sync + 'static;
     /// The registered name, unique in a runner; stored in every submission,
     /// so keep it stable across releases.
     const NAME: &'static str;

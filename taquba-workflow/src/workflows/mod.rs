@@ -64,9 +64,12 @@
 //! A step fn takes `&self` or no receiver, an optional [`StepContext`] in
 //! any position (the [`Step`] and its [`Delivery`](crate::Delivery), with a
 //! [`StepContext::memo`] namespaced by step name) and its fields, and
-//! returns `Result<Transition<OrderStep>, E>` (the generated step enum) with `E: Into<StepError>`: an
-//! `Err` is a step error (transient: retried; permanent: dead-lettered),
-//! a [`Transition`] moves the run on.
+//! returns `Result<Transition<OrderStep>, E>` (the generated step enum;
+//! any name of `Result` works, such as `anyhow::Result<Transition<_>>`):
+//! an `Err` is a step error (transient: retried; permanent:
+//! dead-lettered), converted with `Into<StepError>` when `E` has it (so a
+//! [`StepError`](crate::StepError) keeps its kind), else from its `Display` as a transient
+//! error; a [`Transition`] moves the run on.
 //!
 //! A payload names its workflow and its step. A step whose name the
 //! workflow does not know (a run written by another version of the code)

@@ -1,0 +1,358 @@
+//! The signatures Rust users write, accepted by `#[job]`, `#[workflow]` and
+//! `#[step]` and run end to end: attributes on parameters (doc comments,
+//! lint levels, `#[cfg]`, `#[cfg_attr]`), named lifetimes, `Result`
+//! aliases and nested results, `anyhow::Error` and
+//! `Box<dyn Error + Send + Sync>` errors, and `#[cfg]`'d-out steps.
+
+// `cfg(all())` is always on, on purpose: a parameter kept by a `#[cfg]`.
+#![allow(clippy::non_minimal_cfg)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use taquba::object_store::ObjectStore;
+use taquba::object_store::memory::InMemory;
+use taquba::{OpenOptions, Queue, QueueConfig};
+use taquba_workflow::jobs::{Job, JobContext, JobRunner, JoinError};
+use taquba_workflow::workflows::{StepContext, Transition, Workflow};
+use taquba_workflow::{
+    NoopTerminalHook, StepErrorKind, StepRunner, WorkflowRuntime, job, workflow,
+};
+
+/// A job error that is a `std::error::Error`.
+#[derive(Debug, thiserror::Error)]
+#[error("bad: {0}")]
+pub struct Bad(String);
+
+// ---------------------------------------------------------------------------
+// Jobs
+
+/// Parameters with attributes: the field keeps them, a configured-out one
+/// is absent from the struct and from the call.
+#[job(name = "sig.attributes")]
+async fn attributes(
+    /// The greeting's target.
+    name: String,
+    #[allow(unused_mut)] mut times: u32,
+    #[cfg(any())] never: u32,
+    #[cfg(all())] always: u32,
+    #[cfg_attr(all(), allow(unused_variables))] ignored: u8,
+    #[cfg_attr(any(), cfg(any()))] kept: u8,
+    #[cfg(feature = "webhooks")] with_webhooks: bool,
+) -> Result<String, Bad> {
+    #[cfg(any())]
+    let _ = never;
+    #[cfg(feature = "webhooks")]
+    let _ = with_webhooks;
+    Ok(format!("{name}x{times}+{always}+{kept}"))
+}
+
+/// Named lifetimes on the context and on borrowed parameters.
+#[job(name = "sig.lifetimes")]
+async fn lifetimes<'a>(
+    ctx: JobContext<'a>,
+    name: &'a str,
+    tags: &'a [String],
+) -> Result<String, Bad> {
+    let attempt = ctx.attempts;
+    Ok(format!("{name}:{}:{attempt}", tags.join(",")))
+}
+
+/// `anyhow::Result<T>`: the error is `anyhow::Error`, transient by default.
+#[job(name = "sig.anyhow", max_attempts = 1)]
+async fn with_anyhow(fail: bool) -> anyhow::Result<u32> {
+    if fail {
+        anyhow::bail!("anyhow says no");
+    }
+    Ok(7)
+}
+
+/// `std::io::Result<T>`.
+#[job(name = "sig.io")]
+async fn with_io(n: u64) -> std::io::Result<u64> {
+    Ok(n * 3)
+}
+
+/// A boxed error.
+#[job(name = "sig.boxed", max_attempts = 1)]
+async fn with_box(fail: bool) -> Result<u8, Box<dyn std::error::Error + Send + Sync>> {
+    if fail {
+        return Err("boxed no".into());
+    }
+    Ok(1)
+}
+
+/// A nested result: the output is the inner `Result`.
+#[job(name = "sig.nested")]
+async fn nested(inner_ok: bool) -> Result<Result<u8, String>, Bad> {
+    Ok(if inner_ok { Ok(5) } else { Err("inner".into()) })
+}
+
+/// A local `type Result<T>` alias.
+mod aliased {
+    use super::{Bad, job};
+
+    type Result<T> = core::result::Result<T, Bad>;
+
+    /// Through the module's own `Result`.
+    #[job(name = "sig.alias")]
+    pub(crate) async fn via_alias(n: i32) -> Result<i32> {
+        if n < 0 {
+            return Err(Bad("negative".into()));
+        }
+        Ok(-n)
+    }
+}
+
+/// `classify` over `anyhow::Error`.
+fn classify_anyhow(error: &anyhow::Error) -> StepErrorKind {
+    if error.to_string().contains("forever") {
+        StepErrorKind::Permanent
+    } else {
+        StepErrorKind::Transient
+    }
+}
+
+static CLASSIFIED: AtomicUsize = AtomicUsize::new(0);
+
+/// Fails permanently through `classify`: runs once despite the attempts.
+#[job(name = "sig.classified", max_attempts = 3, classify = classify_anyhow)]
+async fn classified() -> anyhow::Result<()> {
+    CLASSIFIED.fetch_add(1, Ordering::SeqCst);
+    Err(anyhow::anyhow!("broken forever"))
+}
+
+async fn job_runner() -> (JobRunner, taquba_workflow::RunnerHandle) {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = Queue::open(store.clone(), "db").await.expect("queue opens");
+    let runner = JobRunner::builder(queue, store)
+        .register_all()
+        .poll_interval(Duration::from_millis(20))
+        .build();
+    let worker = runner.spawn(std::future::pending::<()>());
+    (runner, worker)
+}
+
+async fn run_job<J: Job>(runner: &JobRunner, job: J) -> Result<J::Output, JoinError> {
+    runner.submit(job).await.expect("submits").await
+}
+
+fn job_error<T: std::fmt::Debug>(result: Result<T, JoinError>) -> taquba_workflow::jobs::JobError {
+    match result {
+        Err(JoinError::Job(error)) => error,
+        other => panic!("expected a job error, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parameter_attributes_reach_the_fields_and_cfg_removes_a_parameter() {
+    let (runner, worker) = job_runner().await;
+    // `never` is configured out: the struct has no such field (this
+    // literal would not compile otherwise), `always` and `kept` are there.
+    let job = Attributes {
+        name: "ada".into(),
+        times: 2,
+        always: 3,
+        ignored: 0,
+        kept: 4,
+        #[cfg(feature = "webhooks")]
+        with_webhooks: true,
+    };
+    assert_eq!(run_job(&runner, job).await.expect("runs"), "adax2+3+4");
+    worker.shutdown().await.expect("worker stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_lifetimes_on_the_context_and_borrowed_parameters() {
+    let (runner, worker) = job_runner().await;
+    let job = Lifetimes {
+        name: "bo".into(),
+        tags: vec!["a".into(), "b".into()],
+    };
+    assert_eq!(run_job(&runner, job).await.expect("runs"), "bo:a,b:1");
+    worker.shutdown().await.expect("worker stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn result_aliases_and_error_types_resolve_through_the_type_system() {
+    let (runner, worker) = job_runner().await;
+
+    assert_eq!(
+        run_job(&runner, WithAnyhow { fail: false })
+            .await
+            .expect("runs"),
+        7
+    );
+    let error = job_error(run_job(&runner, WithAnyhow { fail: true }).await);
+    assert_eq!(
+        error.kind,
+        StepErrorKind::Transient,
+        "the default classification"
+    );
+    assert_eq!(error.message, "anyhow says no");
+
+    assert_eq!(run_job(&runner, WithIo { n: 4 }).await.expect("runs"), 12);
+
+    assert_eq!(
+        run_job(&runner, WithBox { fail: false })
+            .await
+            .expect("runs"),
+        1
+    );
+    let error = job_error(run_job(&runner, WithBox { fail: true }).await);
+    assert_eq!(error.message, "boxed no");
+
+    let inner: Result<u8, String> = run_job(&runner, Nested { inner_ok: false })
+        .await
+        .expect("runs");
+    assert_eq!(inner, Err("inner".to_string()));
+    assert_eq!(
+        run_job(&runner, Nested { inner_ok: true })
+            .await
+            .expect("runs"),
+        Ok(5)
+    );
+
+    assert_eq!(
+        run_job(&runner, aliased::ViaAlias { n: 9 })
+            .await
+            .expect("runs"),
+        -9
+    );
+    let error = job_error(run_job(&runner, aliased::ViaAlias { n: -1 }).await);
+    assert_eq!(error.message, "bad: negative");
+
+    let error = job_error(run_job(&runner, Classified).await);
+    assert_eq!(error.kind, StepErrorKind::Permanent);
+    assert_eq!(
+        CLASSIFIED.load(Ordering::SeqCst),
+        1,
+        "a permanent error is not retried"
+    );
+    worker.shutdown().await.expect("worker stops");
+}
+
+#[test]
+fn the_job_types_are_the_return_types_parts() {
+    fn same<T: 'static>(_: std::marker::PhantomData<T>, _: std::marker::PhantomData<T>) {}
+    same(
+        std::marker::PhantomData::<<WithAnyhow as Job>::Error>,
+        std::marker::PhantomData::<anyhow::Error>,
+    );
+    same(
+        std::marker::PhantomData::<<Nested as Job>::Output>,
+        std::marker::PhantomData::<Result<u8, String>>,
+    );
+    same(
+        std::marker::PhantomData::<<WithIo as Job>::Error>,
+        std::marker::PhantomData::<std::io::Error>,
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Workflows
+
+static FLAKY: AtomicUsize = AtomicUsize::new(0);
+
+/// Steps with lifetimes, attributes on parameters, `anyhow` and boxed
+/// errors, and a step configured out.
+#[derive(Default)]
+pub struct Shapes;
+
+#[workflow(name = "sig.shapes", output = String)]
+impl Shapes {
+    /// Starts; the `#[cfg(any())]` parameter is absent from the input.
+    #[step(start)]
+    async fn begin<'a>(
+        ctx: StepContext<'a>,
+        /// Who the run is for.
+        name: &'a str,
+        #[cfg(any())] never: u32,
+        #[cfg(all())]
+        #[allow(unused_mut)]
+        mut count: u32,
+    ) -> anyhow::Result<Transition<ShapesStep>> {
+        let _ = ctx.step_name();
+        count += 1;
+        Ok(Transition::next(ShapesStep::Flaky {
+            name: name.to_string(),
+            count,
+        }))
+    }
+
+    /// Fails once with an `anyhow::Error` (a transient step error), then
+    /// moves on.
+    #[step]
+    async fn flaky(name: String, count: u32) -> anyhow::Result<Transition<ShapesStep>> {
+        if FLAKY.fetch_add(1, Ordering::SeqCst) == 0 {
+            anyhow::bail!("first try fails");
+        }
+        Ok(Transition::next(ShapesStep::Boxed { name, count }))
+    }
+
+    /// A boxed error type.
+    #[step]
+    async fn boxed(
+        name: String,
+        count: u32,
+    ) -> Result<Transition<ShapesStep>, Box<dyn std::error::Error + Send + Sync>> {
+        Ok(Transition::done(format!("{name}:{count}")))
+    }
+
+    /// Configured out: absent from the enum, the dispatch and `STEPS`.
+    #[cfg(any())]
+    #[step]
+    async fn gone(
+        x: NotDefinedAnywhere,
+    ) -> Result<Transition<ShapesStep>, taquba_workflow::StepError> {
+        let _ = x;
+        Ok(Transition::fail("gone"))
+    }
+}
+
+fn runtime<R: StepRunner>(
+    queue: Arc<Queue>,
+    store: &Arc<dyn ObjectStore>,
+    runner: R,
+) -> WorkflowRuntime<R, NoopTerminalHook> {
+    WorkflowRuntime::builder(queue, store.clone(), runner, NoopTerminalHook)
+        .poll_interval(Duration::from_millis(20))
+        .build()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_take_lifetimes_attributes_and_anyhow_errors() {
+    assert_eq!(<Shapes as Workflow>::STEPS, ["begin", "flaky", "boxed"]);
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let options = OpenOptions::default().queue_config(
+        "workflow-steps",
+        QueueConfig::default().retry_backoff_base(Duration::ZERO),
+    );
+    let queue = Arc::new(
+        Queue::open_with_options(store.clone(), "db", options)
+            .await
+            .expect("queue opens"),
+    );
+    let rt = runtime(queue, &store, Shapes);
+    let worker = rt.spawn(std::future::pending::<()>());
+    let run = rt
+        .start(ShapesInput {
+            name: "cy".into(),
+            count: 1,
+        })
+        .await
+        .expect("starts");
+    let output = tokio::time::timeout(Duration::from_secs(20), run.wait())
+        .await
+        .expect("the run ends")
+        .expect("the run is read")
+        .expect("the run succeeds");
+    assert_eq!(output, "cy:2");
+    assert_eq!(
+        FLAKY.load(Ordering::SeqCst),
+        2,
+        "the anyhow error was retried"
+    );
+    worker.shutdown().await.expect("worker stops");
+}

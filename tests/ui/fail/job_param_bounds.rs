@@ -1,0 +1,26 @@
+use taquba_workflow::job;
+
+struct NotSerde;
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct NotClone(u32);
+
+#[job]
+async fn by_value(a: NotSerde) -> Result<(), String> {
+    let _ = a;
+    Ok(())
+}
+
+#[job]
+async fn by_value_not_clone(b: NotClone) -> Result<(), String> {
+    let _ = b;
+    Ok(())
+}
+
+#[job]
+async fn by_reference(c: &NotSerde) -> Result<(), String> {
+    let _ = c;
+    Ok(())
+}
+
+fn main() {}
