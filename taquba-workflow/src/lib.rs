@@ -88,6 +88,7 @@ mod model;
 mod run;
 mod runner;
 mod runtime;
+mod settled;
 mod store;
 mod view;
 mod worker;

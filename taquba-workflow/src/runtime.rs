@@ -16,6 +16,7 @@ use crate::error::Result;
 use crate::hooks::terminal::TerminalHook;
 use crate::model::RunOutcome;
 use crate::model::{RunEnd, RunSpec, RunStatus, SubmitOutcome};
+use crate::run::commit::detached;
 use crate::run::core::{RuntimeCore, Settings};
 use crate::runner::StepRunner;
 use crate::store::keys::RunId;
@@ -103,7 +104,8 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// when the queue rejects the enqueue (bad queue name, oversized KV
     /// value) or the store fails.
     pub async fn submit(&self, spec: RunSpec) -> Result<SubmitOutcome> {
-        self.inner.core.submit(spec, None).await
+        let core = self.inner.core.clone();
+        detached(async move { core.submit(spec, None).await }).await
     }
 
     /// The runtime's read-only view.
@@ -173,7 +175,8 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// terminated run, and when the run's terminating settlement was already
     /// committing.
     pub async fn cancel(&self, run_id: &RunId) -> Result<bool> {
-        self.inner.core.cancel(run_id).await
+        let (core, run_id) = (self.inner.core.clone(), run_id.clone());
+        detached(async move { core.cancel(&run_id).await }).await
     }
 
     /// The run group `id` of this runtime (nothing is written until it is
@@ -231,7 +234,8 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// [`Error::Queue`](crate::Error::Queue) with `KvValueTooLarge` for a
     /// payload over [`taquba::MAX_KV_VALUE_SIZE`]; storage errors.
     pub async fn signal(&self, correlation_key: &str, payload: Vec<u8>) -> Result<SignalOutcome> {
-        self.inner.core.signal(correlation_key, payload).await
+        let (core, key) = (self.inner.core.clone(), correlation_key.to_string());
+        detached(async move { core.signal(&key, payload).await }).await
     }
 
     /// Discard the signal buffered under `correlation_key`; `Ok(true)` when
@@ -240,7 +244,8 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// # Errors
     /// Storage errors.
     pub async fn clear_signal(&self, correlation_key: &str) -> Result<bool> {
-        self.inner.core.clear_signal(correlation_key).await
+        let (core, key) = (self.inner.core.clone(), correlation_key.to_string());
+        detached(async move { core.clear_signal(&key).await }).await
     }
 }
 

@@ -18,9 +18,11 @@ use crate::coordination::group_submit::{self, SUBMIT_CONCURRENCY};
 use crate::error::{Error, Result};
 use crate::model::{RunOptions, RunTermination};
 use crate::model::{RunOutcome, TerminalStatus};
+use crate::run::commit::{Committer, detached};
 use crate::run::core::RuntimeCore;
+use crate::settled::try_join_settled;
 use crate::store::blob::ObjectPrefix;
-use crate::store::durable::{self, DurableMember, DurableTermination};
+use crate::store::durable::{self, DurableMember, DurableMembership, DurableTermination};
 use crate::store::keys::{
     DIGESTED_MEMBER_KEY, HEADER_GROUP, HEADER_GROUP_KEY, RunId, group_manifest_claim_kv_key,
     group_member_kv_key, group_members_kv_prefix, group_submissions_kv_key, member_key_is_digested,
@@ -76,6 +78,14 @@ impl Membership {
 
     pub(crate) fn run_id(&self) -> RunId {
         member_run_id(&self.group_id, &self.key)
+    }
+
+    /// The membership as a terminal record keeps it.
+    pub(crate) fn durable(&self) -> DurableMembership {
+        DurableMembership {
+            group_id: self.group_id.clone(),
+            key: self.key.clone(),
+        }
     }
 }
 
@@ -148,6 +158,7 @@ pub(crate) struct GroupStore {
     objects: ObjectPrefix,
     memo_store: MemoStore,
     queue: Arc<Queue>,
+    commits: Committer,
 }
 
 impl GroupStore {
@@ -155,12 +166,13 @@ impl GroupStore {
         store: Arc<dyn ObjectStore>,
         prefix: impl Into<String>,
         memo_store: MemoStore,
-        queue: Arc<Queue>,
+        commits: Committer,
     ) -> Self {
         Self {
             objects: ObjectPrefix::new(store, prefix),
             memo_store,
-            queue,
+            queue: commits.queue().clone(),
+            commits,
         }
     }
 
@@ -189,8 +201,8 @@ impl GroupStore {
         let key = group_manifest_claim_kv_key(&manifest.group_id);
         let claim = SettlementEffects::default().kv_put(key.clone(), digest.clone());
         if self
-            .queue
-            .kv_compare_commit(&key, None, claim)
+            .commits
+            .compare_commit(&key, None, claim)
             .await?
             .is_none()
         {
@@ -253,11 +265,10 @@ impl GroupStore {
                 .map(|m| member_run_id(group_id, &m.key))
                 .collect();
             let memos = &self.memo_store;
-            stream::iter(run_ids.clone())
-                .map(|run_id| async move { memos.clear_memos_for_run(&run_id).await })
-                .buffer_unordered(SUBMIT_CONCURRENCY)
-                .try_collect::<Vec<usize>>()
-                .await?;
+            try_join_settled(run_ids.clone(), SUBMIT_CONCURRENCY, |run_id| async move {
+                memos.clear_memos_for_run(&run_id).await
+            })
+            .await?;
             for run_id in &run_ids {
                 keys.push(outcome_kv_key(run_id));
                 if keys.len() == PAGE {
@@ -287,8 +298,8 @@ impl GroupStore {
     }
 
     async fn delete_keys(&self, keys: Vec<Vec<u8>>) -> Result<()> {
-        self.queue
-            .commit_effects(SettlementEffects::default().kv_deletes(keys))
+        self.commits
+            .commit(SettlementEffects::default().kv_deletes(keys))
             .await?;
         Ok(())
     }
@@ -358,6 +369,11 @@ impl RunGroup {
     /// [`Error::GroupMismatch`] for a member set that differs from the
     /// manifest; errors of [`WorkflowRuntime::submit`](crate::WorkflowRuntime::submit).
     pub async fn submit(&self, members: Vec<GroupMember>, options: &RunOptions) -> Result<()> {
+        let (group, options) = (self.clone(), options.clone());
+        detached(async move { group.submit_here(members, &options).await }).await
+    }
+
+    async fn submit_here(&self, members: Vec<GroupMember>, options: &RunOptions) -> Result<()> {
         let mut seen = HashSet::with_capacity(members.len());
         for member in &members {
             if !seen.insert(member.key.as_str()) {
@@ -386,8 +402,12 @@ impl RunGroup {
     /// [`Error::GroupNotFound`] for a group never submitted; submission
     /// errors.
     pub async fn resume(&self, options: &RunOptions) -> Result<()> {
-        let manifest = self.manifest().await?;
-        self.submit_members(manifest.members, options).await
+        let (group, options) = (self.clone(), options.clone());
+        detached(async move {
+            let manifest = group.manifest().await?;
+            group.submit_members(manifest.members, &options).await
+        })
+        .await
     }
 
     async fn submit_members(&self, members: Vec<GroupMember>, options: &RunOptions) -> Result<()> {
@@ -485,16 +505,17 @@ impl RunGroup {
     }
 
     async fn member_result(&self, key: String, record: DurableMember) -> Result<MemberResult> {
-        let termination: RunTermination = record
+        let terminated = record
             .terminated
-            .ok_or_else(|| Error::InconsistentRunState(record.run_id.clone()))?
-            .into();
+            .ok_or_else(|| Error::InconsistentRunState(record.run_id.clone()))?;
+        // The member's own termination: a record another run under the id
+        // wrote does not match it.
         let outcome = self
             .core
             .view
-            .run_result_of(&record.run_id, &termination)
-            .await?
-            .map(|result| result.outcome);
+            .run_result_of(&record.run_id, &terminated)
+            .await?;
+        let termination: RunTermination = terminated.into();
         Ok(MemberResult {
             key,
             run_id: record.run_id,
@@ -535,6 +556,11 @@ impl RunGroup {
     /// # Errors
     /// Storage errors.
     pub async fn cancel(&self) -> Result<usize> {
+        let group = self.clone();
+        detached(async move { group.cancel_here().await }).await
+    }
+
+    async fn cancel_here(&self) -> Result<usize> {
         let active: Vec<RunId> = self
             .members()
             .await?
@@ -543,11 +569,10 @@ impl RunGroup {
             .map(|m| m.record.run_id)
             .collect();
         let core = &self.core;
-        let recorded: Vec<bool> = stream::iter(active)
-            .map(|run_id| async move { core.cancel(&run_id).await })
-            .buffer_unordered(SUBMIT_CONCURRENCY)
-            .try_collect()
-            .await?;
+        let recorded = try_join_settled(active, SUBMIT_CONCURRENCY, |run_id| async move {
+            core.cancel(&run_id).await
+        })
+        .await?;
         Ok(recorded.into_iter().filter(|r| *r).count())
     }
 
@@ -561,7 +586,8 @@ impl RunGroup {
     /// # Errors
     /// Storage errors; what was removed before the error stays removed.
     pub async fn forget(&self) -> Result<()> {
-        self.store().forget(&self.id).await
+        let group = self.clone();
+        detached(async move { group.store().forget(&group.id).await }).await
     }
 }
 

@@ -70,6 +70,7 @@ use crate::hooks::terminal::NoopTerminalHook;
 use crate::model::{RunEnd, RunOptions, RunSpec, RunStatus, RunTermination};
 use crate::model::{RunOutcome, TerminalStatus};
 use crate::model::{StepError, StepErrorKind, StepOutcome};
+use crate::run::commit::detached;
 use crate::run::core::OnTerminated;
 use crate::runner::{Delivery, Step, StepRunner};
 use crate::runtime::{RunnerHandle, WorkflowRuntime};
@@ -531,12 +532,9 @@ impl JobRunner {
             options,
             ..Default::default()
         };
-        let outcome = self
-            .runtime
-            .inner
-            .core
-            .submit_as(spec, None, on_terminated)
-            .await?;
+        let core = self.runtime.inner.core.clone();
+        let outcome =
+            detached(async move { core.submit_as(spec, None, on_terminated).await }).await?;
         Ok(self.handle(outcome.run_id, outcome.newly_submitted))
     }
 
@@ -640,12 +638,8 @@ impl<J: Job> JobHandle<J> {
         let Some(termination) = view.terminal_record(&self.id).await? else {
             return Ok(None);
         };
-        let termination: RunTermination = termination.into();
-        let outcome = view
-            .run_result_of(&self.id, &termination)
-            .await?
-            .map(|r| r.outcome);
-        job_result::<J>(&termination, outcome.as_ref())
+        let outcome = view.run_result_of(&self.id, &termination).await?;
+        job_result::<J>(&termination.into(), outcome.as_ref())
     }
 
     /// Wait in-process until the job terminates; its output or failure.
