@@ -150,6 +150,17 @@ impl FaultyStore {
         self.lock().config = config;
     }
 
+    /// Inject per `config` for the whole of `work` (every call it makes,
+    /// not one shot), then turn injection off ([`set_enabled`](Self::set_enabled)
+    /// `false`); `work`'s output.
+    pub async fn during<F: Future>(&self, config: FaultConfig, work: F) -> F::Output {
+        self.set_config(config);
+        self.set_enabled(true);
+        let output = work.await;
+        self.set_enabled(false);
+        output
+    }
+
     /// Decide the next eligible calls of `op` in order (see
     /// [`FaultConfig::only_under`]): `true` fails the call; the rate decides
     /// once the script is used up.
@@ -431,21 +442,30 @@ pub async fn poll_then_drop<F: Future>(future: F, polls: usize) -> Option<F::Out
 }
 
 /// Cancellation injection at every await point of an operation: for
-/// `n = 1, 2, …`, build the operation's future with `make(n)`, drop it
-/// after `n` polls ([`poll_then_drop`]) and run `check(n, output)` (the
-/// output when it completed within the `n` polls), until the future
-/// completes on its own. Returns that last `n`.
+/// `n = 1, 2, …`, run `setup(n)` to its end, build the operation's future
+/// with `make(n)`, drop it after `n` polls ([`poll_then_drop`]) and run
+/// `check(n, output)` (the output when it completed within the `n` polls),
+/// until the operation completes on its own. Returns that last `n`.
 ///
 /// # Panics
-/// When the future has not completed on its own within `max_polls` polls.
-pub async fn drop_at_each_poll<M, F, C, CF>(max_polls: usize, mut make: M, mut check: C) -> usize
+/// When the operation has not completed on its own within `max_polls`
+/// polls.
+pub async fn drop_at_each_poll<S, SF, M, F, C, CF>(
+    max_polls: usize,
+    mut setup: S,
+    mut make: M,
+    mut check: C,
+) -> usize
 where
+    S: FnMut(usize) -> SF,
+    SF: Future<Output = ()>,
     M: FnMut(usize) -> F,
     F: Future,
     C: FnMut(usize, Option<F::Output>) -> CF,
     CF: Future<Output = ()>,
 {
     for n in 1..=max_polls {
+        setup(n).await;
         let output = poll_then_drop(make(n), n).await;
         let completed = output.is_some();
         check(n, output).await;
@@ -455,6 +475,9 @@ where
     }
     panic!("the operation did not complete on its own within {max_polls} polls");
 }
+
+/// No set-up, for [`drop_at_each_poll`].
+pub async fn no_setup(_n: usize) {}
 
 static PANICS: AtomicUsize = AtomicUsize::new(0);
 static HOOK: Once = Once::new();

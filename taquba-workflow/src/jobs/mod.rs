@@ -494,6 +494,8 @@ impl JobRunner {
 
     /// Submit `job` with default options.
     ///
+    /// Cancel safety: as [`submit_with`](Self::submit_with).
+    ///
     /// # Errors
     /// As [`submit_with`](Self::submit_with).
     pub async fn submit<J: Job>(&self, job: J) -> Result<JobHandle<J>> {
@@ -502,6 +504,11 @@ impl JobRunner {
 
     /// Submit `job` with `options` (headers, priority, attempts, start
     /// time). [`Job::max_attempts`] applies when `options` sets none.
+    ///
+    /// Cancel safety: the submission runs on a task of its own. Dropped at
+    /// any await, the job was never committed, or it is committed and runs
+    /// as if awaited; submitting a keyed job again answers with the job
+    /// the dropped call committed (an unkeyed one has no id to find it by).
     ///
     /// # Errors
     /// [`Error::InputMismatch`] when the job's idempotency key names a job
@@ -741,6 +748,9 @@ impl<J: Job> JobGroup<J> {
 
     /// Submit `jobs` as the group's members; see [`RunGroup::submit`].
     ///
+    /// Cancel safety: as [`RunGroup::submit`]: dropped, it submitted
+    /// nothing or submits every member.
+    ///
     /// # Errors
     /// As [`RunGroup::submit`], plus encoding errors.
     pub async fn submit(&self, jobs: impl IntoIterator<Item = J>) -> Result<()> {
@@ -749,6 +759,8 @@ impl<J: Job> JobGroup<J> {
 
     /// [`submit`](Self::submit) with `options` for every member (the first
     /// job's [`Job::max_attempts`] applies when `options` sets none).
+    ///
+    /// Cancel safety: as [`RunGroup::submit`].
     ///
     /// # Errors
     /// As [`RunGroup::submit`], plus encoding errors.
@@ -773,6 +785,8 @@ impl<J: Job> JobGroup<J> {
 
     /// Run again the members that did not succeed; see [`RunGroup::resume`].
     ///
+    /// Cancel safety: as [`RunGroup::resume`].
+    ///
     /// # Errors
     /// As [`RunGroup::resume`].
     pub async fn resume(&self) -> Result<()> {
@@ -780,6 +794,8 @@ impl<J: Job> JobGroup<J> {
     }
 
     /// [`resume`](Self::resume) with `options`.
+    ///
+    /// Cancel safety: as [`RunGroup::resume`].
     ///
     /// # Errors
     /// As [`RunGroup::resume`].
@@ -826,6 +842,8 @@ impl<J: Job> JobGroup<J> {
 
     /// Cancel the active members; see [`RunGroup::cancel`].
     ///
+    /// Cancel safety: as [`RunGroup::cancel`].
+    ///
     /// # Errors
     /// As [`RunGroup::cancel`].
     pub async fn cancel(&self) -> Result<usize> {
@@ -833,6 +851,8 @@ impl<J: Job> JobGroup<J> {
     }
 
     /// Remove the group's state; see [`RunGroup::forget`].
+    ///
+    /// Cancel safety: as [`RunGroup::forget`].
     ///
     /// # Errors
     /// As [`RunGroup::forget`].

@@ -216,6 +216,7 @@ impl Memo {
     /// [`memoized`](Self::memoized) under the key
     /// [`content_key`](Self::content_key)`(input)`. Include an operation
     /// name in `input` when several operations may see equal inputs.
+    /// Cancel safety: as [`memoized`](Self::memoized).
     ///
     /// # Errors
     /// As [`memoized`](Self::memoized), plus an encoding failure of `input`.
@@ -259,6 +260,7 @@ impl Memo {
     }
 
     /// [`put`](Self::put) under [`content_key`](Self::content_key)`(input)`.
+    /// Cancel safety: as [`put`](Self::put).
     ///
     /// # Errors
     /// As `put` and `content_key`.
