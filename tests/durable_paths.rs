@@ -1317,6 +1317,49 @@ async fn a_plain_submission_under_an_active_members_run_id_is_refused() {
     worker.shutdown().await.unwrap();
 }
 
+/// The other way round: a plain run that holds a member's run id before
+/// the group is submitted is not taken for the member (its end would
+/// never write the member's record, and the group's results would wait
+/// forever).
+#[tokio::test(start_paused = true)]
+async fn a_group_does_not_take_a_plain_run_under_a_members_run_id_for_the_member() {
+    let (queue, store, _clock) = memory_queue().await;
+    let script = Script::default();
+    let runtime = workflow_builder(&queue, &store, &script).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let member_id = member_run_id("g", "c");
+    runtime
+        .submit(spec(member_id.as_str(), "gate"))
+        .await
+        .unwrap();
+    eventually("the plain run to run", || async {
+        state(&runtime, member_id.as_str()).await == Some(RunState::Running)
+    })
+    .await;
+    let group = runtime.group(rid("g"));
+    let refused = group
+        .submit(vec![member("c", "gate")], &RunOptions::default())
+        .await;
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|err| is_member_run_id_taken(err, "c")),
+        "{refused:?}"
+    );
+    script.gate.open();
+    assert_eq!(
+        ends(&runtime, member_id.as_str(), "plain").await,
+        TerminalStatus::Succeeded
+    );
+    // Once the plain run is gone, the member is submitted as itself.
+    group
+        .submit(vec![member("c", "gate")], &RunOptions::default())
+        .await
+        .unwrap();
+    group_ends(&group, TerminalStatus::Succeeded, "member").await;
+    worker.shutdown().await.unwrap();
+}
+
 // The error variants the tests above expect.
 
 fn is_invalid_memo_key(err: &Error, expected: &str) -> bool {
@@ -1325,4 +1368,8 @@ fn is_invalid_memo_key(err: &Error, expected: &str) -> bool {
 
 fn is_member_run_id(err: &Error, group: &str, expected_key: &str) -> bool {
     matches!(err, Error::GroupMemberRunId { group_id, key, .. } if group_id.as_str() == group && key == expected_key)
+}
+
+fn is_member_run_id_taken(err: &Error, expected_key: &str) -> bool {
+    matches!(err, Error::MemberRunIdTaken { key, .. } if key == expected_key)
 }
