@@ -15,6 +15,14 @@
 //! more than once (a cancellation records the request, then removes the
 //! step; a group submits in chunks) runs whole on one such task, so a drop
 //! never stops it halfway either: it completes as if awaited.
+//!
+//! Besides [`Committer`] and [`detached`]: the group commit of fresh
+//! submissions commits on its own tasks (`submit_batch`); the worker's
+//! settlement runs whole on a detached task and commits there; and the
+//! retention sweeps' expiry passes commit inside `taquba::ExpiryIndex::pass`
+//! on the maintenance task, which a stopping worker drops mid-round. Those
+//! commits only delete (no job, no expiry entry, so no notice to skip), and
+//! a dropped pass leaves the index's bound where it began.
 
 use std::future::Future;
 use std::sync::Arc;
