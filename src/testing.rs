@@ -1,15 +1,20 @@
 //! Helpers of the durability tests: [`FaultyStore`], an object store that
 //! fails chosen operations and adds latency; [`TokioClock`], a queue clock
-//! that follows tokio's time (so paused-time tests drive timers); and a
-//! panic counter ([`count_panics`]).
+//! that follows tokio's time (so paused-time tests drive timers); a panic
+//! counter ([`count_panics`]); and cancellation injection
+//! ([`poll_then_drop`], [`drop_at_each_poll`]): a future dropped after
+//! exactly N polls, as a request handler's future is when its client
+//! disconnects or a `tokio::time::timeout` fires.
 //!
 //! Test-only code: nothing here belongs in a production program.
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::future::Future;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Once};
+use std::task::Poll;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -143,6 +148,17 @@ impl FaultyStore {
     /// Replace the configuration.
     pub fn set_config(&self, config: FaultConfig) {
         self.lock().config = config;
+    }
+
+    /// Inject per `config` for the whole of `work` (every call it makes,
+    /// not one shot), then turn injection off ([`set_enabled`](Self::set_enabled)
+    /// `false`); `work`'s output.
+    pub async fn during<F: Future>(&self, config: FaultConfig, work: F) -> F::Output {
+        self.set_config(config);
+        self.set_enabled(true);
+        let output = work.await;
+        self.set_enabled(false);
+        output
     }
 
     /// Decide the next eligible calls of `op` in order (see
@@ -404,6 +420,64 @@ impl taquba::Clock for TokioClock {
         self.base_ms.saturating_add(elapsed)
     }
 }
+
+/// Poll `future` exactly `polls` times, then drop it; `Some(output)` when
+/// it completed within those polls. Between two polls the calling task
+/// sleeps 1 ms (of paused or real time), so spawned tasks, timers and the
+/// queue's WAL flush move on as they would while a caller waits.
+///
+/// The future is polled with the calling task's waker, so what it awaits
+/// is registered as usual; it is polled again after the sleep whether or
+/// not it was woken, which places the drop at each await in turn.
+pub async fn poll_then_drop<F: Future>(future: F, polls: usize) -> Option<F::Output> {
+    let mut future = std::pin::pin!(future);
+    for _ in 0..polls {
+        let polled = std::future::poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx))).await;
+        if let Poll::Ready(output) = polled {
+            return Some(output);
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    None
+}
+
+/// Cancellation injection at every await point of an operation: for
+/// `n = 1, 2, …`, run `setup(n)` to its end, build the operation's future
+/// with `make(n)`, drop it after `n` polls ([`poll_then_drop`]) and run
+/// `check(n, output)` (the output when it completed within the `n` polls),
+/// until the operation completes on its own. Returns that last `n`.
+///
+/// # Panics
+/// When the operation has not completed on its own within `max_polls`
+/// polls.
+pub async fn drop_at_each_poll<S, SF, M, F, C, CF>(
+    max_polls: usize,
+    mut setup: S,
+    mut make: M,
+    mut check: C,
+) -> usize
+where
+    S: FnMut(usize) -> SF,
+    SF: Future<Output = ()>,
+    M: FnMut(usize) -> F,
+    F: Future,
+    C: FnMut(usize, Option<F::Output>) -> CF,
+    CF: Future<Output = ()>,
+{
+    for n in 1..=max_polls {
+        setup(n).await;
+        let output = poll_then_drop(make(n), n).await;
+        let completed = output.is_some();
+        check(n, output).await;
+        if completed {
+            return n;
+        }
+    }
+    panic!("the operation did not complete on its own within {max_polls} polls");
+}
+
+/// No set-up, for [`drop_at_each_poll`].
+pub async fn no_setup(_n: usize) {}
 
 static PANICS: AtomicUsize = AtomicUsize::new(0);
 static HOOK: Once = Once::new();

@@ -99,6 +99,55 @@ pub enum Error {
     /// No group with this id has a manifest.
     #[error("group `{0}` not found")]
     GroupNotFound(RunId),
+    /// A plain submission (a run, a typed workflow start, a keyed job) named
+    /// the run id of a group member (the hex SHA-256 of
+    /// `{group_id}/{key}`), active or terminated: a plain run under it
+    /// would answer for the member's run, or overwrite its terminal and
+    /// result records. Submit the member through its group.
+    #[error(
+        "run id `{run_id}` belongs to member {key:?} of group `{group_id}`; submit it through the group"
+    )]
+    GroupMemberRunId {
+        /// The run id submitted.
+        run_id: RunId,
+        /// The group whose member the run id names.
+        group_id: RunId,
+        /// The member's key.
+        key: String,
+    },
+    /// A group member's run id is held by an active run that is not that
+    /// member (a plain run submitted under the digest, or a member of
+    /// another group): the member cannot be submitted under it.
+    #[error(
+        "member {key:?} of group `{group_id}` cannot be submitted: its run id `{run_id}` is held by a run outside the group"
+    )]
+    MemberRunIdTaken {
+        /// The group.
+        group_id: RunId,
+        /// The member's key.
+        key: String,
+        /// The member's run id.
+        run_id: RunId,
+    },
+    /// A memo key no memo takes: the reserved key of the run result record
+    /// ([`Memo::RESERVED_KEY`](crate::Memo::RESERVED_KEY), `workflow.outcome`),
+    /// whose overwrite would erase or forge a run's committed outcome, or
+    /// the empty key (its object path would be the step memo's directory).
+    #[error("memo key {key:?} is not allowed: {reason}")]
+    InvalidMemoKey {
+        /// The rejected key.
+        key: String,
+        /// Why it is rejected.
+        reason: &'static str,
+    },
+    /// The Tokio runtime shut down while an operation ran on a task of its
+    /// own (every call that commits does, so a dropped caller cannot stop
+    /// it halfway): whether it took effect is unknown. Look at the state
+    /// (or call again) once a runtime runs.
+    #[error(
+        "the Tokio runtime shut down before the operation finished; whether it took effect is unknown"
+    )]
+    RuntimeShutdown,
 }
 
 impl Error {
@@ -124,7 +173,7 @@ impl Error {
     pub fn is_permanent(&self) -> bool {
         match self {
             Error::Queue(err) => err.is_permanent(),
-            Error::Store(_) => false,
+            Error::Store(_) | Error::RuntimeShutdown => false,
             _ => true,
         }
     }

@@ -66,7 +66,8 @@
 //!   and each group's submission counter.
 //! * The object store passed to [`WorkflowRuntime::builder`], under the memo
 //!   prefix (default `"{queue_name}-memo"`): memo entries, the run result
-//!   record (`workflow.outcome` in the run memo), step-output replay
+//!   record (`workflow.outcome` in the run memo, a key no memo write
+//!   takes), step-output replay
 //!   records, group manifests.
 //!
 //! Everything the runtime writes is MessagePack with named fields, so a
@@ -88,6 +89,7 @@ mod model;
 mod run;
 mod runner;
 mod runtime;
+mod settled;
 mod store;
 mod view;
 mod worker;

@@ -17,6 +17,7 @@ use crate::hooks::guard::{self, default_hook_timeout};
 use crate::hooks::terminal::TerminalHook;
 use crate::model::RunOutcome;
 use crate::model::{RunEnd, RunSpec, RunStatus, SubmitOutcome};
+use crate::run::commit::detached;
 use crate::run::core::{RuntimeCore, Settings};
 use crate::runner::StepRunner;
 use crate::store::keys::RunId;
@@ -98,9 +99,17 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// input returns `newly_submitted: false` and writes nothing. A run id
     /// whose run terminated starts a new run.
     ///
+    /// Cancel safety: the submission runs on a task of its own. Dropped at
+    /// any await (a client that disconnected, a `tokio::time::timeout`), it
+    /// either never committed or commits and runs as if awaited; submitting
+    /// the same run id and input again answers for it.
+    ///
     /// # Errors
     /// [`Error::InputMismatch`](crate::Error::InputMismatch) when the run is
     /// active with a different input;
+    /// [`Error::GroupMemberRunId`](crate::Error::GroupMemberRunId) for the
+    /// run id of a group member (active, or terminated with this
+    /// version's records);
     /// [`Error::ReservedHeaderInSubmit`](crate::Error::ReservedHeaderInSubmit)
     /// for a `workflow.` header in `spec.options` or on an enqueue of
     /// `spec.effects`; [`Error::ReservedKvKey`](crate::Error::ReservedKvKey)
@@ -109,9 +118,11 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// for an enqueue of `spec.effects` into it (the queue takes only the
     /// runtime's own jobs), and when the queue rejects the enqueue (bad
     /// queue name, oversized KV value) or the store fails. A refused
-    /// submission commits nothing.
+    /// submission commits nothing; [`Error::RuntimeShutdown`](crate::Error::RuntimeShutdown)
+    /// when the Tokio runtime shuts down first.
     pub async fn submit(&self, spec: RunSpec) -> Result<SubmitOutcome> {
-        self.inner.core.submit(spec, None).await
+        let core = self.inner.core.clone();
+        detached(async move { core.submit(spec, None).await }).await
     }
 
     /// The runtime's read-only view.
@@ -148,6 +159,10 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// it also looks at the run's current step, so a step dead-lettered
     /// outside the worker (the queue's reaper) ends the wait promptly.
     ///
+    /// Cancel safety: a read, but for the reconciliation of such a dead
+    /// letter, which commits on a task of its own; dropped, the wait leaves
+    /// the run as it found it or reconciled.
+    ///
     /// # Errors
     /// [`Error::RunNotFound`](crate::Error::RunNotFound) for a run that is
     /// neither active nor recorded as terminated; storage errors.
@@ -172,18 +187,34 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// step is removed and the run ends `Cancelled` before this returns; a
     /// running step's [`Delivery::cancel_token`](crate::Delivery::cancel_token)
     /// fires and the run ends `Cancelled` when the step returns, whatever it
-    /// returned. `Ok(true)` means the run ends `Cancelled`. A step claimed
-    /// by a worker of another runtime over the queue cannot be judged from
-    /// here, so the call then waits for that step to settle (a step record
-    /// whose offloaded payload object is gone is waited on by its record,
-    /// not failed on).
+    /// returned. A step claimed by a worker of another runtime over the
+    /// queue cannot be judged from here, so the call then waits for that
+    /// step to settle (a step record whose offloaded payload object is gone
+    /// is waited on by its record, not failed on).
+    ///
+    /// `Ok(true)` means this call's request ends the run `Cancelled`: of
+    /// several concurrent calls on one run exactly one answers `true` (the
+    /// one that recorded the request), so a caller can act once on it (a
+    /// refund, an audit event); the others answer `Ok(false)`. There is one
+    /// termination and one terminal notification however many calls race.
+    /// A run whose step was dead-lettered outside the worker (the reaper
+    /// took it after its last lease expired; crash recovery) has failed:
+    /// the call answers `Ok(false)` and the run ends `Failed` with the
+    /// queue's last error.
+    ///
+    /// Cancel safety: the whole call runs on a task of its own. Dropped at
+    /// any await, either nothing was requested, or the request is applied
+    /// to the current step as if the call had been awaited (a waiting step
+    /// is removed, a running one's token fires).
     ///
     /// # Errors
-    /// Storage errors. Returns `Ok(false)` for an unknown or already
-    /// terminated run, and when the run's terminating settlement was already
-    /// committing.
+    /// Storage errors; [`Error::RuntimeShutdown`](crate::Error::RuntimeShutdown).
+    /// Returns `Ok(false)` for an unknown or already terminated run, when
+    /// another call recorded the request first, when the run's terminating
+    /// settlement was already committing, and for a dead-lettered step.
     pub async fn cancel(&self, run_id: &RunId) -> Result<bool> {
-        self.inner.core.cancel(run_id).await
+        let (core, run_id) = (self.inner.core.clone(), run_id.clone());
+        detached(async move { core.cancel(&run_id).await }).await
     }
 
     /// The run group `id` of this runtime (nothing is written until it is
@@ -218,6 +249,12 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// runs whose step was dead-lettered outside the worker; sweep expired
     /// retention markers at startup and every poll interval.
     ///
+    /// Cancel safety: dropping this future stops the loop at once, without
+    /// the drain of a shutdown. Runner (and hook) calls in flight are
+    /// dropped and their steps delivered again once their leases expire;
+    /// settlements already committing run on tasks of their own and
+    /// complete, so no committed step is left unclaimed.
+    ///
     /// # Errors
     /// None in practice: storage errors are logged and retried at the poll
     /// interval, so the loop keeps serving runs through an outage.
@@ -238,20 +275,30 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// durably and consumed by the next waiter ([`SignalOutcome::Buffered`]);
     /// a later signal replaces a buffered one.
     ///
+    /// Cancel safety: the whole call runs on a task of its own. Dropped at
+    /// any await, the signal is not sent, or it is delivered or buffered
+    /// as if the call had been awaited.
+    ///
     /// # Errors
     /// [`Error::Queue`](crate::Error::Queue) with `KvValueTooLarge` for a
-    /// payload over [`taquba::MAX_KV_VALUE_SIZE`]; storage errors.
+    /// payload over [`taquba::MAX_KV_VALUE_SIZE`]; storage errors;
+    /// [`Error::RuntimeShutdown`](crate::Error::RuntimeShutdown).
     pub async fn signal(&self, correlation_key: &str, payload: Vec<u8>) -> Result<SignalOutcome> {
-        self.inner.core.signal(correlation_key, payload).await
+        let (core, key) = (self.inner.core.clone(), correlation_key.to_string());
+        detached(async move { core.signal(&key, payload).await }).await
     }
 
     /// Discard the signal buffered under `correlation_key`; `Ok(true)` when
     /// there was one.
     ///
+    /// Cancel safety: one compare-and-delete on a task of its own; dropped,
+    /// the signal is still buffered or discarded.
+    ///
     /// # Errors
-    /// Storage errors.
+    /// Storage errors; [`Error::RuntimeShutdown`](crate::Error::RuntimeShutdown).
     pub async fn clear_signal(&self, correlation_key: &str) -> Result<bool> {
-        self.inner.core.clear_signal(correlation_key).await
+        let (core, key) = (self.inner.core.clone(), correlation_key.to_string());
+        detached(async move { core.clear_signal(&key).await }).await
     }
 }
 

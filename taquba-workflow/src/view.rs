@@ -6,19 +6,12 @@ use taquba::{JobRecord, JobStatus, QueueView};
 
 use crate::error::{Error, Result};
 use crate::model::RunOutcome;
-use crate::model::{RunState, RunStatus, RunTermination};
+use crate::model::{RunState, RunStatus};
 use crate::store::durable::{
     self, DurableCurrentStep, DurableRunRecord, DurableRunResult, DurableTermination,
 };
 use crate::store::keys::{RunId, outcome_kv_key, run_kv_key, step_kv_key};
 use crate::store::memo::{MemoStore, RUN_RESULT_MEMO_KEY};
-
-/// A run result record with the termination it belongs to.
-#[derive(Debug, Clone)]
-pub(crate) struct RunResult {
-    pub(crate) termination: RunTermination,
-    pub(crate) outcome: RunOutcome,
-}
 
 /// Read-only queries of runs: [`status`](Self::status) and
 /// [`outcome`](Self::outcome). [`WorkflowRuntime::view`](crate::WorkflowRuntime::view)
@@ -96,10 +89,7 @@ impl WorkflowView {
         if self.current_step_if_active(run_id).await?.is_some() {
             return Ok(None);
         }
-        Ok(self
-            .recorded_result(run_id)
-            .await?
-            .map(|result| result.outcome))
+        self.recorded_outcome(run_id).await
     }
 
     pub(crate) async fn run_record(&self, run_id: &RunId) -> Result<Option<DurableRunRecord>> {
@@ -149,30 +139,36 @@ impl WorkflowView {
         }))
     }
 
-    /// The run result record of the termination the terminal record
-    /// describes.
-    pub(crate) async fn recorded_result(&self, run_id: &RunId) -> Result<Option<RunResult>> {
+    /// The outcome in the run result record of the termination the terminal
+    /// record describes.
+    pub(crate) async fn recorded_outcome(&self, run_id: &RunId) -> Result<Option<RunOutcome>> {
         match self.terminal_record(run_id).await? {
-            Some(termination) => self.run_result_of(run_id, &termination.into()).await,
+            Some(termination) => self.run_result_of(run_id, &termination).await,
             None => Ok(None),
         }
     }
 
-    /// The run result record of `run_id` when it belongs to `termination`
-    /// (a record of an earlier run under the id, or of a settlement that did
-    /// not commit, is not reported).
+    /// The outcome in the run result record of `run_id` when the record
+    /// belongs to `termination`,
+    /// the terminal record as read: the whole record must match, the input
+    /// hash and group membership of the run included, so a record of an
+    /// earlier run under the id, of a settlement that did not commit, or of
+    /// another run that terminated the same way in the same millisecond is
+    /// not reported.
     pub(crate) async fn run_result_of(
         &self,
         run_id: &RunId,
-        termination: &RunTermination,
-    ) -> Result<Option<RunResult>> {
+        termination: &DurableTermination,
+    ) -> Result<Option<RunOutcome>> {
         Ok(self
             .run_result(run_id)
             .await?
-            .filter(|result| result.termination == *termination))
+            .filter(|record| record.termination == *termination)
+            .map(|record| record.outcome.into()))
     }
 
-    async fn run_result(&self, run_id: &RunId) -> Result<Option<RunResult>> {
+    /// The run result record of `run_id`.
+    async fn run_result(&self, run_id: &RunId) -> Result<Option<DurableRunResult>> {
         let Some(bytes) = self
             .memos
             .new_run_memo(run_id)
@@ -181,13 +177,10 @@ impl WorkflowView {
         else {
             return Ok(None);
         };
-        Ok(
-            durable::decode_or_absent::<DurableRunResult>(&bytes, "run result record", run_id).map(
-                |record| RunResult {
-                    termination: record.termination.into(),
-                    outcome: record.outcome.into(),
-                },
-            ),
-        )
+        Ok(durable::decode_or_absent::<DurableRunResult>(
+            &bytes,
+            "run result record",
+            run_id,
+        ))
     }
 }

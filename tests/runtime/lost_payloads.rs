@@ -146,11 +146,13 @@ async fn a_dead_current_step_without_its_payload_is_read_and_reconciled() {
     assert_eq!(end.termination.status, TerminalStatus::Failed);
     assert_eq!(end.termination.error.as_deref(), Some("hung"));
 
-    // A cancellation of a run whose dead step lost its payload ends it
-    // cancelled.
-    assert!(within(30, runtime.cancel(&rid("cancelled"))).await.unwrap());
+    // A cancellation of a run whose dead step lost its payload is refused
+    // (the run failed when its step died) and reconciles the run: it ends
+    // failed with the step's error.
+    assert!(!within(30, runtime.cancel(&rid("cancelled"))).await.unwrap());
     let end = within(30, runtime.wait(&rid("cancelled"))).await.unwrap();
-    assert_eq!(end.termination.status, TerminalStatus::Cancelled);
+    assert_eq!(end.termination.status, TerminalStatus::Failed);
+    assert_eq!(end.termination.error.as_deref(), Some("hung"));
 
     // The worker's reconciliation pass terminates the last one.
     let worker = runtime.spawn(std::future::pending::<()>());

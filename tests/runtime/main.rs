@@ -12,6 +12,7 @@ mod common;
 
 mod cancel_and_hooks;
 mod durability;
+mod durable_paths;
 mod group_attacks;
 mod groups;
 mod hook_faults;

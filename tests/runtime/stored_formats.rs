@@ -329,7 +329,8 @@ async fn keys_paths_dedup_keys_and_headers_are_as_the_seeds_name_them() {
         .step_output_replay()
         .poll_interval(Duration::from_millis(50))
         .build();
-    let worker = runtime.spawn(std::future::pending::<()>());
+    // The worker starts once the pending step job was read: a claim
+    // releases the job's dedup key.
     let submitted = runtime
         .submit(RunSpec {
             run_id: Some(rid("fmt")),
@@ -342,8 +343,6 @@ async fn keys_paths_dedup_keys_and_headers_are_as_the_seeds_name_them() {
         })
         .await
         .unwrap();
-    until_step("step 0 to run", &runtime, "fmt", 0).await;
-
     // An active run: its record and current-step pointer.
     for key in ["workflow/runs/fmt", "workflow/steps/fmt"] {
         assert!(
@@ -369,6 +368,8 @@ async fn keys_paths_dedup_keys_and_headers_are_as_the_seeds_name_them() {
         Some("acme")
     );
 
+    let worker = runtime.spawn(std::future::pending::<()>());
+    until_step("step 0 to run", &runtime, "fmt", 0).await;
     runner.gate.open();
     let end = within(30, runtime.wait(&rid("fmt"))).await.unwrap();
     for key in ["workflow/runs/fmt", "workflow/steps/fmt"] {

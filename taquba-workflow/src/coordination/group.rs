@@ -18,9 +18,11 @@ use crate::coordination::group_submit::{self, SUBMIT_CONCURRENCY};
 use crate::error::{Error, Result};
 use crate::model::{RunOptions, RunTermination};
 use crate::model::{RunOutcome, TerminalStatus};
+use crate::run::commit::{Committer, detached};
 use crate::run::core::RuntimeCore;
+use crate::settled::try_join_settled;
 use crate::store::blob::ObjectPrefix;
-use crate::store::durable::{self, DurableMember, DurableTermination};
+use crate::store::durable::{self, DurableMember, DurableMembership, DurableTermination};
 use crate::store::keys::{
     DIGESTED_MEMBER_KEY, HEADER_GROUP, HEADER_GROUP_KEY, RunId, group_manifest_claim_kv_key,
     group_member_kv_key, group_members_kv_prefix, group_submissions_kv_key, member_key_is_digested,
@@ -76,6 +78,14 @@ impl Membership {
 
     pub(crate) fn run_id(&self) -> RunId {
         member_run_id(&self.group_id, &self.key)
+    }
+
+    /// The membership as a terminal record keeps it.
+    pub(crate) fn durable(&self) -> DurableMembership {
+        DurableMembership {
+            group_id: self.group_id.clone(),
+            key: self.key.clone(),
+        }
     }
 }
 
@@ -148,6 +158,7 @@ pub(crate) struct GroupStore {
     objects: ObjectPrefix,
     memo_store: MemoStore,
     queue: Arc<Queue>,
+    commits: Committer,
 }
 
 impl GroupStore {
@@ -155,12 +166,13 @@ impl GroupStore {
         store: Arc<dyn ObjectStore>,
         prefix: impl Into<String>,
         memo_store: MemoStore,
-        queue: Arc<Queue>,
+        commits: Committer,
     ) -> Self {
         Self {
             objects: ObjectPrefix::new(store, prefix),
             memo_store,
-            queue,
+            queue: commits.queue().clone(),
+            commits,
         }
     }
 
@@ -189,8 +201,8 @@ impl GroupStore {
         let key = group_manifest_claim_kv_key(&manifest.group_id);
         let claim = SettlementEffects::default().kv_put(key.clone(), digest.clone());
         if self
-            .queue
-            .kv_compare_commit(&key, None, claim)
+            .commits
+            .compare_commit(&key, None, claim)
             .await?
             .is_none()
         {
@@ -253,11 +265,10 @@ impl GroupStore {
                 .map(|m| member_run_id(group_id, &m.key))
                 .collect();
             let memos = &self.memo_store;
-            stream::iter(run_ids.clone())
-                .map(|run_id| async move { memos.clear_memos_for_run(&run_id).await })
-                .buffer_unordered(SUBMIT_CONCURRENCY)
-                .try_collect::<Vec<usize>>()
-                .await?;
+            try_join_settled(run_ids.clone(), SUBMIT_CONCURRENCY, |run_id| async move {
+                memos.clear_memos_for_run(&run_id).await
+            })
+            .await?;
             for run_id in &run_ids {
                 keys.push(outcome_kv_key(run_id));
                 if keys.len() == PAGE {
@@ -287,8 +298,8 @@ impl GroupStore {
     }
 
     async fn delete_keys(&self, keys: Vec<Vec<u8>>) -> Result<()> {
-        self.queue
-            .commit_effects(SettlementEffects::default().kv_deletes(keys))
+        self.commits
+            .commit(SettlementEffects::default().kv_deletes(keys))
             .await?;
         Ok(())
     }
@@ -300,7 +311,9 @@ impl GroupStore {
 /// to clone.
 ///
 /// Members are keyed; a member's run id derives from the group id and its
-/// key. The manifest is durable, so [`results`](Self::results),
+/// key (hex SHA-256 of `{group_id}/{key}`) and belongs to the group: a
+/// plain submission under it is refused ([`Error::GroupMemberRunId`]), so
+/// the group always reports its member's own run. The manifest is durable, so [`results`](Self::results),
 /// [`status`](Self::status), [`cancel`](Self::cancel) and
 /// [`forget`](Self::forget) work after a restart. A second
 /// [`submit`](Self::submit) of the same set (or [`resume`](Self::resume))
@@ -350,14 +363,26 @@ impl RunGroup {
     /// whose last termination is not a success (members still active are
     /// left running). Members are committed up to 256 per transaction, in
     /// order, so a group of any size submits in bounded memory; a failure
-    /// returns after the members committed so far, and a re-submission
-    /// completes the rest.
+    /// returns after the members committed so far (every commit in flight
+    /// when it happened has finished by then), and a re-submission or
+    /// [`resume`](Self::resume) completes the rest.
+    ///
+    /// Cancel safety: the whole submission runs on a task of its own.
+    /// Dropped at any await, it either wrote nothing (the group is not
+    /// found) or submits every member as if awaited.
     ///
     /// # Errors
     /// [`Error::DuplicateMemberKey`] for two members with one key;
     /// [`Error::GroupMismatch`] for a member set that differs from the
-    /// manifest; errors of [`WorkflowRuntime::submit`](crate::WorkflowRuntime::submit).
+    /// manifest; [`Error::MemberRunIdTaken`] for a member whose run id an
+    /// active run outside the group holds; errors of
+    /// [`WorkflowRuntime::submit`](crate::WorkflowRuntime::submit).
     pub async fn submit(&self, members: Vec<GroupMember>, options: &RunOptions) -> Result<()> {
+        let (group, options) = (self.clone(), options.clone());
+        detached(async move { group.submit_here(members, &options).await }).await
+    }
+
+    async fn submit_here(&self, members: Vec<GroupMember>, options: &RunOptions) -> Result<()> {
         let mut seen = HashSet::with_capacity(members.len());
         for member in &members {
             if !seen.insert(member.key.as_str()) {
@@ -382,12 +407,19 @@ impl RunGroup {
     /// Submit the manifest's members whose last termination is not a
     /// success, as a re-[`submit`](Self::submit) would.
     ///
+    /// Cancel safety: as [`submit`](Self::submit), the whole call runs on a
+    /// task of its own and completes when dropped.
+    ///
     /// # Errors
     /// [`Error::GroupNotFound`] for a group never submitted; submission
     /// errors.
     pub async fn resume(&self, options: &RunOptions) -> Result<()> {
-        let manifest = self.manifest().await?;
-        self.submit_members(manifest.members, options).await
+        let (group, options) = (self.clone(), options.clone());
+        detached(async move {
+            let manifest = group.manifest().await?;
+            group.submit_members(manifest.members, &options).await
+        })
+        .await
     }
 
     async fn submit_members(&self, members: Vec<GroupMember>, options: &RunOptions) -> Result<()> {
@@ -424,6 +456,10 @@ impl RunGroup {
     /// [`group_retention`](crate::WorkflowRuntimeBuilder::group_retention)).
     /// The members still running are waited on 256 at a time, in manifest
     /// order, so the waits' memory is bounded for any group size.
+    ///
+    /// Cancel safety: reads and waits; the retention marker and any
+    /// dead-letter reconciliation a wait performs commit on tasks of their
+    /// own, so dropping the stream leaves nothing half-written.
     ///
     /// # Errors
     /// [`Error::GroupNotFound`] for a group never submitted; in the stream,
@@ -485,16 +521,17 @@ impl RunGroup {
     }
 
     async fn member_result(&self, key: String, record: DurableMember) -> Result<MemberResult> {
-        let termination: RunTermination = record
+        let terminated = record
             .terminated
-            .ok_or_else(|| Error::InconsistentRunState(record.run_id.clone()))?
-            .into();
+            .ok_or_else(|| Error::InconsistentRunState(record.run_id.clone()))?;
+        // The member's own termination: a record another run under the id
+        // wrote does not match it.
         let outcome = self
             .core
             .view
-            .run_result_of(&record.run_id, &termination)
-            .await?
-            .map(|result| result.outcome);
+            .run_result_of(&record.run_id, &terminated)
+            .await?;
+        let termination: RunTermination = terminated.into();
         Ok(MemberResult {
             key,
             run_id: record.run_id,
@@ -530,11 +567,22 @@ impl RunGroup {
 
     /// Cancel every active member as
     /// [`WorkflowRuntime::cancel`](crate::WorkflowRuntime::cancel) does;
-    /// returns how many requests were recorded.
+    /// returns how many of those cancellations answered `true` (the
+    /// requests this call recorded that end their member `Cancelled`).
+    ///
+    /// Cancel safety: the whole call runs on a task of its own. Dropped at
+    /// any await, it cancels every member active when it started, as if
+    /// awaited.
     ///
     /// # Errors
-    /// Storage errors.
+    /// Storage errors, once every member cancellation in flight finished;
+    /// [`Error::RuntimeShutdown`].
     pub async fn cancel(&self) -> Result<usize> {
+        let group = self.clone();
+        detached(async move { group.cancel_here().await }).await
+    }
+
+    async fn cancel_here(&self) -> Result<usize> {
         let active: Vec<RunId> = self
             .members()
             .await?
@@ -543,11 +591,10 @@ impl RunGroup {
             .map(|m| m.record.run_id)
             .collect();
         let core = &self.core;
-        let recorded: Vec<bool> = stream::iter(active)
-            .map(|run_id| async move { core.cancel(&run_id).await })
-            .buffer_unordered(SUBMIT_CONCURRENCY)
-            .try_collect()
-            .await?;
+        let recorded = try_join_settled(active, SUBMIT_CONCURRENCY, |run_id| async move {
+            core.cancel(&run_id).await
+        })
+        .await?;
         Ok(recorded.into_iter().filter(|r| *r).count())
     }
 
@@ -558,10 +605,14 @@ impl RunGroup {
     /// writes its member record when it ends, and a later `submit` takes a
     /// member still running back into the group without starting it again.
     ///
+    /// Cancel safety: the whole call runs on a task of its own. Dropped at
+    /// any await, it removes the group's state as if awaited.
+    ///
     /// # Errors
     /// Storage errors; what was removed before the error stays removed.
     pub async fn forget(&self) -> Result<()> {
-        self.store().forget(&self.id).await
+        let group = self.clone();
+        detached(async move { group.store().forget(&group.id).await }).await
     }
 }
 
@@ -584,5 +635,104 @@ fn member_record(membership: &Membership, terminated: Option<DurableTermination>
         terminated,
         key: member_key_is_digested(&membership.key).then(|| membership.key.clone()),
         version: Some(ulid::Ulid::new().to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::TryStreamExt;
+    use taquba::object_store::memory::InMemory;
+
+    use super::*;
+    use crate::hooks::terminal::NoopTerminalHook;
+    use crate::model::{StepError, StepOutcome};
+    use crate::runner::{Step, StepRunner};
+    use crate::runtime::WorkflowRuntime;
+    use crate::store::durable::{DurableRunOutcome, DurableRunResult};
+    use crate::store::memo::RUN_RESULT_MEMO_KEY;
+
+    struct Echo;
+
+    impl StepRunner for Echo {
+        async fn run_step(&self, step: &Step) -> std::result::Result<StepOutcome, StepError> {
+            Ok(StepOutcome::Succeed {
+                result: step.payload.clone(),
+            })
+        }
+    }
+
+    /// A run result record is the member's only when its whole terminal
+    /// record matches the member's, the input hash included: one written
+    /// by another run that ended the same way in the same millisecond
+    /// (the same status, step and time) is not reported as the member's.
+    #[tokio::test(start_paused = true)]
+    async fn a_result_record_with_another_input_hash_is_not_the_members() {
+        let store = Arc::new(InMemory::new());
+        let queue = Arc::new(Queue::open(store.clone(), "db").await.expect("open"));
+        let runtime = WorkflowRuntime::builder(queue, store, Echo, NoopTerminalHook).build();
+        let worker = runtime.spawn(std::future::pending::<()>());
+        let group = runtime.group(RunId::new("g").expect("id"));
+        let member = GroupMember {
+            key: "a".into(),
+            input: b"own".to_vec(),
+        };
+        group
+            .submit(vec![member], &RunOptions::default())
+            .await
+            .expect("submit");
+        let results: Vec<MemberResult> = group
+            .results()
+            .await
+            .expect("results")
+            .try_collect()
+            .await
+            .expect("results");
+        assert_eq!(
+            results[0]
+                .outcome
+                .as_ref()
+                .and_then(|o| o.result.as_deref()),
+            Some(&b"own"[..])
+        );
+        let core = &runtime.inner.core;
+        let record = core
+            .group_store
+            .member(group.id(), "a")
+            .await
+            .expect("read")
+            .expect("the member record");
+        let terminated = record.terminated.clone().expect("terminated");
+        let forge = |termination: DurableTermination| async {
+            let mut outcome: RunOutcome = results[0].outcome.clone().expect("outcome");
+            outcome.result = Some(b"forged".to_vec());
+            let forged = DurableRunResult {
+                termination,
+                outcome: DurableRunOutcome::from(&outcome),
+            };
+            core.memo_store
+                .new_run_memo(&record.run_id)
+                .put_reserved(RUN_RESULT_MEMO_KEY, &durable::encode(&forged))
+                .await
+                .expect("write");
+            group
+                .member_result("a".into(), record.clone())
+                .await
+                .expect("member result")
+                .outcome
+        };
+        let other_input = DurableTermination {
+            input_hash: sha256(b"another input").to_vec(),
+            ..terminated.clone()
+        };
+        assert!(forge(other_input).await.is_none());
+        let plain_run = DurableTermination {
+            member: None,
+            ..terminated.clone()
+        };
+        assert!(forge(plain_run).await.is_none());
+        // The check is on the record itself: the member's own termination
+        // matches.
+        assert!(forge(terminated).await.is_some());
+        worker.shutdown().await.expect("shutdown");
     }
 }

@@ -37,6 +37,7 @@ use crate::model::TerminalStatus;
 use crate::model::{RunOptions, RunSpec};
 use crate::run::core::{OnTerminated, RuntimeCore};
 use crate::run::submit_batch::MAX_BATCH_BYTES;
+use crate::settled::try_join_settled;
 use crate::store::durable;
 use crate::store::keys::{RunId, group_submissions_kv_key, run_kv_key, sha256};
 
@@ -167,8 +168,8 @@ async fn read_state(
             let value = new_counter_value();
             let create = SettlementEffects::default().kv_put(counter_key.to_vec(), value.clone());
             match core
-                .queue
-                .kv_compare_commit(counter_key, None, create)
+                .commits
+                .compare_commit(counter_key, None, create)
                 .await?
             {
                 Some(_) => value,
@@ -256,8 +257,8 @@ async fn adopt_running(
     adopt: Vec<Candidate>,
     options: &RunOptions,
 ) -> Result<()> {
-    let ended: Vec<Option<Candidate>> = stream::iter(adopt)
-        .map(|candidate| async move {
+    let ended: Vec<Option<Candidate>> =
+        try_join_settled(adopt, SUBMIT_CONCURRENCY, |candidate| async move {
             let membership = Membership {
                 group_id: group_id.clone(),
                 key: candidate.member.key.clone(),
@@ -268,13 +269,18 @@ async fn adopt_running(
                 let Some(record) = core.queue.view().kv_get(&run_key).await? else {
                     return Ok(Some(candidate));
                 };
+                // Only this member's own run is taken back: a plain run
+                // (or another group's member) under the digest is not it.
+                if let Some((_, job)) = core.view.current_job(&run_id).await? {
+                    core.check_same_membership(&run_id, &job.headers, Some(&membership))?;
+                }
                 let pending = SettlementEffects::default().kv_put(
                     membership.kv_key(),
                     durable::encode(&crate::coordination::group::pending_member(&membership)),
                 );
                 if core
-                    .queue
-                    .kv_compare_commit(&run_key, Some(&record), pending)
+                    .commits
+                    .compare_commit(&run_key, Some(&record), pending)
                     .await?
                     .is_some()
                 {
@@ -283,8 +289,6 @@ async fn adopt_running(
             }
             Err(Error::InconsistentRunState(run_id))
         })
-        .buffer_unordered(SUBMIT_CONCURRENCY)
-        .try_collect()
         .await?;
     submit_alone(
         core,
@@ -339,8 +343,8 @@ async fn commit_chunk(
     // Each member's effects move the counter too; this chunk's value wins.
     merged.kv_writes.insert(counter_key.to_vec(), next.clone());
     match core
-        .queue
-        .kv_compare_commit(counter_key, counter, merged)
+        .commits
+        .compare_commit(counter_key, counter, merged)
         .await
     {
         Ok(Some(results)) => {
@@ -369,27 +373,24 @@ async fn submit_alone(
     alone: Vec<Candidate>,
     options: &RunOptions,
 ) -> Result<()> {
-    stream::iter(alone)
-        .map(|candidate| async move {
-            let membership = Membership {
-                group_id: group_id.clone(),
-                key: candidate.member.key,
-            };
-            let spec = RunSpec {
-                run_id: Some(membership.run_id()),
-                input: candidate.member.input,
-                options: options.clone(),
-                effects: SettlementEffects::default(),
-            };
-            // A member that succeeded since the scan is answered by its
-            // terminal record, not run again.
-            core.submit_as(spec, Some(&membership), OnTerminated::KeepSucceeded)
-                .await
-                .map(drop)
-        })
-        .buffer_unordered(SUBMIT_CONCURRENCY)
-        .try_collect::<Vec<()>>()
-        .await?;
+    try_join_settled(alone, SUBMIT_CONCURRENCY, |candidate| async move {
+        let membership = Membership {
+            group_id: group_id.clone(),
+            key: candidate.member.key,
+        };
+        let spec = RunSpec {
+            run_id: Some(membership.run_id()),
+            input: candidate.member.input,
+            options: options.clone(),
+            effects: SettlementEffects::default(),
+        };
+        // A member that succeeded since the scan is answered by its
+        // terminal record, not run again.
+        core.submit_as(spec, Some(&membership), OnTerminated::KeepSucceeded)
+            .await
+            .map(drop)
+    })
+    .await?;
     Ok(())
 }
 

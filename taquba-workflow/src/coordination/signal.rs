@@ -115,20 +115,20 @@ impl RuntimeCore {
                     .is_some_and(|job| job.status == JobStatus::Scheduled && job.attempts == 0);
                 if waiting
                     && self
-                        .queue
+                        .commits
                         .wake_scheduled(&waiter.job_id, Some(payload.clone()))
                         .await?
                         == WakeOutcome::Woken
                 {
-                    self.queue.kv_compare_delete(&waiter_key, &bytes).await?;
+                    self.commits.kv_compare_delete(&waiter_key, &bytes).await?;
                     debug!(correlation_key, run_id = %waiter.run_id, "signal delivered");
                     return Ok(SignalOutcome::Delivered);
                 }
             }
             // A stale waiter (timed out, or unreadable): forget it.
-            self.queue.kv_compare_delete(&waiter_key, &bytes).await?;
+            self.commits.kv_compare_delete(&waiter_key, &bytes).await?;
         }
-        self.queue
+        self.commits
             .kv_put(&signal_buffer_kv_key(correlation_key), &payload)
             .await?;
         debug!(correlation_key, "signal buffered");
@@ -140,7 +140,7 @@ impl RuntimeCore {
         let _lock = self.signal_locks.lock(correlation_key).await;
         let key = signal_buffer_kv_key(correlation_key);
         match self.queue.view().kv_get(&key).await? {
-            Some(bytes) => Ok(self.queue.kv_compare_delete(&key, &bytes).await?),
+            Some(bytes) => self.commits.kv_compare_delete(&key, &bytes).await,
             None => Ok(false),
         }
     }
@@ -240,8 +240,12 @@ impl RuntimeCore {
                 headers: claimed.headers.clone(),
                 final_step: claimed.step_number,
             };
-            let termination =
-                self.termination(&outcome, Some(StepErrorKind::Permanent), input_hash);
+            let termination = self.termination(
+                &outcome,
+                Some(StepErrorKind::Permanent),
+                input_hash,
+                claimed.membership.as_ref(),
+            );
             self.store_run_result(&outcome, &termination).await?;
             let (effects, ended) = self.terminate_effects(
                 &outcome,

@@ -73,6 +73,7 @@ use crate::hooks::terminal::NoopTerminalHook;
 use crate::model::{RunEnd, RunOptions, RunSpec, RunStatus, RunTermination};
 use crate::model::{RunOutcome, TerminalStatus};
 use crate::model::{StepError, StepErrorKind, StepOutcome};
+use crate::run::commit::detached;
 use crate::run::core::OnTerminated;
 use crate::runner::{Delivery, Step, StepRunner};
 use crate::runtime::{RunnerHandle, WorkflowRuntime};
@@ -530,6 +531,8 @@ impl JobRunner {
 
     /// Submit `job` with default options.
     ///
+    /// Cancel safety: as [`submit_with`](Self::submit_with).
+    ///
     /// # Errors
     /// As [`submit_with`](Self::submit_with).
     pub async fn submit<J: Job>(&self, job: J) -> Result<JobHandle<J>> {
@@ -538,6 +541,11 @@ impl JobRunner {
 
     /// Submit `job` with `options` (headers, priority, attempts, start
     /// time). [`Job::max_attempts`] applies when `options` sets none.
+    ///
+    /// Cancel safety: the submission runs on a task of its own. Dropped at
+    /// any await, the job was never committed, or it is committed and runs
+    /// as if awaited; submitting a keyed job again answers with the job
+    /// the dropped call committed (an unkeyed one has no id to find it by).
     ///
     /// # Errors
     /// [`Error::InputMismatch`] when the job's idempotency key names a job
@@ -569,12 +577,12 @@ impl JobRunner {
             options,
             ..Default::default()
         };
-        let outcome = self
-            .runtime
-            .inner
-            .core
-            .submit_hashed(spec, input_hash, None, on_terminated)
-            .await?;
+        let core = self.runtime.inner.core.clone();
+        let outcome = detached(async move {
+            core.submit_hashed(spec, input_hash, None, on_terminated)
+                .await
+        })
+        .await?;
         Ok(self.handle(outcome.run_id, outcome.newly_submitted))
     }
 
@@ -678,12 +686,8 @@ impl<J: Job> JobHandle<J> {
         let Some(termination) = view.terminal_record(&self.id).await? else {
             return Ok(None);
         };
-        let termination: RunTermination = termination.into();
-        let outcome = view
-            .run_result_of(&self.id, &termination)
-            .await?
-            .map(|r| r.outcome);
-        job_result::<J>(&termination, outcome.as_ref())
+        let outcome = view.run_result_of(&self.id, &termination).await?;
+        job_result::<J>(&termination.into(), outcome.as_ref())
     }
 
     /// Wait in-process until the job terminates; its output or failure.
@@ -785,6 +789,9 @@ impl<J: Job> JobGroup<J> {
 
     /// Submit `jobs` as the group's members; see [`RunGroup::submit`].
     ///
+    /// Cancel safety: as [`RunGroup::submit`]: dropped, it submitted
+    /// nothing or submits every member.
+    ///
     /// # Errors
     /// As [`RunGroup::submit`], plus encoding errors.
     pub async fn submit(&self, jobs: impl IntoIterator<Item = J>) -> Result<()> {
@@ -793,6 +800,8 @@ impl<J: Job> JobGroup<J> {
 
     /// [`submit`](Self::submit) with `options` for every member (the first
     /// job's [`Job::max_attempts`] applies when `options` sets none).
+    ///
+    /// Cancel safety: as [`RunGroup::submit`].
     ///
     /// # Errors
     /// As [`RunGroup::submit`], plus encoding errors.
@@ -817,6 +826,8 @@ impl<J: Job> JobGroup<J> {
 
     /// Run again the members that did not succeed; see [`RunGroup::resume`].
     ///
+    /// Cancel safety: as [`RunGroup::resume`].
+    ///
     /// # Errors
     /// As [`RunGroup::resume`].
     pub async fn resume(&self) -> Result<()> {
@@ -824,6 +835,8 @@ impl<J: Job> JobGroup<J> {
     }
 
     /// [`resume`](Self::resume) with `options`.
+    ///
+    /// Cancel safety: as [`RunGroup::resume`].
     ///
     /// # Errors
     /// As [`RunGroup::resume`].
@@ -870,6 +883,8 @@ impl<J: Job> JobGroup<J> {
 
     /// Cancel the active members; see [`RunGroup::cancel`].
     ///
+    /// Cancel safety: as [`RunGroup::cancel`].
+    ///
     /// # Errors
     /// As [`RunGroup::cancel`].
     pub async fn cancel(&self) -> Result<usize> {
@@ -877,6 +892,8 @@ impl<J: Job> JobGroup<J> {
     }
 
     /// Remove the group's state; see [`RunGroup::forget`].
+    ///
+    /// Cancel safety: as [`RunGroup::forget`].
     ///
     /// # Errors
     /// As [`RunGroup::forget`].

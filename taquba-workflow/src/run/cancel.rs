@@ -17,31 +17,54 @@ use crate::store::keys::{RunId, run_kv_key};
 impl RuntimeCore {
     /// Request cancellation of `run_id`; see
     /// [`WorkflowRuntime::cancel`](crate::WorkflowRuntime::cancel).
+    ///
+    /// Of concurrent calls on one run, the one whose compare-and-set
+    /// records the request is the one that can answer `true`; the others
+    /// find the request recorded and answer `false`, though each still
+    /// reaches the current step (the recording call may have failed after
+    /// its write, and a later call completes its work).
     pub(crate) async fn cancel(&self, run_id: &RunId) -> Result<bool> {
+        let Some((record, recorded_here)) = self.record_cancel_request(run_id).await? else {
+            return Ok(false);
+        };
+        let ends_cancelled = self.reach_current_step(run_id, &record).await?;
+        Ok(recorded_here && ends_cancelled)
+    }
+
+    /// Record the cancellation request on the run record (a compare-and-set,
+    /// so a concurrent termination that deletes the record is noticed):
+    /// the record, and whether this call wrote the request; `None` for a
+    /// run that is not active.
+    async fn record_cancel_request(
+        &self,
+        run_id: &RunId,
+    ) -> Result<Option<(DurableRunRecord, bool)>> {
         let run_key = run_kv_key(run_id);
-        // 1. Record the request durably (compare-and-set on the record, so
-        //    a concurrent termination that deletes it is noticed).
-        let record = loop {
+        loop {
             let Some(bytes) = self.queue.view().kv_get(&run_key).await? else {
-                return Ok(false);
+                return Ok(None);
             };
             let mut record: DurableRunRecord = durable::decode(&bytes)?;
             if record.cancel_requested {
-                break record;
+                return Ok(Some((record, false)));
             }
             record.cancel_requested = true;
             let effects =
                 SettlementEffects::default().kv_put(run_key.clone(), durable::encode(&record));
             if self
-                .queue
-                .kv_compare_commit(&run_key, Some(&bytes), effects)
+                .commits
+                .compare_commit(&run_key, Some(&bytes), effects)
                 .await?
                 .is_some()
             {
-                break record;
+                return Ok(Some((record, true)));
             }
-        };
-        // 2. Reach the current step wherever it is.
+        }
+    }
+
+    /// Apply the recorded request to the current step of `run_id` wherever
+    /// it is; whether the run ends (or ended) `Cancelled`.
+    async fn reach_current_step(&self, run_id: &RunId, record: &DurableRunRecord) -> Result<bool> {
         loop {
             let Some((pointer, job)) = self.view.current_job(run_id).await? else {
                 // Terminated meanwhile: the request won only if the run
@@ -50,12 +73,10 @@ impl RuntimeCore {
             };
             match job.status {
                 JobStatus::Pending | JobStatus::Scheduled => {
-                    match self
-                        .cancel_removing(run_id, &pointer, &job, &record)
-                        .await?
-                    {
+                    match self.cancel_removing(run_id, &pointer, &job, record).await? {
                         CancelOutcome::Removed => return Ok(true),
-                        // Claimed or settled meanwhile: look again.
+                        // Claimed, settled or removed by a concurrent
+                        // cancellation meanwhile: look again.
                         CancelOutcome::Requested | CancelOutcome::NotFound => continue,
                     }
                 }
@@ -71,10 +92,7 @@ impl RuntimeCore {
                             // token; only the step's settlement tells
                             // whether the holder honoured the request, so
                             // wait for it and look again.
-                            match self
-                                .cancel_removing(run_id, &pointer, &job, &record)
-                                .await?
-                            {
+                            match self.cancel_removing(run_id, &pointer, &job, record).await? {
                                 // Re-queued since the read: removed with the
                                 // run's termination.
                                 CancelOutcome::Removed => return Ok(true),
@@ -97,8 +115,10 @@ impl RuntimeCore {
                 }
                 JobStatus::Done | JobStatus::Dead => {
                     // The pointer moves with the ack, so a done job here is
-                    // a read between two commits; a dead one awaits
-                    // reconciliation, which honours the request.
+                    // a read between two commits. A dead one was
+                    // dead-lettered outside the worker (the reaper, crash
+                    // recovery): the run failed there, whatever was
+                    // requested since, and reconciliation records it so.
                     if job.status == JobStatus::Dead {
                         crate::worker::sweep::reconcile_job(self, &job).await?;
                         return self.ended_cancelled(run_id).await;
@@ -127,8 +147,8 @@ impl RuntimeCore {
             TerminalStatus::Cancelled,
             None,
         );
-        let termination = self.termination(&outcome, None, &record.input_hash);
         let membership = Membership::from_headers(&job.headers)?;
+        let termination = self.termination(&outcome, None, &record.input_hash, membership.as_ref());
         let (mut effects, ended) = self.terminate_effects(
             &outcome,
             termination,
@@ -139,13 +159,7 @@ impl RuntimeCore {
         effects
             .kv_deletes
             .extend(crate::coordination::signal::waiter_cleanup(job));
-        let (outcome, _) = self
-            .commit_ending(
-                Some(&ended),
-                self.queue.cancel_with(&job.id, effects),
-                |(outcome, _)| *outcome == CancelOutcome::Removed,
-            )
-            .await?;
+        let (outcome, _) = self.commits.cancel_with(&job.id, effects, ended).await?;
         Ok(outcome)
     }
 

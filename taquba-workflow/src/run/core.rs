@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::model::RunEnd;
 use crate::model::StepErrorKind;
 use crate::model::{RunOutcome, TerminalStatus};
+use crate::run::commit::Committer;
 use crate::run::ids::IdGenerator;
 use crate::run::inflight::InFlightRegistry;
 use crate::run::submit_batch::SubmitBatcher;
@@ -79,6 +80,8 @@ pub(crate) struct RuntimeCore {
     /// The ids of runs submitted without one and of new groups (shared by
     /// every runtime over the queue).
     pub(crate) ids: IdGenerator,
+    /// Every other commit, each on a task of its own.
+    pub(crate) commits: Committer,
     pub(crate) signal_locks: SignalLocks,
     pub(crate) observes: Observes,
     /// Dead letters the worker performed since the last reconciliation look.
@@ -134,11 +137,17 @@ impl RuntimeCore {
         let store_closed = store_closed_token(&settings.queue);
         let submit_batcher = SubmitBatcher::new(settings.queue.clone());
         let ids = IdGenerator::for_queue(&settings.queue);
+        let commits = Committer::new(
+            settings.queue.clone(),
+            run_watchers,
+            store_closed.clone(),
+            &settings.queue_name,
+        );
         let group_store = GroupStore::new(
             settings.object_store,
             settings.memo_prefix,
             memo_store.clone(),
-            settings.queue.clone(),
+            commits.clone(),
         );
         Self {
             queue: settings.queue,
@@ -158,6 +167,7 @@ impl RuntimeCore {
             run_watchers,
             submit_batcher,
             ids,
+            commits,
             signal_locks: SignalLocks::default(),
             observes: settings.observes,
             own_dead_letters: AtomicI64::new(0),
@@ -175,10 +185,7 @@ impl RuntimeCore {
 
     /// Fire [`Self::store_closed`] when `closed`, logging `err`.
     pub(crate) fn note_closed(&self, closed: bool, err: &dyn std::fmt::Display) {
-        if closed && !self.store_closed.is_cancelled() {
-            tracing::error!(queue = %self.queue_name, "the queue's store is closed to this process (another process opened it, or it was closed): {err}");
-            self.store_closed.cancel();
-        }
+        self.commits.note_closed(closed, err);
     }
 
     /// The error reported once the store is closed to this process.
@@ -258,12 +265,15 @@ impl RuntimeCore {
             .enqueue(step.request)
             .kv_put(step_kv_key(run_id), durable::encode(&pointer))
     }
-    /// The terminal record of a termination happening now.
+    /// The terminal record of a termination happening now, of a run whose
+    /// input hash is `input_hash`, a member of a group when `membership` is
+    /// given.
     pub(crate) fn termination(
         &self,
         outcome: &RunOutcome,
         error_kind: Option<StepErrorKind>,
         input_hash: &[u8],
+        membership: Option<&Membership>,
     ) -> DurableTermination {
         DurableTermination {
             status: outcome.status.into(),
@@ -272,34 +282,8 @@ impl RuntimeCore {
             final_step: outcome.final_step,
             terminated_at_ms: self.now_ms(),
             input_hash: input_hash.to_vec(),
+            member: membership.map(Membership::durable),
         }
-    }
-
-    /// Await `commit`, a queue commit that carries the termination of
-    /// `ended` (when given), and report that end to the run's waiters in
-    /// this process when `committed` says the termination is in it. While
-    /// the commit is in flight the run is marked terminating, so a waiter
-    /// that reads the not-yet-durable termination waits for this report; a
-    /// closed store is noted before the mark goes.
-    pub(crate) async fn commit_ending<T>(
-        &self,
-        ended: Option<&(RunId, RunEnd)>,
-        commit: impl Future<Output = taquba::Result<T>>,
-        committed: impl FnOnce(&T) -> bool,
-    ) -> taquba::Result<T> {
-        let _terminating = ended.map(|(run_id, _)| self.run_watchers.terminating(run_id));
-        let result = commit.await;
-        match &result {
-            Ok(value) => {
-                if let Some((run_id, end)) = ended
-                    && committed(value)
-                {
-                    self.run_watchers.notify(run_id, end);
-                }
-            }
-            Err(err) => self.note_closed(Error::is_queue_store_closed(err), err),
-        }
-        result
     }
 
     /// Write the run result record of a worker-performed termination to the
@@ -315,7 +299,7 @@ impl RuntimeCore {
         };
         self.memo_store
             .new_run_memo(&outcome.run_id)
-            .put(RUN_RESULT_MEMO_KEY, &durable::encode(&record))
+            .put_reserved(RUN_RESULT_MEMO_KEY, &durable::encode(&record))
             .await
     }
 
@@ -408,8 +392,8 @@ impl RuntimeCore {
     /// consumer observed (group retention only).
     pub(crate) async fn mark_group_terminated(&self, group_id: &RunId) -> Result<()> {
         if self.group_retention.is_some() {
-            self.queue
-                .commit_effects(SettlementEffects::default().expiry_entry(
+            self.commits
+                .commit(SettlementEffects::default().expiry_entry(
                     &self.group_terminals,
                     self.now_ms(),
                     group_id.as_bytes(),

@@ -1,4 +1,5 @@
-//! The life of a run inside the engine ([`core::RuntimeCore`]): submission
+//! The life of a run inside the engine ([`core::RuntimeCore`]): the
+//! cancel-safe commits every path goes through ([`commit`]), submission
 //! ([`submit`], [`submit_batch`]), processing and settling a claimed step
 //! ([`settle`], with the effects a step stages in [`effects`]), external
 //! cancellation ([`cancel`], racing steps in flight through [`inflight`]),
@@ -6,6 +7,7 @@
 //! the runtime generates ([`ids`]).
 
 pub(crate) mod cancel;
+pub(crate) mod commit;
 pub(crate) mod core;
 pub(crate) mod effects;
 pub(crate) mod ids;

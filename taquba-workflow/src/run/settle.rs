@@ -194,7 +194,12 @@ impl RuntimeCore {
         error_kind: Option<StepErrorKind>,
         input_hash: &[u8],
     ) -> Settlement {
-        let termination = self.termination(&outcome, error_kind, input_hash);
+        let termination = self.termination(
+            &outcome,
+            error_kind,
+            input_hash,
+            claimed.membership.as_ref(),
+        );
         if let Err(err) = self.store_run_result(&outcome, &termination).await {
             return Settlement::infrastructure(err);
         }
@@ -219,7 +224,12 @@ impl RuntimeCore {
         input_hash: &[u8],
     ) -> Settlement {
         let outcome = claimed.outcome(TerminalStatus::Failed, None, Some(error.message.clone()));
-        let termination = self.termination(&outcome, Some(error.kind), input_hash);
+        let termination = self.termination(
+            &outcome,
+            Some(error.kind),
+            input_hash,
+            claimed.membership.as_ref(),
+        );
         let recorded = match self.store_run_result(&outcome, &termination).await {
             Ok(()) => true,
             Err(err) => {

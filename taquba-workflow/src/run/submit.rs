@@ -95,23 +95,38 @@ impl RuntimeCore {
                 Some(_) => self.queue.view().kv_get(&guard_key).await?,
                 None => None,
             };
-            if !fresh && let Some(existing) = self.view.run_record(&run_id).await? {
-                return self.duplicate(&run_id, &existing, &input_hash).await;
-            }
-            if !fresh
-                && on_terminated != OnTerminated::Restart
-                && let Some(termination) = self.view.terminal_record(&run_id).await?
-                && (on_terminated == OnTerminated::Keep
-                    || termination.status == durable::DurableStatus::Succeeded)
-            {
-                if termination.input_hash != input_hash {
-                    return Err(Error::InputMismatch(run_id));
+            if !fresh {
+                if let Some(existing) = self.view.run_record(&run_id).await? {
+                    return self
+                        .duplicate(&run_id, &existing, &input_hash, membership)
+                        .await;
                 }
-                return Ok(SubmitOutcome {
-                    run_id,
-                    newly_submitted: false,
-                    job_id: String::new(),
-                });
+                let termination = self.view.terminal_record(&run_id).await?;
+                // A plain run under a member's run id would overwrite the
+                // member's terminal and result records.
+                if membership.is_none()
+                    && let Some(member) = termination.as_ref().and_then(|t| t.member.as_ref())
+                {
+                    return Err(Error::GroupMemberRunId {
+                        run_id,
+                        group_id: member.group_id.clone(),
+                        key: member.key.clone(),
+                    });
+                }
+                if on_terminated != OnTerminated::Restart
+                    && let Some(termination) = termination
+                    && (on_terminated == OnTerminated::Keep
+                        || termination.status == durable::DurableStatus::Succeeded)
+                {
+                    if termination.input_hash != input_hash {
+                        return Err(Error::InputMismatch(run_id));
+                    }
+                    return Ok(SubmitOutcome {
+                        run_id,
+                        newly_submitted: false,
+                        job_id: String::new(),
+                    });
+                }
             }
             let (effects, job_id) = self.submission_effects(
                 &run_id,
@@ -130,8 +145,8 @@ impl RuntimeCore {
                     Batched::Abandoned => continue,
                 }
             } else {
-                self.queue
-                    .kv_compare_commit(&guard_key, guard.as_deref(), effects)
+                self.commits
+                    .compare_commit(&guard_key, guard.as_deref(), effects)
                     .await?
             };
             match committed {
@@ -250,7 +265,7 @@ impl RuntimeCore {
                 step_number: 0,
                 job_id: orphan.clone(),
             };
-            self.queue
+            self.commits
                 .kv_put(&step_kv_key(&run_id), &durable::encode(&pointer))
                 .await?;
             return Ok(SubmitOutcome {
@@ -267,26 +282,64 @@ impl RuntimeCore {
         })
     }
 
-    /// The answer to a submission of an active run.
+    /// The answer to a submission of an active run, as a member of a group
+    /// when `membership` is given.
+    ///
+    /// # Errors
+    /// [`Error::GroupMemberRunId`] for a plain submission of a member's run,
+    /// [`Error::MemberRunIdTaken`] for a member submission of a run that is
+    /// not that member, [`Error::InputMismatch`] for another input.
     async fn duplicate(
         &self,
         run_id: &RunId,
         existing: &DurableRunRecord,
         input_hash: &[u8],
+        membership: Option<&Membership>,
     ) -> Result<SubmitOutcome> {
+        let current = self.view.current_job(run_id).await?;
+        if let Some((_, job)) = &current {
+            self.check_same_membership(run_id, &job.headers, membership)?;
+        }
         if existing.input_hash != input_hash {
             return Err(Error::InputMismatch(run_id.clone()));
         }
-        let job_id = self
-            .view
-            .current_step_if_active(run_id)
-            .await?
-            .map(|pointer| pointer.job_id)
-            .unwrap_or_default();
         Ok(SubmitOutcome {
             run_id: run_id.clone(),
             newly_submitted: false,
-            job_id,
+            job_id: current
+                .map(|(pointer, _)| pointer.job_id)
+                .unwrap_or_default(),
         })
+    }
+
+    /// Refuse a submission (of a group member when `membership` is given)
+    /// that would alias the active run `run_id`, whose current step job
+    /// carries `headers`, of another kind: a member's run submitted plain,
+    /// or a run outside the group submitted as the member.
+    ///
+    /// # Errors
+    /// [`Error::GroupMemberRunId`], [`Error::MemberRunIdTaken`].
+    pub(crate) fn check_same_membership(
+        &self,
+        run_id: &RunId,
+        headers: &std::collections::HashMap<String, String>,
+        membership: Option<&Membership>,
+    ) -> Result<()> {
+        let held_by = Membership::from_headers(headers)?;
+        match (membership, held_by) {
+            (None, Some(member)) => Err(Error::GroupMemberRunId {
+                run_id: run_id.clone(),
+                group_id: member.group_id,
+                key: member.key,
+            }),
+            (Some(wanted), held_by) if held_by.as_ref() != Some(wanted) => {
+                Err(Error::MemberRunIdTaken {
+                    group_id: wanted.group_id.clone(),
+                    key: wanted.key.clone(),
+                    run_id: run_id.clone(),
+                })
+            }
+            _ => Ok(()),
+        }
     }
 }

@@ -95,12 +95,8 @@ impl RuntimeCore {
         let Some(termination) = self.view.terminal_record(run_id).await? else {
             return Err(Error::RunNotFound(run_id.clone()));
         };
+        let outcome = self.view.run_result_of(run_id, &termination).await?;
         let termination: RunTermination = termination.into();
-        let outcome = self
-            .view
-            .run_result_of(run_id, &termination)
-            .await?
-            .map(|result| result.outcome);
         Ok(RunEnd {
             termination,
             outcome,

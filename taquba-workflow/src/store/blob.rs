@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures_util::{StreamExt, TryStreamExt};
+use futures_util::TryStreamExt;
 use taquba::object_store::path::{Path, PathPart};
 use taquba::object_store::{self, ObjectStore, ObjectStoreExt, PutPayload};
 
@@ -92,11 +92,10 @@ impl ObjectPrefix {
             .try_collect()
             .await?;
         let count = listed.len();
-        futures_util::stream::iter(listed)
-            .map(|path| async move { self.delete(&path).await })
-            .buffer_unordered(DELETE_CONCURRENCY)
-            .try_collect::<Vec<()>>()
-            .await?;
+        crate::settled::try_join_settled(listed, DELETE_CONCURRENCY, |path| async move {
+            self.delete(&path).await
+        })
+        .await?;
         Ok(count)
     }
 }

@@ -151,6 +151,18 @@ pub(crate) struct DurableTermination {
     /// of a terminated job can be told apart from a different payload.
     #[serde(with = "serde_bytes", default)]
     pub(crate) input_hash: Vec<u8>,
+    /// The group membership of a group member's run, so a plain submission
+    /// under the member's run id is refused; absent for a plain run (and
+    /// in records written before it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) member: Option<DurableMembership>,
+}
+
+/// A run's membership of a group, as a terminal record keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DurableMembership {
+    pub(crate) group_id: RunId,
+    pub(crate) key: String,
 }
 
 impl From<DurableTermination> for RunTermination {

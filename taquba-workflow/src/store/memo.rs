@@ -20,8 +20,8 @@ use crate::store::durable;
 use crate::store::keys::RunId;
 
 /// The run-memo key of the run result record (the committed
-/// [`RunOutcome`](crate::RunOutcome) and its termination). Reserved: a
-/// runner must not write it.
+/// [`RunOutcome`](crate::RunOutcome) and its termination). Reserved: no
+/// memo writes it ([`Memo::RESERVED_KEY`]).
 pub(crate) const RUN_RESULT_MEMO_KEY: &str = "workflow.outcome";
 
 /// The prefix of every [`Memo::content_key`].
@@ -112,6 +112,28 @@ pub struct Memo {
 }
 
 impl Memo {
+    /// The memo key of each run's result record (the committed
+    /// [`RunOutcome`](crate::RunOutcome) and its termination) in its run
+    /// memo. No memo takes it: [`put`](Self::put), [`memoized`](Self::memoized)
+    /// and their variants refuse it with [`Error::InvalidMemoKey`], in step
+    /// memos as in run memos. [`get`](Self::get) reads it.
+    pub const RESERVED_KEY: &'static str = RUN_RESULT_MEMO_KEY;
+
+    /// Refuse a key no memo writes (see [`Error::InvalidMemoKey`]).
+    fn check_key(key: &str) -> Result<()> {
+        let reason = if key == RUN_RESULT_MEMO_KEY {
+            "reserved for the run result record"
+        } else if key.is_empty() {
+            "empty"
+        } else {
+            return Ok(());
+        };
+        Err(Error::InvalidMemoKey {
+            key: key.to_string(),
+            reason,
+        })
+    }
+
     /// The run this memo belongs to.
     pub fn run_id(&self) -> &RunId {
         &self.run_id
@@ -145,9 +167,20 @@ impl Memo {
 
     /// Store `value` under `key`, replacing any earlier value.
     ///
+    /// Cancel safety: one object write, which object stores apply whole or
+    /// not at all; a dropped call leaves the earlier value or `value`.
+    ///
     /// # Errors
-    /// [`Error::Store`] when the object store rejects the write.
+    /// [`Error::InvalidMemoKey`] for [`Memo::RESERVED_KEY`] and the empty
+    /// key; [`Error::Store`] when the object store rejects the write.
     pub async fn put(&self, key: &str, value: &[u8]) -> Result<()> {
+        Self::check_key(key)?;
+        self.put_reserved(key, value).await
+    }
+
+    /// [`put`](Self::put) without the key check: for the runtime's own
+    /// records under reserved keys.
+    pub(crate) async fn put_reserved(&self, key: &str, value: &[u8]) -> Result<()> {
         self.objects.put(&self.path(key), value).await
     }
 
@@ -156,15 +189,22 @@ impl Memo {
     /// is treated as absent and overwritten; an error from `compute` records
     /// nothing and is returned as is.
     ///
+    /// Cancel safety: dropped before `compute` returned, nothing is
+    /// recorded (a retry computes again); dropped during the write, the
+    /// value is recorded whole or not at all.
+    ///
     /// # Errors
     /// `compute`'s error, or an [`Error`] (converted with `E: From<Error>`)
-    /// when the store fails or the value cannot be encoded.
+    /// when the store fails or the value cannot be encoded;
+    /// [`Error::InvalidMemoKey`] for [`Memo::RESERVED_KEY`] and the empty
+    /// key, before `compute` runs.
     pub async fn memoized<R, F, E>(&self, key: &str, compute: F) -> std::result::Result<R, E>
     where
         R: Serialize + DeserializeOwned,
         F: Future<Output = std::result::Result<R, E>>,
         E: From<Error>,
     {
+        Self::check_key(key)?;
         if let Some(bytes) = self.get(key).await? {
             let whose = format_args!("{}/{key}", self.run_id).to_string();
             if let Some(value) = durable::decode_or_absent::<R>(&bytes, "memo entry", &whose) {
@@ -180,6 +220,7 @@ impl Memo {
     /// [`memoized`](Self::memoized) under the key
     /// [`content_key`](Self::content_key)`(input)`. Include an operation
     /// name in `input` when several operations may see equal inputs.
+    /// Cancel safety: as [`memoized`](Self::memoized).
     ///
     /// # Errors
     /// As [`memoized`](Self::memoized), plus an encoding failure of `input`.
@@ -237,6 +278,7 @@ impl Memo {
     }
 
     /// [`put`](Self::put) under [`content_key`](Self::content_key)`(input)`.
+    /// Cancel safety: as [`put`](Self::put).
     ///
     /// # Errors
     /// As `put` and `content_key`.

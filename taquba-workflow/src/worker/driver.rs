@@ -19,6 +19,7 @@ use tracing::{debug, warn};
 
 use crate::error::Result;
 use crate::hooks::terminal::TerminalHook;
+use crate::run::commit::detached;
 use crate::run::core::RuntimeCore;
 use crate::run::settle::{SettleKind, Settlement, panic_message};
 use crate::runner::StepRunner;
@@ -196,23 +197,31 @@ fn note_task(done: std::result::Result<(), tokio::task::JoinError>) {
 /// Process one claimed job and apply its settlement. Settlement failures
 /// affect this job only: a lost claim means a redelivery settles it, any
 /// other failure leaves the claim to the reaper.
+///
+/// The settlement runs whole on a task of its own: the worker loop's tasks
+/// are aborted when the loop's future is dropped, and a settlement dropped
+/// while its commit waits for the WAL flush would leave its next step
+/// committed but never claimed (see [`crate::run::commit`]). Dropped while
+/// the runner runs, the step is delivered again once its lease expires.
 async fn process_and_settle<R: StepRunner, H: TerminalHook>(
     inner: &RuntimeInner<R, H>,
-    queue: &Queue,
+    queue: &Arc<Queue>,
     claim: Claim,
     runner_permit: tokio::sync::OwnedSemaphorePermit,
 ) {
     let lease = queue.lease_handle(&claim);
     let settlement = inner.process(&claim, &lease, runner_permit).await;
-    settle(inner, queue, &claim, settlement).await;
+    let (core, queue) = (inner.core.clone(), queue.clone());
+    let settled = detached(async move {
+        settle(&core, &queue, &claim, settlement).await;
+        Ok::<(), crate::error::Error>(())
+    });
+    if let Err(err) = settled.await {
+        warn!("settlement task did not finish: {err}");
+    }
 }
 
-async fn settle<R, H>(
-    inner: &RuntimeInner<R, H>,
-    queue: &Queue,
-    claim: &Claim,
-    settlement: Settlement,
-) {
+async fn settle(core: &RuntimeCore, queue: &Queue, claim: &Claim, settlement: Settlement) {
     let Settlement {
         kind,
         inflight,
@@ -220,10 +229,10 @@ async fn settle<R, H>(
         next_step,
         ended,
     } = settlement;
-    let core = &inner.core;
     let result = match kind {
         SettleKind::Ack(effects) => core
-            .commit_ending(ended.as_ref(), queue.ack_with(claim, effects), |_| true)
+            .commits
+            .ending_here(ended.as_ref(), queue.ack_with(claim, effects), |_| true)
             .await
             .map(Some),
         SettleKind::Retry(error) => queue.nack(claim, &error).await.map(|()| None),
@@ -250,7 +259,8 @@ async fn settle<R, H>(
                 }
             };
             let dead_lettered = core
-                .commit_ending(ended.as_ref(), dead_letter, |dead| *dead)
+                .commits
+                .ending_here(ended.as_ref(), dead_letter, |dead| *dead)
                 .await;
             if !matches!(dead_lettered, Ok(true)) {
                 core.forget_own_dead_letter();
@@ -285,7 +295,7 @@ async fn settle<R, H>(
         ),
         Err(err) => {
             let err = crate::error::Error::from(err);
-            inner.core.note_error(&err);
+            core.note_error(&err);
             warn!(job_id = %claim.id, "settlement failed; the lease expiry redelivers the step: {err}");
         }
     }

@@ -83,9 +83,9 @@ impl RuntimeCore {
     }
 
     /// Terminate every run whose current step job is dead-lettered while the
-    /// run is still active: `Failed` with the job's last error (`Cancelled`
-    /// when a cancellation was requested), in one transaction with the
-    /// notification. Returns how many runs were terminated.
+    /// run is still active: `Failed` with the job's last error, in one
+    /// transaction with the notification. Returns how many runs were
+    /// terminated.
     pub(crate) async fn reconcile_dead_steps(&self) -> Result<usize> {
         let mut reconciled = 0;
         let mut after: Option<String> = None;
@@ -206,6 +206,11 @@ impl RuntimeCore {
 
 /// Terminate the run of the dead step job `job` when it is still the run's
 /// current step; returns 1 when this call terminated it, else 0.
+///
+/// The run ends `Failed` with the queue's last error of the job (`lease
+/// expired` after the reaper took it), as the seeds' reconciliation says,
+/// also when a cancellation was requested: the dead letter ended the run,
+/// a request recorded before or after it was never applied to a step.
 pub(crate) async fn reconcile_job(core: &RuntimeCore, job: &JobRecord) -> Result<usize> {
     if job.headers.contains_key(HEADER_TERMINAL) {
         return Ok(0);
@@ -234,21 +239,19 @@ pub(crate) async fn reconcile_job(core: &RuntimeCore, job: &JobRecord) -> Result
     else {
         return Ok(0);
     };
-    let (status, error) = if record.cancel_requested {
-        (TerminalStatus::Cancelled, None)
-    } else {
-        (
-            TerminalStatus::Failed,
-            Some(
-                job.last_error
-                    .clone()
-                    .unwrap_or_else(|| "step dead-lettered".to_string()),
-            ),
-        )
-    };
-    let outcome = RuntimeCore::detached_outcome(&run_id, job, step_number, status, error);
-    let termination = core.termination(&outcome, None, &record.input_hash);
+    let error = job
+        .last_error
+        .clone()
+        .unwrap_or_else(|| "step dead-lettered".to_string());
+    let outcome = RuntimeCore::detached_outcome(
+        &run_id,
+        job,
+        step_number,
+        TerminalStatus::Failed,
+        Some(error),
+    );
     let membership = Membership::from_headers(&job.headers)?;
+    let termination = core.termination(&outcome, None, &record.input_hash, membership.as_ref());
     let (mut effects, ended) = core.terminate_effects(
         &outcome,
         termination,
@@ -262,12 +265,8 @@ pub(crate) async fn reconcile_job(core: &RuntimeCore, job: &JobRecord) -> Result
     // Only while the pointer still names this job: a concurrent settlement
     // or reconciliation wins otherwise.
     let committed = core
-        .commit_ending(
-            Some(&ended),
-            core.queue
-                .kv_compare_commit(&pointer_key, Some(&pointer_bytes), effects),
-            Option::is_some,
-        )
+        .commits
+        .compare_commit_ending(&pointer_key, Some(&pointer_bytes), effects, ended)
         .await?;
     Ok(usize::from(committed.is_some()))
 }

@@ -389,7 +389,7 @@ impl<'a> StepMemo<'a> {
         self.memo.get(&self.key(key)).await
     }
 
-    /// See [`Memo::put`].
+    /// See [`Memo::put`] (and its cancel safety).
     ///
     /// # Errors
     /// As [`Memo::put`].
@@ -398,7 +398,7 @@ impl<'a> StepMemo<'a> {
     }
 
     /// See [`Memo::memoized`]: the value recorded under `key` by this step,
-    /// or else `compute`'s, recorded.
+    /// or else `compute`'s, recorded. Cancel safety: as [`Memo::memoized`].
     ///
     /// # Errors
     /// As [`Memo::memoized`].
@@ -745,6 +745,8 @@ impl<W: Workflow, R: StepRunner, H: TerminalHook> WorkflowRun<W, R, H> {
 
     /// Cancels the run ([`WorkflowRuntime::cancel`]).
     ///
+    /// Cancel safety: as [`WorkflowRuntime::cancel`].
+    ///
     /// # Errors
     /// As [`WorkflowRuntime::cancel`].
     pub async fn cancel(&self) -> Result<bool> {
@@ -771,6 +773,9 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// Starts a run of the workflow `input` belongs to (a generated
     /// `{Type}Input`) under a fresh run id.
     ///
+    /// Cancel safety: as [`WorkflowRuntime::submit`]: dropped at any
+    /// await, the run was never committed, or it is and runs.
+    ///
     /// # Errors
     /// As [`WorkflowRuntime::submit`]; [`Error::Serialization`] when a
     /// field cannot be encoded.
@@ -782,6 +787,8 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     }
 
     /// [`start`](Self::start) with [`RunOptions`].
+    ///
+    /// Cancel safety: as [`WorkflowRuntime::submit`].
     ///
     /// # Errors
     /// As [`start`](Self::start).
@@ -802,6 +809,10 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
 
     /// [`start_with`](Self::start_with) under `run_id`: idempotent on
     /// `(run_id, input)` as [`WorkflowRuntime::submit`] is.
+    ///
+    /// Cancel safety: as [`WorkflowRuntime::submit`]: dropped at any
+    /// await, the run was never committed, or it is and runs; starting the
+    /// same id and input again answers for it.
     ///
     /// # Errors
     /// As [`start`](Self::start); [`Error::InputMismatch`] when the run is
@@ -825,6 +836,8 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
 
     /// Starts a run with every field of `spec` (run id, options, effects)
     /// but its `input`, which is `input` encoded.
+    ///
+    /// Cancel safety: as [`WorkflowRuntime::submit`].
     ///
     /// # Errors
     /// As [`start`](Self::start).
@@ -859,6 +872,8 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
 
     /// [`signal`](Self::signal) with `value` encoded as MessagePack (named
     /// fields), as [`StepContext::signal_value`] decodes it.
+    ///
+    /// Cancel safety: as [`signal`](Self::signal).
     ///
     /// # Errors
     /// As [`signal`](Self::signal); [`Error::Serialization`] when `value`

@@ -1,0 +1,275 @@
+//! Cancel safety of the runtime's commits: every queue commit, and every
+//! public call that commits, runs on a Tokio task of its own whose result
+//! its caller awaits ([`detached`], [`Committer`]).
+//!
+//! Why. taquba 0.14 finishes a commit inside the commit's future, after the
+//! WAL flush it waits for: it tells the claim cursor of the new pending
+//! jobs (a job it was not told of is not claimed until the process
+//! restarts), lowers the scheduled and expiry bounds, wakes the waiting
+//! workers and ends a settled claim's lease. A commit future dropped while
+//! it waits for the flush (its caller's future was dropped: a client that
+//! disconnected, a `tokio::time::timeout`, an aborted task) has committed
+//! but skips all of that. A commit on a task of its own is never dropped:
+//! dropping the caller's future drops the join handle, which detaches the
+//! task, and the commit finishes with its notices. A call that commits
+//! more than once (a cancellation records the request, then removes the
+//! step; a group submits in chunks) runs whole on one such task, so a drop
+//! never stops it halfway either: it completes as if awaited.
+//!
+//! Besides [`Committer`] and [`detached`]: the group commit of fresh
+//! submissions commits on its own tasks (`submit_batch`); the worker's
+//! settlement runs whole on a detached task and commits there; and the
+//! retention sweeps' expiry passes commit inside `taquba::ExpiryIndex::pass`
+//! on the maintenance task, which a stopping worker drops mid-round. Those
+//! commits only delete (no job, no expiry entry, so no notice to skip), and
+//! a dropped pass leaves the index's bound where it began.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use taquba::{CancelOutcome, EnqueueResult, Queue, SettlementEffects, WakeOutcome};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{Error, Result};
+use crate::model::RunEnd;
+use crate::run::watch::RunWatchers;
+use crate::store::keys::RunId;
+
+/// Run `work` on a Tokio task of its own and return its result. Dropping
+/// the returned future detaches the task, which runs `work` to its end.
+/// A panic of `work` resumes in the caller.
+///
+/// # Errors
+/// `work`'s error; [`Error::RuntimeShutdown`] when the Tokio runtime shut
+/// down before `work` finished (the only way the task can be cancelled:
+/// its handle is never aborted).
+pub(crate) async fn detached<T, E, F>(work: F) -> Result<T>
+where
+    F: Future<Output = std::result::Result<T, E>> + Send + 'static,
+    T: Send + 'static,
+    E: Into<Error> + Send + 'static,
+{
+    match tokio::spawn(work).await {
+        Ok(result) => result.map_err(Into::into),
+        Err(err) => match err.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(_) => Err(Error::RuntimeShutdown),
+        },
+    }
+}
+
+/// The queue commits of one runtime, each on a task of its own (see the
+/// module doc). Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Committer {
+    queue: Arc<Queue>,
+    watchers: RunWatchers,
+    store_closed: CancellationToken,
+    queue_name: Arc<str>,
+}
+
+impl Committer {
+    pub(crate) fn new(
+        queue: Arc<Queue>,
+        watchers: RunWatchers,
+        store_closed: CancellationToken,
+        queue_name: &str,
+    ) -> Self {
+        Self {
+            queue,
+            watchers,
+            store_closed,
+            queue_name: queue_name.into(),
+        }
+    }
+
+    /// The queue, for reads.
+    pub(crate) fn queue(&self) -> &Arc<Queue> {
+        &self.queue
+    }
+
+    /// Fire the store-closed token when `closed`, logging `err`.
+    pub(crate) fn note_closed(&self, closed: bool, err: &dyn std::fmt::Display) {
+        if closed && !self.store_closed.is_cancelled() {
+            tracing::error!(queue = %self.queue_name, "the queue's store is closed to this process (another process opened it, or it was closed): {err}");
+            self.store_closed.cancel();
+        }
+    }
+
+    /// Run the commit `commit` builds on the queue, on a task of its own.
+    /// When `ended` is given the commit carries that run termination: while
+    /// it is in flight the run is marked terminating, and once it returned
+    /// with a value `committed` accepts, the run's waiters in this process
+    /// are told. A closed store is noted.
+    ///
+    /// # Errors
+    /// The commit's error; [`Error::RuntimeShutdown`].
+    pub(crate) async fn run<T, Fut>(
+        &self,
+        ended: Option<(RunId, RunEnd)>,
+        commit: impl FnOnce(Arc<Queue>) -> Fut,
+        committed: impl FnOnce(&T) -> bool + Send + 'static,
+    ) -> Result<T>
+    where
+        T: Send + 'static,
+        Fut: Future<Output = taquba::Result<T>> + Send + 'static,
+    {
+        let this = self.clone();
+        let commit = commit(self.queue.clone());
+        detached(async move { this.ending_here(ended.as_ref(), commit, committed).await }).await
+    }
+
+    /// [`run`](Self::run) on the calling task, for work that already runs
+    /// whole on a task of its own (the worker's settlements).
+    pub(crate) async fn ending_here<T>(
+        &self,
+        ended: Option<&(RunId, RunEnd)>,
+        commit: impl Future<Output = taquba::Result<T>>,
+        committed: impl FnOnce(&T) -> bool,
+    ) -> taquba::Result<T> {
+        let _terminating = ended.map(|(run_id, _)| self.watchers.terminating(run_id));
+        let result = commit.await;
+        match &result {
+            Ok(value) => {
+                if let Some((run_id, end)) = ended
+                    && committed(value)
+                {
+                    self.watchers.notify(run_id, end);
+                }
+            }
+            Err(err) => self.note_closed(Error::is_queue_store_closed(err), err),
+        }
+        result
+    }
+
+    async fn plain<T, Fut>(&self, commit: impl FnOnce(Arc<Queue>) -> Fut) -> Result<T>
+    where
+        T: Send + 'static,
+        Fut: Future<Output = taquba::Result<T>> + Send + 'static,
+    {
+        self.run(None, commit, |_| false).await
+    }
+
+    /// [`Queue::commit_effects`].
+    pub(crate) async fn commit(&self, effects: SettlementEffects) -> Result<Vec<EnqueueResult>> {
+        self.plain(|queue| async move { queue.commit_effects(effects).await })
+            .await
+    }
+
+    /// [`Queue::kv_compare_commit`].
+    pub(crate) async fn compare_commit(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        effects: SettlementEffects,
+    ) -> Result<Option<Vec<EnqueueResult>>> {
+        let (key, expected) = (key.to_vec(), expected.map(<[u8]>::to_vec));
+        self.plain(|queue| async move {
+            queue
+                .kv_compare_commit(&key, expected.as_deref(), effects)
+                .await
+        })
+        .await
+    }
+
+    /// [`compare_commit`](Self::compare_commit) of effects that terminate a
+    /// run with `ended` (see [`run`](Self::run)).
+    pub(crate) async fn compare_commit_ending(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        effects: SettlementEffects,
+        ended: (RunId, RunEnd),
+    ) -> Result<Option<Vec<EnqueueResult>>> {
+        let (key, expected) = (key.to_vec(), expected.map(<[u8]>::to_vec));
+        self.run(
+            Some(ended),
+            |queue| async move {
+                queue
+                    .kv_compare_commit(&key, expected.as_deref(), effects)
+                    .await
+            },
+            Option::is_some,
+        )
+        .await
+    }
+
+    /// [`Queue::cancel_with`] of effects that terminate a run with `ended`
+    /// when the job is removed (see [`run`](Self::run)).
+    pub(crate) async fn cancel_with(
+        &self,
+        job_id: &str,
+        effects: SettlementEffects,
+        ended: (RunId, RunEnd),
+    ) -> Result<(CancelOutcome, Vec<EnqueueResult>)> {
+        let job_id = job_id.to_string();
+        self.run(
+            Some(ended),
+            |queue| async move { queue.cancel_with(&job_id, effects).await },
+            |(outcome, _)| *outcome == CancelOutcome::Removed,
+        )
+        .await
+    }
+
+    /// [`Queue::kv_put`].
+    pub(crate) async fn kv_put(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        let (key, value) = (key.to_vec(), value.to_vec());
+        self.plain(|queue| async move { queue.kv_put(&key, &value).await })
+            .await
+    }
+
+    /// [`Queue::kv_compare_delete`].
+    pub(crate) async fn kv_compare_delete(&self, key: &[u8], expected: &[u8]) -> Result<bool> {
+        let (key, expected) = (key.to_vec(), expected.to_vec());
+        self.plain(|queue| async move { queue.kv_compare_delete(&key, &expected).await })
+            .await
+    }
+
+    /// [`Queue::wake_scheduled`].
+    pub(crate) async fn wake_scheduled(
+        &self,
+        job_id: &str,
+        payload: Option<Vec<u8>>,
+    ) -> Result<WakeOutcome> {
+        let job_id = job_id.to_string();
+        self.plain(|queue| async move { queue.wake_scheduled(&job_id, payload).await })
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_detached_task_finishes_after_its_caller_is_dropped() {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (go, wait) = tokio::sync::oneshot::channel::<()>();
+        let call = detached(async move {
+            let _ = wait.await;
+            let _ = tx.send("finished");
+            Ok::<_, Error>(())
+        });
+        // Started by its first poll, then dropped.
+        let mut call = Box::pin(call);
+        let polled =
+            std::future::poll_fn(|cx| std::task::Poll::Ready(call.as_mut().poll(cx))).await;
+        assert!(polled.is_pending());
+        drop(call);
+        go.send(()).expect("the task is waiting");
+        assert_eq!(rx.await.expect("the task ran to its end"), "finished");
+    }
+
+    #[tokio::test]
+    async fn a_panic_of_the_work_resumes_in_the_caller() {
+        let caught =
+            futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(detached(async {
+                if std::hint::black_box(true) {
+                    panic!("boom");
+                }
+                Ok::<(), Error>(())
+            })))
+            .await;
+        assert!(caught.is_err());
+    }
+}
