@@ -8,7 +8,7 @@
 //! coerced to a fn pointer (at its path).
 
 use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, quote, quote_spanned};
+use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::Ident;
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
@@ -115,10 +115,15 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
             if param.by_ref {
                 quote!(#(#cfgs)* &self.#field)
             } else {
+                // At the span the field's serialization names the check
+                // with (a string path has one span, the type's first
+                // token's), so a type missing a bound is one error there,
+                // not one for each use.
                 let span = param.ty.span();
-                let written = &param.field_ty;
+                let written = respan(&param.field_ty.to_token_stream(), span);
+                let at = respan(&krate, span);
                 let call = quote_spanned!(span=>
-                    <#written as #krate::__private::JobFieldOwned>::clone_param(&self.#field));
+                    <#written as #at::__private::JobFieldOwned>::clone_param(&self.#field));
                 quote!(#(#cfgs)* #call)
             }
         }
@@ -197,7 +202,9 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
             #name_check;
             #krate::__private::inventory::submit! {
                 #krate::__private::JobRegistration {
-                    name: <#path as #krate::jobs::Job>::NAME,
+                    // The name itself, not `Job::NAME`: naming the impl
+                    // would report its missing bounds once more.
+                    name: #name,
                     type_name: #type_name,
                     module_path: ::core::module_path!(),
                     file: #file,

@@ -414,6 +414,7 @@ fn name_checks(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
 
 fn registration(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
     let self_ty = &model.self_ty;
+    let name = &model.name;
     let type_name = model.type_ident.to_string();
     let span = model.type_ident.span();
     let file = quote_spanned!(span=> ::core::file!());
@@ -429,7 +430,9 @@ fn registration(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
 
         #krate::__private::inventory::submit! {
             #krate::__private::WorkflowRegistration {
-                name: <#self_ty as #krate::workflows::Workflow>::NAME,
+                // The name itself, not `Workflow::NAME`: naming the impl
+                // would report its missing bounds once more.
+                name: #name,
                 type_name: #type_name,
                 module_path: ::core::module_path!(),
                 file: #file,
