@@ -466,7 +466,7 @@ impl<S, E> StepReturn<S> for Result<Transition<S>, E> {
 /// # Errors
 /// The step fn's error through `convert`; a permanent [`StepError`] when
 /// the transition cannot be encoded, or when `S` is not `G` (never, once
-/// the program compiles: see [`generated_transition`]).
+/// the program compiles: see `generated_transition`).
 pub fn step_outcome<G: WorkflowStep, S: 'static, R: StepReturn<S>>(
     returned: R,
     convert: impl FnOnce(R::Error) -> StepError,

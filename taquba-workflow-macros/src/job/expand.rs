@@ -3,9 +3,10 @@
 //! that the struct's name is not taken, and the registration entry.
 //!
 //! Every bound is checked at the user's token: the return type goes
-//! through `JobReturn` (at the return type), each field through
-//! `JobField` / `JobFieldOwned` (at its parameter's type), `classify` is
-//! coerced to a fn pointer (at its path).
+//! through `JobReturn` (at the return type; `run` returns the named
+//! `JobRun` future, so the split is checked in plain types, once), each
+//! field through `JobField` / `JobFieldOwned` (at its parameter's type),
+//! `classify` is coerced to a fn pointer (at its path).
 
 use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
