@@ -350,14 +350,29 @@ fn skip_to_comma(iter: &mut std::iter::Peekable<proc_macro2::token_stream::IntoI
     iter.next();
 }
 
+/// What [`for_each_option`] does with a misspelt option (one close to a
+/// known one), besides reporting it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Misspelt {
+    /// Nothing more: the attribute's expansion beside an error does not
+    /// depend on its options (`#[job]`, `#[step]`, where a guess could
+    /// clash with another option and be reported on top).
+    Skip,
+    /// Apply it as the option it is close to, when that one is not set,
+    /// without reporting its value's mistakes: the stand-in types beside
+    /// the error then match the user's code (`#[workflow(outptu = u32)]`).
+    ReadAsMeant,
+}
+
 /// Parses the option list of `#[attribute(...)]` and hands each known,
 /// first-seen option to `apply` with its name; malformed, unknown
 /// (`known` lists the accepted names) and duplicate options are reported
-/// and skipped.
+/// and skipped (a misspelt one then applied as `misspelt` says).
 pub(crate) fn for_each_option(
     tokens: TokenStream,
     attribute: &str,
     known: &[&str],
+    misspelt_options: Misspelt,
     errors: &mut Errors,
     mut apply: impl FnMut(&str, &OptionArg, &mut Errors),
 ) {
@@ -367,7 +382,9 @@ pub(crate) fn for_each_option(
         let name = arg.name();
         if !known.contains(&name.as_str()) {
             errors.spanned(&arg.key, unknown_option(&arg, attribute, known));
-            if let Some(meant) = suggestion(&name, known) {
+            if let Some(meant) = suggestion(&name, known)
+                && misspelt_options == Misspelt::ReadAsMeant
+            {
                 misspelt.push((meant, arg));
             }
             continue;
@@ -377,11 +394,9 @@ pub(crate) fn for_each_option(
         }
         apply(&name, &arg, errors);
     }
-    // A misspelt option (`outptu = u32`) is applied as the one it is close
-    // to, when that one is not set: the build fails on the typo anyway, and
-    // the expansion beside it then matches the user's code instead of
-    // cascading (a `Transition::done(5)` checked against the default
-    // output). Its value's own mistakes are not reported on top.
+    // The build fails on the typo anyway; read as meant, the expansion
+    // beside it matches the user's code instead of cascading (a
+    // `Transition::done(5)` checked against the default output).
     for (meant, arg) in misspelt {
         if seen.0.insert(meant.to_string()) {
             apply(meant, &arg, &mut Errors::new());

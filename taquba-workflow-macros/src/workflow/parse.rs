@@ -3,7 +3,7 @@
 use proc_macro2::TokenStream;
 use syn::{Attribute, Ident, LitStr, Meta, Path, Type, Visibility};
 
-use crate::common::{Errors, for_each_option};
+use crate::common::{Errors, Misspelt, for_each_option};
 
 /// Every option `#[workflow]` accepts.
 pub(crate) const OPTIONS: &[&str] = &[
@@ -47,6 +47,7 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> WorkflowOptions {
         attr,
         "workflow",
         OPTIONS,
+        Misspelt::ReadAsMeant,
         errors,
         |name, arg, errors| match name {
             "name" => options.name = arg.name_str("name = \"order\"", errors),
@@ -102,6 +103,9 @@ pub(crate) fn parse_step(attr: &Attribute, errors: &mut Errors) -> StepOptions {
         tokens,
         "step",
         STEP_OPTIONS,
+        // A misspelt `start` is not taken as one (that could make two):
+        // the missing start step is not reported on top of it instead.
+        Misspelt::Skip,
         errors,
         |name, arg, errors| match name {
             "start" if arg.flag(errors) => options.start = Some(arg.key.clone()),
