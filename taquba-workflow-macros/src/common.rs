@@ -165,6 +165,22 @@ impl OptionArg {
         match syn::parse2::<T>(tokens.clone()) {
             Ok(value) => Some(value),
             Err(_) => {
+                // Quoted (`output = "u32"`): reported with the fix, and the
+                // value used as meant, so the expansion beside the error
+                // (the stand-in types) matches the user's code.
+                if let Ok(lit) = syn::parse2::<LitStr>(tokens.clone())
+                    && let Ok(value) = lit.parse::<T>()
+                {
+                    errors.spanned(
+                        tokens,
+                        format!(
+                            "`{0}` takes {what}, not a string: write `{0} = {1}`",
+                            self.name(),
+                            lit.value().trim()
+                        ),
+                    );
+                    return Some(value);
+                }
                 errors.spanned(
                     tokens,
                     format!("`{}` takes {what}: write `{example}`", self.name()),
@@ -334,28 +350,57 @@ fn skip_to_comma(iter: &mut std::iter::Peekable<proc_macro2::token_stream::IntoI
     iter.next();
 }
 
+/// What [`for_each_option`] does with a misspelt option (one close to a
+/// known one), besides reporting it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Misspelt {
+    /// Nothing more: the attribute's expansion beside an error does not
+    /// depend on its options (`#[job]`, `#[step]`, where a guess could
+    /// clash with another option and be reported on top).
+    Skip,
+    /// Apply it as the option it is close to, when that one is not set,
+    /// without reporting its value's mistakes: the stand-in types beside
+    /// the error then match the user's code (`#[workflow(outptu = u32)]`).
+    ReadAsMeant,
+}
+
 /// Parses the option list of `#[attribute(...)]` and hands each known,
 /// first-seen option to `apply` with its name; malformed, unknown
 /// (`known` lists the accepted names) and duplicate options are reported
-/// and skipped.
+/// and skipped (a misspelt one then applied as `misspelt` says).
 pub(crate) fn for_each_option(
     tokens: TokenStream,
     attribute: &str,
     known: &[&str],
+    misspelt_options: Misspelt,
     errors: &mut Errors,
     mut apply: impl FnMut(&str, &OptionArg, &mut Errors),
 ) {
     let mut seen = Seen::default();
+    let mut misspelt = Vec::new();
     for arg in parse_options(tokens, errors) {
         let name = arg.name();
         if !known.contains(&name.as_str()) {
             errors.spanned(&arg.key, unknown_option(&arg, attribute, known));
+            if let Some(meant) = suggestion(&name, known)
+                && misspelt_options == Misspelt::ReadAsMeant
+            {
+                misspelt.push((meant, arg));
+            }
             continue;
         }
         if !seen.first(&arg, errors) {
             continue;
         }
         apply(&name, &arg, errors);
+    }
+    // The build fails on the typo anyway; read as meant, the expansion
+    // beside it matches the user's code instead of cascading (a
+    // `Transition::done(5)` checked against the default output).
+    for (meant, arg) in misspelt {
+        if seen.0.insert(meant.to_string()) {
+            apply(meant, &arg, &mut Errors::new());
+        }
     }
 }
 
@@ -391,17 +436,23 @@ pub(crate) fn unknown_option(arg: &OptionArg, attribute: &str, known: &[&str]) -
         .collect::<Vec<_>>()
         .join(", ");
     let base = format!("unknown `#[{attribute}]` option `{name}`");
-    match known
-        .iter()
-        .map(|k| (edit_distance(&name, k), k))
-        .filter(|(d, _)| *d <= 2)
-        .min_by_key(|(d, _)| *d)
-    {
-        Some((_, suggestion)) => {
+    match suggestion(&name, known) {
+        Some(suggestion) => {
             format!("{base}: did you mean `{suggestion}`? The options are {listed}")
         }
         None => format!("{base}: the options are {listed}"),
     }
+}
+
+/// The known option closest to `name`, when one is close (at most two
+/// edits away).
+fn suggestion<'a>(name: &str, known: &[&'a str]) -> Option<&'a str> {
+    known
+        .iter()
+        .map(|k| (edit_distance(name, k), *k))
+        .filter(|(d, _)| *d <= 2)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
 }
 
 fn edit_distance(a: &str, b: &str) -> usize {
@@ -558,6 +609,9 @@ pub(crate) struct ParamRules<'a> {
     pub(crate) what: &'a str,
     /// `JobContext` or `StepContext`.
     pub(crate) context: &'a str,
+    /// The other macro's context (`StepContext` for a job), refused with
+    /// a message naming this one, not as a field that borrows.
+    pub(crate) other_context: &'a str,
     /// Whether `Self` in a type is an error (the generated type lives
     /// outside the impl block).
     pub(crate) forbid_self: bool,
@@ -584,6 +638,27 @@ pub(crate) fn classify_param(
         } else {
             ParamKind::Invalid
         };
+    }
+    let other = match &*arg.ty {
+        Type::Reference(r) => &*r.elem,
+        ty => ty,
+    };
+    if is_named(other, rules.other_context) {
+        errors.spanned(
+            &arg.ty,
+            format!(
+                "a `{}` fn takes its context as `ctx: {}<'_>`; `{}` is the context of a {}",
+                rules.attribute,
+                rules.context,
+                rules.other_context,
+                if rules.other_context == "StepContext" {
+                    "workflow step"
+                } else {
+                    "job"
+                }
+            ),
+        );
+        return ParamKind::Invalid;
     }
     if let Type::Reference(r) = &*arg.ty
         && is_named(&r.elem, rules.context)
@@ -1122,6 +1197,29 @@ pub(crate) fn inner_type(ty: &Type) -> Type {
     ty
 }
 
+/// `tokens` with every token (and group) at `span`: generated code that
+/// names a user's type through the runtime crate's path is located at the
+/// user's token as a whole, so a failed bound there is reported at that
+/// token rather than at the attribute (an expression's span runs from its
+/// first token, which would otherwise be the path's, at the attribute).
+pub(crate) fn respan(tokens: &TokenStream, span: proc_macro2::Span) -> TokenStream {
+    tokens
+        .clone()
+        .into_iter()
+        .map(|mut tree| {
+            if let proc_macro2::TokenTree::Group(group) = &tree {
+                let mut inner =
+                    proc_macro2::Group::new(group.delimiter(), respan(&group.stream(), span));
+                inner.set_span(span);
+                tree = proc_macro2::TokenTree::Group(inner);
+            } else {
+                tree.set_span(span);
+            }
+            tree
+        })
+        .collect()
+}
+
 /// The runtime crate's path: `::taquba_workflow` unless `crate = path`.
 pub(crate) fn crate_path(custom: Option<&Path>) -> TokenStream {
     match custom {
@@ -1202,6 +1300,7 @@ mod tests {
             attribute: "#[job]",
             what: "job",
             context: "JobContext",
+            other_context: "StepContext",
             forbid_self: false,
         };
         let kind = classify_param(&arg, &rules, &mut errors);
@@ -1216,6 +1315,7 @@ mod tests {
                     attribute: "#[job]",
                     what: "job",
                     context: "JobContext",
+                    other_context: "StepContext",
                     forbid_self: false,
                 },
                 quote!(ctx: JobContext<'_>),
@@ -1227,6 +1327,7 @@ mod tests {
                     attribute: "#[step]",
                     what: "step",
                     context: "StepContext",
+                    other_context: "JobContext",
                     forbid_self: true,
                 },
                 quote!(ctx: StepContext<'_>),
@@ -1295,6 +1396,19 @@ mod tests {
         let (kind, errors) = classify(quote!(ctx: &JobContext<'_>));
         assert!(matches!(kind, ParamKind::Invalid));
         assert!(errors[0].contains("by value"));
+        // The other macro's context is named as such, not as a field that
+        // borrows.
+        for wrong in [quote!(ctx: StepContext<'_>), quote!(ctx: &StepContext<'_>)] {
+            let (kind, errors) = classify(wrong);
+            assert!(matches!(kind, ParamKind::Invalid));
+            assert_eq!(errors.len(), 1, "{errors:?}");
+            assert!(
+                errors[0].contains(
+                    "`ctx: JobContext<'_>`; `StepContext` is the context of a workflow step"
+                ),
+                "{errors:?}"
+            );
+        }
     }
 
     #[test]

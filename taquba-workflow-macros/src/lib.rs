@@ -17,7 +17,11 @@
 //! type a `Result`, is a parameter serializable) is checked through hidden
 //! marker traits of `taquba_workflow::__private`, named at the user's
 //! token, whose `#[diagnostic::on_unimplemented]` message names the fix:
-//! one error per missing capability.
+//! one error per missing capability. Beside an error the generated types
+//! are stand-ins that match the user's code as written: an option value of
+//! the wrong kind that holds what was meant (`output = "u32"`) and a
+//! misspelt option close to a known one (`outptu`) are reported, then read
+//! as meant, so nothing else is reported on top.
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 

@@ -142,6 +142,43 @@ impl<T, E> JobReturn for Result<T, E> {
     }
 }
 
+pin_project_lite::pin_project! {
+    /// The future `run` of a `#[job]` returns: the job fn's future, whose
+    /// output (the fn's return type, `Result<T, E>` under any name) is
+    /// split by [`JobReturn`].
+    ///
+    /// A named type rather than `impl Future<Output = Result<T, E>>`: the
+    /// generated `impl Job` then names the split only in plain types (its
+    /// associated types and this type's parameter), all at the return
+    /// type, so a return type that is not a `Result` is one error there (an
+    /// `impl Trait` return type would check it once more, in its own
+    /// desugaring, which rustc reports apart). Polling it is polling the
+    /// fn's future.
+    pub struct JobRun<F> {
+        #[pin]
+        future: F,
+    }
+}
+
+/// Wraps a job fn's future.
+pub fn job_run<F: Future>(future: F) -> JobRun<F> {
+    JobRun { future }
+}
+
+impl<F: Future> Future for JobRun<F>
+where
+    F::Output: JobReturn,
+{
+    type Output = Result<<F::Output as JobReturn>::Output, <F::Output as JobReturn>::Error>;
+
+    fn poll(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        self.project().future.poll(cx).map(JobReturn::into_result)
+    }
+}
+
 /// `Job::Output` of a `#[job]`: `<<R as JobReturn>::Output as JobOutputOf>::Type`,
 /// whose impl requires [`JobOutput`], so a wrong `T` is reported once.
 pub trait JobOutputOf {
@@ -389,13 +426,16 @@ pub fn decode_step<S: WorkflowStep>(step: &Step) -> Result<S, StepError> {
 }
 
 /// What a step fn returns: `Result<Transition<S>, E>` under any name,
-/// resolved by the type system.
+/// resolved by the type system. The generated dispatch names `S` as the
+/// step fn's module sees the step enum's name, so a step fn of another
+/// workflow's enum (or returning something else) is one error, at its
+/// return type.
 #[diagnostic::on_unimplemented(
     message = "a `#[step]` fn must return `Result<Transition<Step>, E>` with its workflow's step enum as `Step`, not `{Self}`",
     label = "expected `Result<Transition<Step>, E>`, where `Step` is the step enum `#[workflow]` generates (`OrderStep` for `impl Order`)",
     note = "return `Ok(Transition::next(...))`, `Ok(Transition::done(...))`, ...; `E` is `StepError`, a type with `impl From<E> for StepError`, or any `Display` type (`anyhow::Error`, `Box<dyn Error + Send + Sync>`), which becomes a transient `StepError`"
 )]
-pub trait StepReturn<S: WorkflowStep> {
+pub trait StepReturn<S> {
     /// `E`.
     type Error;
     /// `self` as the `Result` it is.
@@ -405,22 +445,66 @@ pub trait StepReturn<S: WorkflowStep> {
     fn into_result(self) -> Result<Transition<S>, Self::Error>;
 }
 
-impl<S: WorkflowStep, E> StepReturn<S> for Result<Transition<S>, E> {
+impl<S, E> StepReturn<S> for Result<Transition<S>, E> {
     type Error = E;
     fn into_result(self) -> Self {
         self
     }
 }
 
-/// Splits a step fn's return value; `R` is written out (the step's return
-/// type, at its span) so a wrong one is reported there.
+/// The outcome of a step from what its fn returned: the transition encoded
+/// (as a transition of `G`, see below), or the fn's error through
+/// `convert`.
+///
+/// `G` is the step enum `#[workflow]` generated; `S` is the type the step
+/// enum's name means in the workflow's module; `R`, the step fn's return
+/// type, is written out at its span so a wrong one is one error there.
+/// Generic over all three so that, once `R: StepReturn<S>` fails, nothing
+/// else in the generated arm names `R`'s parts (`convert`'s argument type
+/// comes from here).
 ///
 /// # Errors
-/// The step fn's error.
-pub fn step_return<S: WorkflowStep, R: StepReturn<S>>(
+/// The step fn's error through `convert`; a permanent [`StepError`] when
+/// the transition cannot be encoded, or when `S` is not `G` (never, once
+/// the program compiles: see `generated_transition`).
+pub fn step_outcome<G: WorkflowStep, S: 'static, R: StepReturn<S>>(
     returned: R,
-) -> Result<Transition<S>, R::Error> {
-    returned.into_result()
+    convert: impl FnOnce(R::Error) -> StepError,
+) -> Result<StepOutcome, StepError> {
+    match returned.into_result() {
+        Ok(transition) => generated_transition::<G, S>(transition)?.into_outcome(),
+        Err(error) => Err(convert(error)),
+    }
+}
+
+/// `transition` as a transition of `G`, the step enum `#[workflow]`
+/// generated, from `S`, the type the step enum's name means in the
+/// workflow's module (which [`step_outcome`] checked the step fn returns).
+///
+/// The two are the same type in every program that compiles: when an item
+/// of the user's shadows the generated enum's name, the name check
+/// (`generated_step_enum`) fails the build. The dispatch still has to
+/// type-check in that build, where `S: WorkflowStep` does not hold (and
+/// `S == G` is not expressible as a bound), so the conversion goes through
+/// `Any`: an `Option` on the stack downcast in place, which is a comparison
+/// of two constant `TypeId`s that the optimizer folds away, with no
+/// allocation. The mismatch arm is unreachable in a compiled program; it
+/// fails the step permanently rather than panicking.
+fn generated_transition<G: WorkflowStep, S: 'static>(
+    transition: Transition<S>,
+) -> Result<Transition<G>, StepError> {
+    let mut slot = Some(transition);
+    (&mut slot as &mut dyn std::any::Any)
+        .downcast_mut::<Option<Transition<G>>>()
+        .and_then(Option::take)
+        .ok_or_else(|| {
+            StepError::permanent(format!(
+                "workflow `{}`: a step returned a `Transition<{}>`, not a transition of its step enum `{}`",
+                G::Workflow::NAME,
+                std::any::type_name::<S>(),
+                std::any::type_name::<G>()
+            ))
+        })
 }
 
 /// The future of a step fn, which the runtime moves between threads.
@@ -517,28 +601,6 @@ impl<T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static> StepFie
         <T as serde::Deserialize<'de>>::deserialize(deserializer)
     }
 }
-
-/// The output of a workflow (`output = T`): the generated `impl Workflow`
-/// names `<T as WorkflowOutputOf>::Type`, whose impl requires
-/// [`WorkflowOutput`], so a wrong `T` is reported once, at `T`.
-pub trait WorkflowOutputOf {
-    /// `Self`.
-    type Type;
-}
-impl<T: WorkflowOutput> WorkflowOutputOf for T {
-    type Type = T;
-}
-
-/// What a workflow's output must be ([`Workflow::Output`]'s bounds).
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot be the output of a `#[workflow]`",
-    label = "a workflow's output must be `Serialize + DeserializeOwned + Send + 'static`",
-    note = "the output is stored as MessagePack for the caller: derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
-)]
-pub trait WorkflowOutput: serde::Serialize + serde::de::DeserializeOwned + Send + 'static {}
-
-#[diagnostic::do_not_recommend]
-impl<T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static> WorkflowOutput for T {}
 
 #[cfg(test)]
 mod tests {

@@ -3,18 +3,21 @@
 //! that the struct's name is not taken, and the registration entry.
 //!
 //! Every bound is checked at the user's token: the return type goes
-//! through `JobReturn` (at the return type), each field through
-//! `JobField` / `JobFieldOwned` (at its parameter's type), `classify` is
-//! coerced to a fn pointer (at its path).
+//! through `JobReturn` (at the return type; `run` returns the named
+//! `JobRun` future, so the split is checked in plain types, once), each
+//! field through `JobField` / `JobFieldOwned` (at its parameter's type),
+//! `classify` is coerced to a fn pointer (at its path).
 
 use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, quote, quote_spanned};
+use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::Ident;
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 
 use super::validate::JobModel;
-use crate::common::{Piece, Slot, cfg_attrs, crate_path, doc_attrs, inner_type, inner_visibility};
+use crate::common::{
+    Piece, Slot, cfg_attrs, crate_path, doc_attrs, inner_type, inner_visibility, respan,
+};
 
 /// The full expansion of one `#[job]`; `func` is the fn as re-emitted.
 pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
@@ -61,7 +64,10 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
             syn::LitStr::new(&path, span)
         };
         let (ser, de) = (with("serialize"), with("deserialize"));
-        quote!(#doc #(#attrs)* #[serde(serialize_with = #ser, deserialize_with = #de)] #inner_vis #field: #ty)
+        // The field's visibility at the parameter's name, so the field (a
+        // derive's error on it) is located at the parameter.
+        let field_vis = respan(&inner_vis, field.span());
+        quote!(#doc #(#attrs)* #[serde(serialize_with = #ser, deserialize_with = #de)] #field_vis #field: #ty)
     });
     let body = if model.params.is_empty() {
         quote!(;)
@@ -92,19 +98,11 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
     // impl Job.
     let ret = &model.ret;
     let ret_span = ret.span();
+    let at_ret = respan(&krate, ret_span);
     let output = quote_spanned!(ret_span=>
-        <<#ret as #krate::__private::JobReturn>::Output as #krate::__private::JobOutputOf>::Type);
+        <<#ret as #at_ret::__private::JobReturn>::Output as #at_ret::__private::JobOutputOf>::Type);
     let error = quote_spanned!(ret_span=>
-        <<#ret as #krate::__private::JobReturn>::Error as #krate::__private::JobErrorOf>::Type);
-    let into_result =
-        quote_spanned!(ret_span=> <#ret as #krate::__private::JobReturn>::into_result);
-    // The unchecked `T` and `E` (the checked ones are the associated
-    // types): a wrong one is reported once, there, not again here.
-    let run_output = quote_spanned!(ret_span=>
-        ::core::result::Result<
-            <#ret as #krate::__private::JobReturn>::Output,
-            <#ret as #krate::__private::JobReturn>::Error,
-        >);
+        <<#ret as #at_ret::__private::JobReturn>::Error as #at_ret::__private::JobErrorOf>::Type);
     let name = &model.name;
     let ctx = Ident::new("__taquba_ctx", Span::mixed_site());
     let uses_ctx = model.slots.iter().any(|s| matches!(s, Slot::Context(_)));
@@ -118,25 +116,25 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
             if param.by_ref {
                 quote!(#(#cfgs)* &self.#field)
             } else {
+                // At the span the field's serialization names the check
+                // with (a string path has one span, the type's first
+                // token's), so a type missing a bound is one error there,
+                // not one for each use.
                 let span = param.ty.span();
-                let written = &param.field_ty;
+                let written = respan(&param.field_ty.to_token_stream(), span);
+                let at = respan(&krate, span);
                 let call = quote_spanned!(span=>
-                    <#written as #krate::__private::JobFieldOwned>::clone_param(&self.#field));
+                    <#written as #at::__private::JobFieldOwned>::clone_param(&self.#field));
                 quote!(#(#cfgs)* #call)
             }
         }
     });
     let call = quote_spanned!(fn_ident.span()=> #fn_ident(#(#args),*));
-    // Located at the return type: rustc points a bound of `JobReturn` at
-    // the argument that carries the type.
-    let future = Ident::new("__taquba_future", Span::mixed_site().located_at(ret_span));
     // The call is made inside the block: a fn whose parameters share one
     // lifetime (`fn f<'a>(ctx: JobContext<'a>, name: &'a str)`) borrows the
     // context and the job for one region, which only the block can name.
-    let awaited = quote_spanned!(ret_span=> async move {
-        let #future = #call;
-        #into_result(#future.await)
-    });
+    let awaited =
+        quote_spanned!(ret_span=> #at_ret::__private::job_run(async move { #call.await }));
     let key_fn = key_fn(model, &krate);
     let attempts_fn = model.options.max_attempts.as_ref().map(|n| {
         quote! {
@@ -165,14 +163,20 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
         type Output = #output;
         type Error = #error;
     };
+    // A named future (`JobRun`) around the fn's, whose output is the
+    // return type as written: the split into `T` and `E` is then named in
+    // plain types only, all at the return type, so a return type that is
+    // not a `Result` is one error (see `JobRun`). Returning it where the
+    // trait says `impl Future` is a refinement, on purpose.
     let run_ret = quote_spanned!(ret_span=>
-        impl ::core::future::Future<Output = #run_output> + ::core::marker::Send);
+        #at_ret::__private::JobRun<impl ::core::future::Future<Output = #ret> + ::core::marker::Send>);
     let item_impl = quote! {
         #(#cfgs)*
         impl #krate::jobs::Job for #path {
             #assoc_types
             const NAME: &'static str = #name;
 
+            #[allow(refining_impl_trait)]
             fn run(
                 &self,
                 #ctx_pat: #krate::jobs::JobContext<'_>,
@@ -199,7 +203,9 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
             #name_check;
             #krate::__private::inventory::submit! {
                 #krate::__private::JobRegistration {
-                    name: <#path as #krate::jobs::Job>::NAME,
+                    // The name itself, not `Job::NAME`: naming the impl
+                    // would report its missing bounds once more.
+                    name: #name,
                     type_name: #type_name,
                     module_path: ::core::module_path!(),
                     file: #file,

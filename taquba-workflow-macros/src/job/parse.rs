@@ -3,7 +3,7 @@
 use proc_macro2::TokenStream;
 use syn::{Ident, LitInt, LitStr, Path};
 
-use crate::common::{Errors, for_each_option};
+use crate::common::{Errors, Misspelt, for_each_option};
 
 /// Every option `#[job]` accepts, for the unknown-option message.
 pub(crate) const OPTIONS: &[&str] = &[
@@ -48,6 +48,7 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> JobOptions {
         attr,
         "job",
         OPTIONS,
+        Misspelt::Skip,
         errors,
         |name, arg, errors| match name {
             "name" => options.name = arg.name_str("name = \"email.send\"", errors),

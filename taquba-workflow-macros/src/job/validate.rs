@@ -31,6 +31,7 @@ const RULES: ParamRules<'static> = ParamRules {
     attribute: "#[job]",
     what: "job",
     context: "JobContext",
+    other_context: "StepContext",
     forbid_self: false,
 };
 

@@ -18,7 +18,7 @@ use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 
 use super::validate::{StepModel, WorkflowModel};
-use crate::common::{Slot, crate_path, inner_type, inner_visibility};
+use crate::common::{Slot, crate_path, inner_type, inner_visibility, respan};
 
 /// The full expansion of one `#[workflow]`.
 pub(crate) fn expand(model: &WorkflowModel, fallback: bool) -> TokenStream {
@@ -165,7 +165,13 @@ fn input_struct(model: &WorkflowModel, krate: &TokenStream) -> (TokenStream, Tok
     let ident = &model.input;
     let input_path = generated(model, ident);
     let step_enum = generated(model, &model.step_enum);
-    let Some(start) = model.start.map(|i| &model.steps[i]) else {
+    // Without a start step (an error), the first step stands in, the likely
+    // one (the error suggests it), so `OrderInput { .. }` in the user's
+    // code does not cascade.
+    let input_step = model
+        .start
+        .or_else(|| (!model.steps.is_empty()).then_some(0));
+    let Some(start) = input_step.map(|i| &model.steps[i]) else {
         // Only with errors: a stand-in so `Workflow::Input` resolves.
         return (
             quote!(#vis struct #ident;),
@@ -200,7 +206,10 @@ fn input_struct(model: &WorkflowModel, krate: &TokenStream) -> (TokenStream, Tok
             let text = format!(" The `{}` parameter of `{}`.", param.name(), start.fn_ident);
             quote!(#[doc = #text])
         });
-        quote!(#doc #(#attrs)* #vis #field: #ty)
+        // The field's visibility at the parameter's name, so the field (a
+        // derive's error on it) is located at the parameter.
+        let field_vis = respan(&vis, field.span());
+        quote!(#doc #(#attrs)* #field_vis #field: #ty)
     });
     let body = if start.params.is_empty() {
         quote!(;)
@@ -242,17 +251,16 @@ fn workflow_impl(model: &WorkflowModel, krate: &TokenStream, fallback: bool) -> 
     let self_ty = &model.self_ty;
     let step_enum = generated(model, &model.step_enum);
     let name = &model.name;
-    let output = match &model.options.output {
-        // Through `WorkflowOutputOf`, at the type's span, so a missing
-        // bound of `Workflow::Output` is reported once, there.
-        Some(ty) => {
-            quote_spanned!(ty.span()=> <#ty as #krate::__private::WorkflowOutputOf>::Type)
-        }
-        None => quote!(()),
-    };
+    // `Workflow::Output` is bounded by one trait (`WorkflowOutput`), checked
+    // here, at the type's span: an output type that is not serializable is
+    // one error, there. The type itself is named as written, so a
+    // `Transition::done(...)` of the user's normalizes to it without
+    // checking the bound again.
     let output_item = match &model.options.output {
-        Some(ty) => quote_spanned!(ty.span()=> type Output = #output;),
-        None => quote!(type Output = #output;),
+        Some(ty) => quote_spanned!(ty.span()=> type Output = #ty;),
+        None => quote!(
+            type Output = ();
+        ),
     };
     let step = Ident::new("__taquba_step", Span::mixed_site());
     let start_name = model
@@ -363,25 +371,32 @@ fn dispatch_arm(
         #krate::__private::step_future(Self::#fn_ident(#(#all_args),*))
     };
     let ret = &step.ret;
-    let split = quote_spanned!(ret.span()=> #krate::__private::step_return::<#step_enum, #ret>);
-    // Located at the return type: rustc points a failed bound at the
-    // argument that carries the type.
-    let returned = Ident::new(
-        "__taquba_returned",
-        Span::mixed_site().located_at(ret.span()),
-    );
-    let error = Ident::new("__taquba_error", Span::mixed_site().located_at(ret.span()));
+    let ret_span = ret.span();
+    // Everything that names the return type's parts is located at the
+    // return type, the runtime crate's path included (an expression's span
+    // starts at its first token), so a wrong return type is one error
+    // there.
+    let at_ret = respan(krate, ret_span);
+    // The step enum as the name means it in this module: the generated
+    // enum, unless an item of the user's shadows it (then the name check
+    // fails the build, and this still type-checks: see
+    // `generated_transition`).
+    let named_enum = &model.step_enum;
+    // At the return type, in its context: an expression mixing syntax
+    // contexts (a `mixed_site` binding among the return type's tokens) is
+    // located at the attribute. Only generated code sees the name.
+    let error = Ident::new("__taquba_error", ret_span);
     // `Into<StepError>` when the error has it, else `Display` (transient);
     // the fallback's bound is checked at the return type.
-    let convert = quote_spanned! {ret.span()=>
-        (&#krate::__private::step_error_probe(&#error)).step_error_kind().convert(#error)
+    let convert = quote_spanned! {ret_span=>
+        |#error| (&#at_ret::__private::step_error_probe(&#error)).step_error_kind().convert(#error)
+    };
+    let handled = quote_spanned! {ret_span=>
+        #at_ret::__private::step_outcome::<#step_enum, #named_enum, #ret>(#call.await, #convert)
     };
     quote! {
         #(#cfgs)*
-        #step_enum::#variant { #(#fields,)* } => match { let #returned = #call.await; #split(#returned) } {
-            ::core::result::Result::Ok(transition) => transition.into_outcome(),
-            ::core::result::Result::Err(#error) => ::core::result::Result::Err(#convert),
-        },
+        #step_enum::#variant { #(#fields,)* } => #handled,
     }
 }
 
@@ -399,6 +414,7 @@ fn name_checks(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
 
 fn registration(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
     let self_ty = &model.self_ty;
+    let name = &model.name;
     let type_name = model.type_ident.to_string();
     let span = model.type_ident.span();
     let file = quote_spanned!(span=> ::core::file!());
@@ -414,7 +430,9 @@ fn registration(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
 
         #krate::__private::inventory::submit! {
             #krate::__private::WorkflowRegistration {
-                name: <#self_ty as #krate::workflows::Workflow>::NAME,
+                // The name itself, not `Workflow::NAME`: naming the impl
+                // would report its missing bounds once more.
+                name: #name,
                 type_name: #type_name,
                 module_path: ::core::module_path!(),
                 file: #file,
@@ -475,10 +493,9 @@ mod tests {
         );
         assert!(out.contains("type Output = ()"));
         let out = expand(quote!(output = Receipt), ORDER.parse().unwrap());
-        assert!(
-            out.contains("type Output = < Receipt as :: taquba_workflow :: __private :: WorkflowOutputOf > :: Type"),
-            "{out}"
-        );
+        // The type as written: its bound (`WorkflowOutput`) is checked once,
+        // by the trait, at this type.
+        assert!(out.contains("type Output = Receipt ;"), "{out}");
     }
 
     #[test]
@@ -494,8 +511,10 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("Self :: ship (__taquba_arg0)"), "{out}");
+        // The generated enum, the enum's name as the module sees it, and the
+        // return type as written.
         assert!(out.contains(
-            "step_return :: < __taquba_workflow_order :: OrderStep , Result < Transition < OrderStep > , StepError > >"
+            "step_outcome :: < __taquba_workflow_order :: OrderStep , OrderStep , Result < Transition < OrderStep > , StepError > >"
         ), "{out}");
         assert!(
             out.contains("generated_step_enum :: < OrderStep > ()"),

@@ -3,7 +3,7 @@
 use proc_macro2::TokenStream;
 use syn::{Attribute, Ident, LitStr, Meta, Path, Type, Visibility};
 
-use crate::common::{Errors, for_each_option};
+use crate::common::{Errors, Misspelt, for_each_option};
 
 /// Every option `#[workflow]` accepts.
 pub(crate) const OPTIONS: &[&str] = &[
@@ -47,6 +47,7 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> WorkflowOptions {
         attr,
         "workflow",
         OPTIONS,
+        Misspelt::ReadAsMeant,
         errors,
         |name, arg, errors| match name {
             "name" => options.name = arg.name_str("name = \"order\"", errors),
@@ -102,6 +103,9 @@ pub(crate) fn parse_step(attr: &Attribute, errors: &mut Errors) -> StepOptions {
         tokens,
         "step",
         STEP_OPTIONS,
+        // A misspelt `start` is not taken as one (that could make two):
+        // the missing start step is not reported on top of it instead.
+        Misspelt::Skip,
         errors,
         |name, arg, errors| match name {
             "start" if arg.flag(errors) => options.start = Some(arg.key.clone()),
@@ -146,6 +150,50 @@ mod tests {
         assert!(messages[1].contains("cannot be empty"));
         assert!(messages[2].contains("duplicate option `name`"));
         assert!(messages[3].contains("takes a visibility"));
+    }
+
+    #[test]
+    fn mistaken_options_are_reported_once_and_read_as_meant() {
+        // The stand-in types beside the errors then match the user's code
+        // (no `Transition::done(5)` checked against a default output).
+        let mut errors = Errors::new();
+        let options = parse(
+            quote!(outptu = u32, step_enum = "Steps", input = "Start"),
+            &mut errors,
+        );
+        let messages = errors.messages();
+        assert_eq!(messages.len(), 3, "{messages:?}");
+        assert!(messages[0].contains("did you mean `output`?"));
+        assert!(
+            messages[1].contains(
+                "`step_enum` takes an identifier, not a string: write `step_enum = Steps`"
+            )
+        );
+        assert!(messages[2].contains("write `input = Start`"));
+        assert!(options.output.is_some());
+        assert_eq!(
+            options.step_enum.map(|i| i.to_string()).as_deref(),
+            Some("Steps")
+        );
+        assert_eq!(
+            options.input.map(|i| i.to_string()).as_deref(),
+            Some("Start")
+        );
+
+        // A misspelt option whose value is wrong too: one error, the typo.
+        let mut errors = Errors::new();
+        let options = parse(quote!(outptu = 3), &mut errors);
+        assert_eq!(errors.messages().len(), 1, "{:?}", errors.messages());
+        assert!(options.output.is_none());
+
+        // The right option set too: it wins, and nothing more is reported.
+        let mut errors = Errors::new();
+        let options = parse(quote!(outptu = u8, output = u32), &mut errors);
+        assert_eq!(errors.messages().len(), 1, "{:?}", errors.messages());
+        assert_eq!(
+            options.output.map(|t| quote!(#t).to_string()).as_deref(),
+            Some("u32")
+        );
     }
 
     #[test]

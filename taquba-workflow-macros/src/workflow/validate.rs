@@ -53,7 +53,8 @@ pub(crate) struct WorkflowModel {
     pub(crate) step_enum: Ident,
     pub(crate) input: Ident,
     pub(crate) steps: Vec<StepModel>,
-    /// Index of the start step in `steps` (`None` only with errors).
+    /// Index of the start step in `steps` (with two, the first: that is an
+    /// error; `None` only with errors).
     pub(crate) start: Option<usize>,
 }
 
@@ -61,6 +62,7 @@ const RULES: ParamRules<'static> = ParamRules {
     attribute: "#[step]",
     what: "step",
     context: "StepContext",
+    other_context: "JobContext",
     forbid_self: true,
 };
 
@@ -212,7 +214,8 @@ pub(crate) fn validate(
     // Stable names and variants must be unique; exactly one start step.
     let mut names: HashMap<&str, &StepModel> = HashMap::new();
     let mut variants: HashMap<String, &StepModel> = HashMap::new();
-    for step in &steps {
+    let mut clashing = Vec::new();
+    for (index, step) in steps.iter().enumerate() {
         if let Some(first) = names.insert(&step.name, step) {
             errors.spanned(
                 &step.fn_ident,
@@ -230,7 +233,15 @@ pub(crate) fn validate(
                     first.fn_ident, step.fn_ident, step.variant
                 ),
             );
+            clashing.push(index);
         }
+    }
+    // The later ones get a variant of their own in the stand-in enum beside
+    // the error, so the enum is still one type and the user's
+    // `OrderStep::Ship { .. }` means the first.
+    for index in clashing {
+        let step = &mut steps[index];
+        step.variant = format_ident!("__TaqubaClashing{index}", span = step.variant.span());
     }
     let starts: Vec<usize> = steps
         .iter()
@@ -262,7 +273,9 @@ pub(crate) fn validate(
                     ),
                 );
             }
-            None
+            // The first one, for the stand-in input struct beside the error
+            // (so `OrderInput { .. }` in the user's code still resolves).
+            Some(*first)
         }
     };
 

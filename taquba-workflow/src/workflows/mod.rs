@@ -114,8 +114,51 @@ pub trait Workflow: StepRunner + Sized + 'static {
     const START: &'static str;
     /// The names of every step, in declaration order.
     const STEPS: &'static [&'static str];
-    /// What a run that succeeds returns ([`Transition::done`]).
-    type Output: Serialize + DeserializeOwned + Send + 'static;
+    /// What a run that succeeds returns ([`Transition::done`]): any
+    /// `Serialize + DeserializeOwned + Send + 'static` type (see
+    /// [`WorkflowOutput`]).
+    type Output: WorkflowOutput;
+}
+
+/// What the output of a workflow must be: every `Serialize +
+/// DeserializeOwned + Send + 'static` type is one (a blanket impl), as the
+/// output is stored as MessagePack for whoever waits on the run.
+///
+/// [`Workflow::Output`] is bounded by this one trait, which names serde
+/// only in its impl, so an output type that is not serializable is one
+/// error, with the message below, at `#[workflow(output = ...)]` (serde
+/// bounds on the associated type would each be checked, and reported,
+/// apart). Generic code that serializes a `W::Output` some other way
+/// states `W::Output: Serialize` itself.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be the output of a `#[workflow]`",
+    label = "a workflow's output must be `Serialize + DeserializeOwned + Send + 'static`",
+    note = "the output is stored as MessagePack for the caller: derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
+)]
+pub trait WorkflowOutput: Sized + Send + 'static {
+    /// The output as MessagePack (named fields): the result a run that
+    /// succeeds records.
+    ///
+    /// # Errors
+    /// The encoder's, when the value's `Serialize` impl fails.
+    fn to_msgpack(&self) -> std::result::Result<Vec<u8>, rmp_serde::encode::Error>;
+
+    /// The output from the result a run recorded.
+    ///
+    /// # Errors
+    /// The decoder's, when `bytes` are not this type's MessagePack.
+    fn from_msgpack(bytes: &[u8]) -> std::result::Result<Self, rmp_serde::decode::Error>;
+}
+
+#[diagnostic::do_not_recommend]
+impl<T: Serialize + DeserializeOwned + Send + 'static> WorkflowOutput for T {
+    fn to_msgpack(&self) -> std::result::Result<Vec<u8>, rmp_serde::encode::Error> {
+        rmp_serde::to_vec_named(self)
+    }
+
+    fn from_msgpack(bytes: &[u8]) -> std::result::Result<Self, rmp_serde::decode::Error> {
+        rmp_serde::from_slice(bytes)
+    }
 }
 
 /// The step enum of a workflow (the generated `{Type}Step`): one variant
@@ -158,19 +201,33 @@ pub type WorkflowOf<I> = <<I as WorkflowInput>::Step as WorkflowStep>::Workflow;
 /// What a step decides: the next step (now, after a delay, or on a
 /// signal), or the end of the run (done with the output, failed,
 /// cancelled).
+///
+/// `S` is the step enum of the workflow (`Transition<OrderStep>`). The
+/// type itself puts no bound on `S`, nor do the constructors that take no
+/// output: [`done`](Self::done) and [`into_outcome`](Self::into_outcome)
+/// need the step enum, and the generated dispatch checks that a step fn
+/// returns its own workflow's. (So a type of yours that shadows the
+/// generated step enum's name is reported once, by `#[workflow]`, not
+/// again at every `Transition<...>` of the step fns.)
 #[must_use = "a transition does nothing until the step returns it"]
-pub struct Transition<S: WorkflowStep> {
+pub struct Transition<S> {
     kind: TransitionKind<S>,
 }
 
-enum TransitionKind<S: WorkflowStep> {
-    Continue { step: S, when: Trigger },
-    Done(OutputOf<S>),
+enum TransitionKind<S> {
+    Continue {
+        step: S,
+        when: Trigger,
+    },
+    /// The output as MessagePack, encoded by [`Transition::done`]: the
+    /// result a run records is these bytes anyway, and holding them
+    /// (rather than the value) keeps the type free of a bound on `S`.
+    Done(std::result::Result<Vec<u8>, rmp_serde::encode::Error>),
     Fail(String),
     Cancel(String),
 }
 
-impl<S: WorkflowStep> Transition<S> {
+impl<S> Transition<S> {
     /// Run `step` next, as soon as a worker claims it.
     pub fn next(step: S) -> Self {
         Self::continue_with(step, Trigger::Immediate)
@@ -203,13 +260,6 @@ impl<S: WorkflowStep> Transition<S> {
         }
     }
 
-    /// End the run successfully with `output`.
-    pub fn done(output: OutputOf<S>) -> Self {
-        Self {
-            kind: TransitionKind::Done(output),
-        }
-    }
-
     /// End the run as failed (a verdict: nothing is retried or
     /// dead-lettered).
     pub fn fail(reason: impl Into<String>) -> Self {
@@ -222,6 +272,18 @@ impl<S: WorkflowStep> Transition<S> {
     pub fn cancel(reason: impl Into<String>) -> Self {
         Self {
             kind: TransitionKind::Cancel(reason.into()),
+        }
+    }
+}
+
+impl<S: WorkflowStep> Transition<S> {
+    /// End the run successfully with `output` (the workflow's
+    /// `output = Type`), encoded as MessagePack (named fields) here; an
+    /// output that cannot be encoded is reported by
+    /// [`into_outcome`](Self::into_outcome).
+    pub fn done(output: OutputOf<S>) -> Self {
+        Self {
+            kind: TransitionKind::Done(output.to_msgpack()),
         }
     }
 
@@ -243,8 +305,8 @@ impl<S: WorkflowStep> Transition<S> {
                 })?;
                 Ok(StepOutcome::Continue { payload, when })
             }
-            TransitionKind::Done(output) => {
-                let result = rmp_serde::to_vec_named(&output).map_err(|e| {
+            TransitionKind::Done(encoded) => {
+                let result = encoded.map_err(|e| {
                     StepError::permanent(format!(
                         "workflow `{}`: cannot encode the output: {e}",
                         S::Workflow::NAME
@@ -258,11 +320,9 @@ impl<S: WorkflowStep> Transition<S> {
     }
 }
 
-impl<S: WorkflowStep> fmt::Debug for Transition<S>
-where
-    S: fmt::Debug,
-    OutputOf<S>: fmt::Debug,
-{
+/// The output of a `done` transition shows as its encoded size (it is
+/// held encoded).
+impl<S: fmt::Debug> fmt::Debug for Transition<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
             TransitionKind::Continue { step, when } => f
@@ -270,7 +330,14 @@ where
                 .field("step", step)
                 .field("when", when)
                 .finish(),
-            TransitionKind::Done(output) => f.debug_tuple("Done").field(output).finish(),
+            TransitionKind::Done(Ok(bytes)) => f
+                .debug_tuple("Done")
+                .field(&format_args!("<MessagePack, len {}>", bytes.len()))
+                .finish(),
+            TransitionKind::Done(Err(e)) => f
+                .debug_tuple("Done")
+                .field(&format_args!("<cannot be encoded: {e}>"))
+                .finish(),
             TransitionKind::Fail(reason) => f.debug_tuple("Fail").field(reason).finish(),
             TransitionKind::Cancel(reason) => f.debug_tuple("Cancel").field(reason).finish(),
         }
@@ -564,7 +631,7 @@ fn decode_step_of<W: Workflow, S: DeserializeOwned>(
 /// # Errors
 /// [`Error::Deserialization`] when the bytes are not a `W::Output`.
 pub fn decode_output<W: Workflow>(result: &[u8]) -> Result<W::Output> {
-    Ok(rmp_serde::from_slice(result)?)
+    Ok(W::Output::from_msgpack(result)?)
 }
 
 fn list<'a>(names: impl Iterator<Item = &'a str>) -> String {
@@ -1104,6 +1171,97 @@ mod tests {
             Counter.run_step(&stop).await,
             Ok(StepOutcome::Cancel { reason }) if reason == "stop"
         ));
+    }
+
+    #[test]
+    fn a_done_transition_holds_its_output_encoded() {
+        let done = Transition::<CounterStep>::done(7);
+        assert_eq!(format!("{done:?}"), "Done(<MessagePack, len 1>)");
+        let next = Transition::next(CounterStep::Stop {});
+        assert_eq!(
+            format!("{next:?}"),
+            "Continue { step: Stop, when: Immediate }"
+        );
+    }
+
+    /// An output whose `Serialize` fails.
+    struct Unencodable;
+
+    impl Serialize for Unencodable {
+        fn serialize<S: serde::Serializer>(&self, _: S) -> std::result::Result<S::Ok, S::Error> {
+            Err(serde::ser::Error::custom("refused"))
+        }
+    }
+
+    impl<'de> Deserialize<'de> for Unencodable {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+            serde::de::IgnoredAny::deserialize(d).map(|_| Unencodable)
+        }
+    }
+
+    #[derive(Default)]
+    struct Refuser;
+
+    #[taquba_workflow_macros::workflow(crate = crate, name = "refuser", output = Unencodable)]
+    impl Refuser {
+        #[step(start)]
+        async fn only() -> std::result::Result<Transition<RefuserStep>, StepError> {
+            Ok(Transition::done(Unencodable))
+        }
+    }
+
+    #[tokio::test]
+    async fn an_output_that_cannot_be_encoded_fails_the_step_permanently() {
+        let step = Step::detached(encode_input(RefuserInput).expect("encodes"));
+        let error = Refuser.run_step(&step).await.expect_err("not encodable");
+        assert_eq!(error.kind, StepErrorKind::Permanent);
+        assert!(
+            error
+                .message
+                .contains("workflow `refuser`: cannot encode the output: refused"),
+            "{}",
+            error.message
+        );
+    }
+
+    /// The dispatch's conversion (`__private::step_outcome`): the step
+    /// enum's transition is encoded, the fn's error converted, and a
+    /// transition of another type (only in a build that fails) refused.
+    #[test]
+    fn step_outcomes_follow_what_the_step_fn_returned() {
+        use crate::__private::step_outcome;
+        type Returned<S, E> = std::result::Result<Transition<S>, E>;
+        match step_outcome::<CounterStep, CounterStep, Returned<CounterStep, StepError>>(
+            Ok(Transition::done(3)),
+            |e| e,
+        ) {
+            Ok(StepOutcome::Succeed { result }) => {
+                assert_eq!(decode_output::<Counter>(&result).expect("decodes"), 3)
+            }
+            other => panic!("{other:?}"),
+        }
+        let error = step_outcome::<CounterStep, CounterStep, Returned<CounterStep, &str>>(
+            Err("boom"),
+            StepError::transient,
+        )
+        .expect_err("the fn's error");
+        assert_eq!(
+            (error.kind, error.message.as_str()),
+            (StepErrorKind::Transient, "boom")
+        );
+        let error = step_outcome::<CounterStep, String, Returned<String, StepError>>(
+            Ok(Transition::next("elsewhere".to_string())),
+            |e| e,
+        )
+        .expect_err("not the step enum");
+        assert_eq!(error.kind, StepErrorKind::Permanent);
+        assert!(
+            error.message.contains(
+                "workflow `counter`: a step returned a `Transition<alloc::string::String>`"
+            ),
+            "{}",
+            error.message
+        );
     }
 
     #[test]

@@ -23,4 +23,11 @@ async fn by_reference(c: &NotSerde) -> Result<(), String> {
     Ok(())
 }
 
+// A type of several tokens: one error too (the field's two uses, its
+// serialization and its clone for each attempt, are reported as one).
+#[job]
+async fn by_value_vec(items: Vec<NotSerde>) -> Result<usize, String> {
+    Ok(items.len())
+}
+
 fn main() {}

@@ -17,4 +17,22 @@ impl Order {
     }
 }
 
+
+struct Refund;
+
+// A misspelt `start` beside a real one: the typo only, not "two start
+// steps" on top.
+#[workflow]
+impl Refund {
+    #[step(strat)]
+    async fn check() -> Result<Transition<RefundStep>, StepError> {
+        Ok(Transition::next(RefundStep::Pay {}))
+    }
+
+    #[step(start)]
+    async fn pay() -> Result<Transition<RefundStep>, StepError> {
+        Ok(Transition::done(()))
+    }
+}
+
 fn main() {}

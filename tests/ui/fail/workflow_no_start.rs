@@ -7,14 +7,19 @@ struct Order;
 #[workflow]
 impl Order {
     #[step]
-    async fn charge() -> Result<Transition<OrderStep>, StepError> {
-        Ok(Transition::next(OrderStep::Ship {}))
+    async fn charge(order_id: String) -> Result<Transition<OrderStep>, StepError> {
+        Ok(Transition::next(OrderStep::Ship { order_id }))
     }
 
     #[step]
-    async fn ship() -> Result<Transition<OrderStep>, StepError> {
+    async fn ship(order_id: String) -> Result<Transition<OrderStep>, StepError> {
+        let _ = order_id;
         Ok(Transition::done(()))
     }
 }
 
-fn main() {}
+// The input as the user meant it (the first step's parameters): not reported
+// on top of the missing `start`.
+fn main() {
+    let _ = OrderInput { order_id: String::new() };
+}
