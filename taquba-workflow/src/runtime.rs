@@ -402,7 +402,7 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
     ///
     /// # Panics
     /// With the `webhooks` feature, when the terminal hook is a
-    /// [`WebhookTerminalHook`](crate::WebhookTerminalHook) whose delivery
+    /// `WebhookTerminalHook` whose delivery
     /// queue is the runtime's [`queue_name`](Self::queue_name): the
     /// runtime's worker would take every delivery for a malformed step, so
     /// no notification could be delivered. A configuration error, caught

@@ -68,7 +68,7 @@
 //! any name of `Result` works, such as `anyhow::Result<Transition<_>>`):
 //! an `Err` is a step error (transient: retried; permanent:
 //! dead-lettered), converted with `Into<StepError>` when `E` has it (so a
-//! [`StepError`](crate::StepError) keeps its kind), else from its `Display` as a transient
+//! [`StepError`] keeps its kind), else from its `Display` as a transient
 //! error; a [`Transition`] moves the run on.
 //!
 //! A payload names its workflow and its step. A step whose name the
