@@ -796,6 +796,76 @@ mod tests {
         }
     }
 
+    fn gm(key: &str, input: &[u8]) -> GroupMember {
+        GroupMember {
+            key: key.into(),
+            input: input.to_vec(),
+        }
+    }
+
+    /// Hashes an input by its bytes with ASCII case folded: "equal" inputs
+    /// that are not the same bytes, as a job group's canonical hash has.
+    fn folded(input: &[u8]) -> Result<Vec<u8>> {
+        Ok(sha256(&input.to_ascii_lowercase()).to_vec())
+    }
+
+    fn folded_member(key: &str, input: &[u8]) -> HashedMember {
+        HashedMember {
+            member: gm(key, input),
+            input_hash: folded(input).expect("hash"),
+        }
+    }
+
+    /// A set matches the stored manifest when its keys are the same in the
+    /// same order and each input is the same bytes or hashes alike; the
+    /// stored inputs are what is submitted, with the new hashes.
+    #[test]
+    fn a_set_is_the_stored_one_by_keys_in_order_and_inputs_or_their_hashes() {
+        let stored = vec![gm("a", b"Alpha"), gm("b", b"beta")];
+        let same = same_set(
+            stored.clone(),
+            vec![folded_member("a", b"ALPHA"), folded_member("b", b"beta")],
+            folded,
+        )
+        .expect("the same set");
+        assert_eq!(same[0].member, gm("a", b"Alpha"), "the stored input");
+        assert_eq!(same[0].input_hash, folded(b"alpha").expect("hash"));
+
+        let raw = |k: &str, i: &[u8]| HashedMember::raw(gm(k, i));
+        for other in [
+            vec![raw("a", b"Alpha")],
+            vec![raw("b", b"beta"), raw("a", b"Alpha")],
+            vec![raw("a", b"Alpha"), raw("c", b"beta")],
+            vec![raw("a", b"ALPHA"), raw("b", b"beta")],
+        ] {
+            assert!(
+                same_set(stored.clone(), other, group_submit::raw_input_hash).is_none(),
+                "raw inputs compare as bytes"
+            );
+        }
+        // A stored input that does not hash (a job that no longer decodes)
+        // matches only the same bytes.
+        fn undecodable(_: &[u8]) -> Result<Vec<u8>> {
+            Err(Error::EffectsSealed)
+        }
+        assert!(
+            same_set(
+                stored.clone(),
+                vec![folded_member("a", b"ALPHA"), folded_member("b", b"beta")],
+                undecodable
+            )
+            .is_none()
+        );
+        assert!(
+            same_set(
+                stored,
+                vec![folded_member("a", b"Alpha"), folded_member("b", b"beta")],
+                undecodable
+            )
+            .is_some()
+        );
+    }
+
     /// A run result record is the member's only when its whole terminal
     /// record matches the member's, the input hash included: one written
     /// by another run that ended the same way in the same millisecond
