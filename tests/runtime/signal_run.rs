@@ -245,6 +245,26 @@ async fn signal_run_is_refused_unless_the_run_waits_on_the_key() {
     worker.shutdown().await.unwrap();
 }
 
+/// The typed form encodes the value as `signal_value` does.
+#[tokio::test(start_paused = true)]
+async fn signal_run_value_sends_the_encoded_value() {
+    let (queue, store, _clock) = memory_queue().await;
+    let waits = Waits::default();
+    let runtime: Runtime = workflow_builder(&queue, &store, &waits).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    submit(&runtime, "typed", "typed-key", HOUR_MS).await;
+    until_waiting(&runtime, "typed").await;
+    runtime
+        .signal_run_value(&rid("typed"), "typed-key", &("approved", 3u8))
+        .await
+        .unwrap();
+    assert_eq!(
+        ended(&runtime, "typed").await,
+        rmp_serde::to_vec_named(&("approved", 3u8)).unwrap()
+    );
+    worker.shutdown().await.unwrap();
+}
+
 /// A signal payload over the KV value limit is refused as `signal` refuses
 /// it, before anything is read.
 #[tokio::test(start_paused = true)]
