@@ -70,15 +70,20 @@ impl RuntimeCore {
 
     /// The group retention sweep's removal of `group_id`, whose marker a
     /// results consumer wrote at `marked_at_ms`: removed when no member is
-    /// active and none terminated after the marker; otherwise the group was
-    /// submitted (or resumed) again since, and it is kept until a consumer
-    /// observes the re-run's end. Whether it was removed.
+    /// active and none terminated after the marker ([`Swept::Removed`]);
+    /// otherwise the group was submitted (or resumed) again since, and it
+    /// is kept until a consumer observes the re-run's end
+    /// ([`Swept::RanSince`]). A group whose lock is held (a submission or a
+    /// `forget` in progress) is left for the next pass ([`Swept::Busy`]),
+    /// so the sweep never waits behind one.
     pub(crate) async fn remove_group_unchanged_since(
         &self,
         group_id: &RunId,
         marked_at_ms: u64,
-    ) -> Result<bool> {
-        let _lock = self.group_locks.lock(group_id).await;
+    ) -> Result<Swept> {
+        let Some(_lock) = self.group_locks.try_lock(group_id) else {
+            return Ok(Swept::Busy);
+        };
         let ran_since = self
             .group_store
             .members(group_id)
@@ -92,11 +97,22 @@ impl RuntimeCore {
                     .is_none_or(|t| t.terminated_at_ms > marked_at_ms)
             });
         if ran_since {
-            return Ok(false);
+            return Ok(Swept::RanSince);
         }
         self.group_store.remove(group_id).await?;
-        Ok(true)
+        Ok(Swept::Removed)
     }
+}
+
+/// What the retention sweep did with an expired group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Swept {
+    /// Removed.
+    Removed,
+    /// Kept: members ran since the marker.
+    RanSince,
+    /// Not looked at: its lock is held.
+    Busy,
 }
 
 impl GroupStore {
@@ -188,5 +204,85 @@ impl GroupStore {
             .commit(SettlementEffects::default().kv_deletes(keys))
             .await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use futures_util::TryStreamExt;
+    use taquba::object_store::memory::InMemory;
+    use taquba::{MockClock, OpenOptions, Queue};
+
+    use super::*;
+    use crate::coordination::group::GroupMember;
+    use crate::hooks::terminal::NoopTerminalHook;
+    use crate::model::{RunOptions, StepError, StepOutcome};
+    use crate::runner::{Step, StepRunner};
+    use crate::runtime::WorkflowRuntime;
+
+    struct Done;
+
+    impl StepRunner for Done {
+        async fn run_step(&self, _: &Step) -> std::result::Result<StepOutcome, StepError> {
+            Ok(StepOutcome::Succeed { result: Vec::new() })
+        }
+    }
+
+    /// An expired group whose lock is held (a submission or `forget` in
+    /// progress) is not waited for: the pass keeps its marker and goes on,
+    /// and a later pass removes it once the lock is free.
+    #[tokio::test(start_paused = true)]
+    async fn the_sweep_skips_a_group_busy_with_a_submission_and_removes_it_later() {
+        let clock = MockClock::new(1_000_000);
+        let store = Arc::new(InMemory::new());
+        let queue = Arc::new(
+            Queue::open_with_options(
+                store.clone(),
+                "db",
+                OpenOptions::default().clock(Arc::new(clock.clone())),
+            )
+            .await
+            .expect("open"),
+        );
+        let runtime = WorkflowRuntime::builder(queue, store, Done, NoopTerminalHook)
+            .group_retention(Duration::from_secs(1))
+            .build();
+        let core = runtime.inner.core.clone();
+        let worker = runtime.spawn(std::future::pending::<()>());
+        let group = runtime.group(RunId::new("busy").expect("id"));
+        group
+            .submit(
+                vec![GroupMember {
+                    key: "a".into(),
+                    input: Vec::new(),
+                }],
+                &RunOptions::default(),
+            )
+            .await
+            .expect("submit");
+        let _: Vec<_> = group
+            .results()
+            .await
+            .expect("results")
+            .try_collect()
+            .await
+            .expect("results");
+        worker.shutdown().await.expect("shutdown");
+        clock.advance(Duration::from_secs(2));
+
+        let held = core.group_locks.lock(group.id()).await;
+        let pass = tokio::time::timeout(Duration::from_secs(1), core.sweep_once()).await;
+        assert_eq!(
+            pass.expect("the pass does not wait").expect("pass"),
+            0,
+            "nothing removed"
+        );
+        assert!(group.status().await.is_ok(), "kept while busy");
+        drop(held);
+        assert_eq!(core.sweep_once().await.expect("pass"), 1);
+        assert!(matches!(group.status().await, Err(Error::GroupNotFound(_))));
     }
 }

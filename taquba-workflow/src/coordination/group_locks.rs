@@ -57,6 +57,12 @@ impl GroupLocks {
         lock.lock_owned().await
     }
 
+    /// Take the lock of `group_id` if it is free: for the retention sweep,
+    /// which must not stall behind a long `forget` or submission.
+    pub(crate) fn try_lock(&self, group_id: &RunId) -> Option<OwnedMutexGuard<()>> {
+        self.lock_of(group_id).try_lock_owned().ok()
+    }
+
     fn lock_of(&self, group_id: &RunId) -> GroupLock {
         // The critical section is a few map operations that cannot leave
         // the map half-updated, so a poisoned lock is still usable.
@@ -98,6 +104,7 @@ mod tests {
         // Another runtime over the queue waits for it.
         let waiting = tokio::time::timeout(Duration::from_millis(10), b.lock(&g)).await;
         assert!(waiting.is_err());
+        assert!(b.try_lock(&g).is_none(), "held");
         // Another group does not.
         let other = b.lock(&RunId::new("h").expect("id")).await;
         drop(other);
@@ -106,6 +113,7 @@ mod tests {
             .await
             .expect("released");
         drop(again);
+        assert!(a.try_lock(&g).is_some(), "free");
         // Another queue's group of the same id is another lock.
         let _held = a.lock(&g).await;
         let other = open_queue().await;

@@ -9,6 +9,7 @@ use taquba::{Expired, JobRecord, SettlementEffects};
 use tracing::{debug, warn};
 
 use crate::coordination::group::Membership;
+use crate::coordination::group_forget::Swept;
 use crate::error::Result;
 use crate::model::TerminalStatus;
 use crate::run::core::RuntimeCore;
@@ -207,7 +208,8 @@ impl RuntimeCore {
     /// results consumer, expired, unless it was submitted again since (see
     /// [`remove_group_unchanged_since`](Self::remove_group_unchanged_since)):
     /// the marker goes either way, and a consumer observing the re-run's
-    /// end writes the next.
+    /// end writes the next. A group busy with a submission or a `forget`
+    /// keeps its marker for the next pass.
     async fn expire_group(&self, at_ms: u64, suffix: Vec<u8>) -> Expired {
         let Some(group_id) = std::str::from_utf8(&suffix)
             .ok()
@@ -217,12 +219,12 @@ impl RuntimeCore {
             return Expired::Delete(SettlementEffects::default());
         };
         match self.remove_group_unchanged_since(&group_id, at_ms).await {
-            Ok(removed) => {
-                if !removed {
-                    debug!(group_id = %group_id, "group submitted again since its results were consumed; kept");
-                }
+            Ok(Swept::Removed) => Expired::Delete(SettlementEffects::default()),
+            Ok(Swept::RanSince) => {
+                debug!(group_id = %group_id, "group submitted again since its results were consumed; kept");
                 Expired::Delete(SettlementEffects::default())
             }
+            Ok(Swept::Busy) => Expired::Keep,
             Err(err) => {
                 warn!(group_id = %group_id, "group retention sweep deferred: {err}");
                 Expired::Keep
