@@ -174,7 +174,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let group = runner.group::<CountWords>(group_id.clone());
 
     if args.fresh {
-        group.cancel().await?;
+        // `forget` cancels the members still running, then removes the group.
         group.forget().await?;
         println!("forgot group {group_id}");
     }
@@ -190,7 +190,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(()) => {}
         Err(Error::GroupMismatch(_)) => {
             println!("the file set changed since the group was created: starting afresh");
-            group.cancel().await?;
             group.forget().await?;
             group.submit(jobs).await?;
         }

@@ -9,13 +9,15 @@
 //!   invariants and print one `CHECK ...` line; exit status 1 on any
 //!   violation.
 //!
-//! Member `m{i}` runs two steps. Step 0 records each execution as a file
-//! `{state}/exec/{run_id}.{job_id}.{attempt}`, and commits with its
-//! settlement `app/ok0/{run_id}` and `app/ok0c/{run_id}/{job_id}`; finding
-//! `app/ok0/{run_id}` when it starts means a member whose step 0 committed
+//! Member `m{i}` runs two steps. Everything is recorded by member, named by
+//! its first run's id (`{member}`: the digest of `{group}/{key}`; a member's
+//! later runs are `{member}-{n}`). Step 0 records each execution as a file
+//! `{state}/exec/{member}.{job_id}.{attempt}`, and commits with its
+//! settlement `app/ok0/{member}` and `app/ok0c/{member}/{job_id}`; finding
+//! `app/ok0/{member}` when it starts means a member whose step 0 committed
 //! a success runs again, recorded in `{state}/violations.log`. Every tenth
 //! member fails its first run (a `Fail` verdict committing
-//! `app/failed/{run_id}`). Step 1 succeeds.
+//! `app/failed/{member}`). Step 1 succeeds.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -108,39 +110,40 @@ impl StepRunner for Runner {
                 result: b"done".to_vec(),
             });
         }
-        let run_id = step.run_id.as_str();
+        // The member, whichever of its runs this is.
+        let member = step.run_id.split('-').next().unwrap_or(&step.run_id);
         let exec = self.state.join("exec").join(format!(
-            "{run_id}.{}.{}",
+            "{member}.{}.{}",
             hex::encode(step.job_id.as_bytes()),
             step.attempts
         ));
         std::fs::write(&exec, b"").map_err(transient)?;
         if step
             .kv
-            .get(format!("app/ok0/{run_id}").as_bytes())
+            .get(format!("app/ok0/{member}").as_bytes())
             .await
             .map_err(transient)?
             .is_some()
         {
             self.violation(&format!(
-                "step 0 of member run {run_id} ran again (job {}) after a committed success",
+                "step 0 of member {member} ran again (job {}) after a committed success",
                 step.job_id
             ));
         }
         if step.payload == b"flaky"
             && step
                 .kv
-                .get(format!("app/failed/{run_id}").as_bytes())
+                .get(format!("app/failed/{member}").as_bytes())
                 .await
                 .map_err(transient)?
                 .is_none()
         {
             step.effects
-                .put(format!("app/failed/{run_id}"), b"1".to_vec())
+                .put(format!("app/failed/{member}"), b"1".to_vec())
                 .map_err(transient)?;
             step.effects
                 .put(
-                    format!("app/fail0c/{run_id}/{}", step.job_id),
+                    format!("app/fail0c/{member}/{}", step.job_id),
                     b"1".to_vec(),
                 )
                 .map_err(transient)?;
@@ -149,10 +152,10 @@ impl StepRunner for Runner {
             });
         }
         step.effects
-            .put(format!("app/ok0/{run_id}"), b"1".to_vec())
+            .put(format!("app/ok0/{member}"), b"1".to_vec())
             .map_err(transient)?;
         step.effects
-            .put(format!("app/ok0c/{run_id}/{}", step.job_id), b"1".to_vec())
+            .put(format!("app/ok0c/{member}/{}", step.job_id), b"1".to_vec())
             .map_err(transient)?;
         Ok(StepOutcome::continue_now(step.payload.clone()))
     }

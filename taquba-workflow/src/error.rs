@@ -100,8 +100,9 @@ pub enum Error {
     #[error("group `{0}` not found")]
     GroupNotFound(RunId),
     /// A plain submission (a run, a typed workflow start, a keyed job) named
-    /// the run id of a group member (the hex SHA-256 of
-    /// `{group_id}/{key}`), active or terminated: a plain run under it
+    /// the run id of a group member's run (the hex SHA-256 of
+    /// `{group_id}/{key}`, or that followed by `-{n}` for a re-run), active
+    /// or terminated: a plain run under it
     /// would answer for the member's run, or overwrite its terminal and
     /// result records. Submit the member through its group.
     #[error(
@@ -140,6 +141,21 @@ pub enum Error {
         /// Why it is rejected.
         reason: &'static str,
     },
+    /// [`WorkflowRuntime::signal_run`](crate::WorkflowRuntime::signal_run)
+    /// named a run that is not waiting for a signal on the key given: not
+    /// yet (its step that continues on the signal has not settled), no
+    /// longer (the wait timed out, a signal woke it, the run ended), or on
+    /// another key. Nothing was delivered or buffered. Not permanent: the
+    /// run may wait on the key later.
+    #[error(
+        "run `{run_id}` is not waiting for a signal on {correlation_key:?}; nothing was delivered or buffered"
+    )]
+    NotWaitingForSignal {
+        /// The run the signal was addressed to.
+        run_id: RunId,
+        /// The correlation key.
+        correlation_key: String,
+    },
     /// The Tokio runtime shut down while an operation ran on a task of its
     /// own (every call that commits does, so a dropped caller cannot stop
     /// it halfway): whether it took effect is unknown. Look at the state
@@ -173,7 +189,7 @@ impl Error {
     pub fn is_permanent(&self) -> bool {
         match self {
             Error::Queue(err) => err.is_permanent(),
-            Error::Store(_) | Error::RuntimeShutdown => false,
+            Error::Store(_) | Error::RuntimeShutdown | Error::NotWaitingForSignal { .. } => false,
             _ => true,
         }
     }

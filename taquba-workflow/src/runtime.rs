@@ -97,7 +97,18 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     ///
     /// Idempotent on `(run_id, input)`: a run id that is active with the same
     /// input returns `newly_submitted: false` and writes nothing. A run id
-    /// whose run terminated starts a new run.
+    /// whose run terminated starts a new run (with any input), and a new
+    /// run is what it gets: its steps run afresh, since the step-output
+    /// replay records of the earlier run under the id are never replayed
+    /// ([`step_output_replay`](crate::WorkflowRuntimeBuilder::step_output_replay)
+    /// records belong to the submission that wrote them); its memo entries
+    /// ([`Delivery::memo`](crate::Delivery::memo),
+    /// [`Delivery::run_memo`](crate::Delivery::run_memo)) are the ones the
+    /// earlier run wrote, shared by the runs of the id as in 0.13, so a
+    /// memoized call of the earlier run is not repeated (use a new run id
+    /// for a run that must not see them); and
+    /// [`memo_retention`](crate::WorkflowRuntimeBuilder::memo_retention)
+    /// keeps them until a window after the last run's end.
     ///
     /// Cancel safety: the submission runs on a task of its own. Dropped at
     /// any await (a client that disconnected, a `tokio::time::timeout`), it
@@ -122,7 +133,7 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// when the Tokio runtime shuts down first.
     pub async fn submit(&self, spec: RunSpec) -> Result<SubmitOutcome> {
         let core = self.inner.core.clone();
-        detached(async move { core.submit(spec, None).await }).await
+        detached(async move { core.submit(spec).await }).await
     }
 
     /// The runtime's read-only view.
@@ -200,7 +211,12 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// A run whose step was dead-lettered outside the worker (the reaper
     /// took it after its last lease expired; crash recovery) has failed:
     /// the call answers `Ok(false)` and the run ends `Failed` with the
-    /// queue's last error.
+    /// queue's last error. A step running in this process when the call
+    /// reached it is the exception: `Ok(true)` is answered once the request
+    /// is recorded against that step, and should the step then outlive its
+    /// lease on its last attempt, the reaper's dead letter came after the
+    /// cancellation and the run ends `Cancelled` all the same (whichever
+    /// runtime over the queue reconciles it, also after a restart).
     ///
     /// Cancel safety: the whole call runs on a task of its own. Dropped at
     /// any await, either nothing was requested, or the request is applied
@@ -275,6 +291,15 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// durably and consumed by the next waiter ([`SignalOutcome::Buffered`]);
     /// a later signal replaces a buffered one.
     ///
+    /// A buffered signal outlives the wait it was meant for: one sent
+    /// before its run waits is what 0.13 buffers for, but one sent after
+    /// that wait timed out, or sent twice, is held as well and wakes the
+    /// next wait on the key, whichever run's it is (a later run reusing the
+    /// key sees it at once). Use keys unique to one wait (include the run
+    /// id), [`clear_signal`](Self::clear_signal) a signal no longer wanted,
+    /// or send with [`signal_run`](Self::signal_run), which reaches only
+    /// the named run's current wait and buffers nothing.
+    ///
     /// Cancel safety: the whole call runs on a task of its own. Dropped at
     /// any await, the signal is not sent, or it is delivered or buffered
     /// as if the call had been awaited.
@@ -286,6 +311,43 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     pub async fn signal(&self, correlation_key: &str, payload: Vec<u8>) -> Result<SignalOutcome> {
         let (core, key) = (self.inner.core.clone(), correlation_key.to_string());
         detached(async move { core.signal(&key, payload).await }).await
+    }
+
+    /// Deliver a signal to `run_id`'s current wait on `correlation_key`, and
+    /// to nothing else: its next step becomes claimable at once with
+    /// [`Step::signal`](crate::Step::signal) `Some(payload)`, as with
+    /// [`signal`](Self::signal). The run is waiting when its step that
+    /// continued on the key ([`Trigger::OnSignal`](crate::Trigger::OnSignal))
+    /// has settled and its timeout has not fired. Otherwise nothing is
+    /// delivered or buffered, so the signal cannot wake a later wait on the
+    /// key: sent before the run waits (retry once it does, or use `signal`,
+    /// which buffers), after the wait timed out or was woken, or to a run
+    /// that is not the key's waiter. An addition to the 0.13 API.
+    ///
+    /// Cancel safety: the whole call runs on a task of its own. Dropped at
+    /// any await, the signal is not sent, or it is delivered as if the call
+    /// had been awaited.
+    ///
+    /// # Errors
+    /// [`Error::NotWaitingForSignal`](crate::Error::NotWaitingForSignal)
+    /// when the run is not waiting on the key;
+    /// [`Error::RunNotFound`](crate::Error::RunNotFound) for a run never
+    /// submitted (or whose records retention removed);
+    /// [`Error::Queue`](crate::Error::Queue) with `KvValueTooLarge` for a
+    /// payload over [`taquba::MAX_KV_VALUE_SIZE`]; storage errors;
+    /// [`Error::RuntimeShutdown`](crate::Error::RuntimeShutdown).
+    pub async fn signal_run(
+        &self,
+        run_id: &RunId,
+        correlation_key: &str,
+        payload: Vec<u8>,
+    ) -> Result<()> {
+        let (core, run_id, key) = (
+            self.inner.core.clone(),
+            run_id.clone(),
+            correlation_key.to_string(),
+        );
+        detached(async move { core.signal_run(&run_id, &key, payload).await }).await
     }
 
     /// Discard the signal buffered under `correlation_key`; `Ok(true)` when
@@ -354,7 +416,10 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
 
     /// Remove each terminated run's memo entries, run result record, replay
     /// records and terminal record `retention` after it terminated (default:
-    /// kept forever). A zero window removes them at the next sweep.
+    /// kept forever). A zero window removes them at the next sweep. A run id
+    /// submitted again after its run terminated keeps them until a window
+    /// after its last run's end: the earlier run's window leaves a run id
+    /// that is active again, or that ended again since, alone.
     pub fn memo_retention(mut self, retention: Duration) -> Self {
         self.memo_retention = Some(retention);
         self
@@ -377,7 +442,10 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
 
     /// Remove a run group's state once more than `retention` has passed
     /// since a [`RunGroup::results`] consumer observed its last termination
-    /// (default: kept until [`RunGroup::forget`]).
+    /// (default: kept until [`RunGroup::forget`]). A group submitted or
+    /// resumed again after that (members run again) is kept, while they run
+    /// and after: its window starts again when a consumer observes the last
+    /// termination of the re-run.
     pub fn group_retention(mut self, retention: Duration) -> Self {
         self.group_retention = Some(retention);
         self

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use taquba::object_store::ObjectStore;
 use taquba::object_store::local::LocalFileSystem;
 use taquba::object_store::memory::InMemory;
+use taquba::object_store::{ObjectStore, ObjectStoreExt};
 use taquba::{MockClock, OpenOptions, Queue, QueueConfig};
 use taquba_workflow::{GroupMember, RunId};
 
@@ -292,4 +292,50 @@ pub fn member(key: &str, input: &str) -> GroupMember {
 /// `{group_id}/{key}`.
 pub fn member_run_id(group_id: &str, key: &str) -> RunId {
     rid(&hex::encode(Sha256::digest(format!("{group_id}/{key}"))))
+}
+
+/// The run id of run `n` of member `key` of `group_id`: its first run (0)
+/// has [`member_run_id`], each later run that id followed by `-{n}`.
+pub fn member_rerun_id(group_id: &str, key: &str, n: u32) -> RunId {
+    match n {
+        0 => member_run_id(group_id, key),
+        n => rid(&format!("{}-{n}", member_run_id(group_id, key))),
+    }
+}
+
+/// Remove group `group_id`'s member records, submission counter, manifest
+/// claim and manifest (under `memo_prefix`) and nothing else, cancelling
+/// nothing: what `forget` did to a group with running members before it
+/// ended them first, so a store that release left behind can be set up.
+pub async fn forget_leaving_members_running(
+    queue: &Queue,
+    store: &Arc<dyn ObjectStore>,
+    memo_prefix: &str,
+    group_id: &str,
+) {
+    let records = queue
+        .view()
+        .kv_scan(
+            format!("workflow/groups/{group_id}/").as_bytes(),
+            ..,
+            10_000,
+        )
+        .await
+        .expect("scan")
+        .entries;
+    for (key, _) in records {
+        queue.kv_delete(&key).await.expect("delete");
+    }
+    for key in [
+        format!("workflow/group-submissions/{group_id}"),
+        format!("workflow/group-manifests/{group_id}"),
+    ] {
+        queue.kv_delete(key.as_bytes()).await.expect("delete");
+    }
+    store
+        .delete(&taquba::object_store::path::Path::from(format!(
+            "{memo_prefix}/groups/{group_id}/manifest"
+        )))
+        .await
+        .expect("delete the manifest");
 }

@@ -35,12 +35,18 @@ use taquba_workflow::{
 // Fixtures
 // ---------------------------------------------------------------------------
 
+/// The member a member run belongs to, named by its first run's id (the
+/// digest): a member's later runs are `{digest}-{n}`.
+fn member_of(run_id: &RunId) -> RunId {
+    rid(run_id.split('-').next().unwrap_or(run_id))
+}
+
 /// What the members' runner observed.
 #[derive(Default)]
 struct Book {
-    /// Executions of step 0, by run id.
+    /// Executions of step 0, by member (over all its runs).
     starts: HashMap<RunId, usize>,
-    /// Runs whose first step 0 already failed (`flaky` members).
+    /// Members whose first step 0 already failed (`flaky` members).
     failed_once: HashSet<RunId>,
     /// Runs executing step 0 right now.
     active: HashSet<RunId>,
@@ -50,7 +56,8 @@ struct Book {
 
 /// Every member runs two steps. Step 0 records its execution, sleeps the
 /// runner's delay, then by its input: `flaky` fails (a `Fail` verdict) the
-/// first time a run id executes it and continues afterwards, `gate` waits
+/// first time a member executes it and continues afterwards (in its next
+/// run), `gate` waits
 /// for the runner's gate (its step stays claimed), `ok-1` and `flaky-1`
 /// succeed at step 0 (one-step runs; `flaky-1` after its first failure),
 /// `wait:{key}` continues on the signal `key`, anything else continues at
@@ -70,12 +77,14 @@ impl Members {
         members
     }
 
+    /// Executions of step 0 by the member whose first run is `run_id`, over
+    /// all its runs.
     fn starts(&self, run_id: &RunId) -> usize {
         self.book
             .lock()
             .unwrap()
             .starts
-            .get(run_id)
+            .get(&member_of(run_id))
             .copied()
             .unwrap_or(0)
     }
@@ -95,11 +104,12 @@ impl StepRunner for Members {
         }
         let fail_now = {
             let mut book = self.book.lock().unwrap();
-            *book.starts.entry(step.run_id.clone()).or_default() += 1;
+            let member = member_of(&step.run_id);
+            *book.starts.entry(member.clone()).or_default() += 1;
             if !book.active.insert(step.run_id.clone()) {
                 book.overlaps.push(step.run_id.clone());
             }
-            (input == "flaky" || input == "flaky-1") && book.failed_once.insert(step.run_id.clone())
+            (input == "flaky" || input == "flaky-1") && book.failed_once.insert(member)
         };
         let delay = self.delay_ms.load(Ordering::SeqCst);
         if delay > 0 {
@@ -131,16 +141,19 @@ impl StepRunner for Members {
     }
 }
 
-/// A terminal hook counting each run's committed terminations by status.
+/// A terminal hook counting each member's committed terminations (over all
+/// its runs) by status.
 #[derive(Clone, Default)]
 struct Tally(Arc<Mutex<HashMap<RunId, Vec<TerminalStatus>>>>);
 
 impl Tally {
+    /// The terminations with `status` of the member whose first run is
+    /// `run_id`.
     fn count(&self, run_id: &RunId, status: TerminalStatus) -> usize {
         self.0
             .lock()
             .unwrap()
-            .get(run_id)
+            .get(&member_of(run_id))
             .map(|all| all.iter().filter(|s| **s == status).count())
             .unwrap_or(0)
     }
@@ -155,7 +168,7 @@ impl TerminalHook for Tally {
         self.0
             .lock()
             .unwrap()
-            .entry(outcome.run_id.clone())
+            .entry(member_of(&outcome.run_id))
             .or_default()
             .push(outcome.status);
         Ok(())
@@ -695,6 +708,21 @@ async fn large_group(n: usize) {
             .iter()
             .all(|r| r.termination.status == TerminalStatus::Succeeded)
     );
+    // A member run again is a new run: its first run's id numbered.
+    let reran: HashSet<&str> = members
+        .iter()
+        .filter(|m| m.input == b"flaky")
+        .map(|m| m.key.as_str())
+        .collect();
+    for r in &results {
+        let run = u32::from(reran.contains(r.key.as_str()));
+        assert_eq!(
+            r.run_id,
+            member_rerun_id(&id, &r.key, run),
+            "{id}: {}",
+            r.key
+        );
+    }
     for (i, m) in members.iter().enumerate() {
         let starts = runner.starts(&member_run_id(&id, &m.key));
         assert_eq!(starts, if flaky(i) { 2 } else { 1 }, "{id}: {}", m.key);
@@ -1180,11 +1208,13 @@ async fn reserved_keys(queue: &Queue, id: &str) -> String {
     out.join(", ")
 }
 
-/// `forget` while a member's step is claimed by the worker (and another
-/// member waits for a signal), then `submit`: the running members are not
-/// started again, and `results` waits for them and yields both.
+/// `forget` while a member's step is claimed by the worker and ignores its
+/// cancel token (and another member waits for a signal): the waiting member
+/// is cancelled at once, and `forget` returns only once the running one's
+/// step returned; a later `submit` starts both afresh and `results` yields
+/// both.
 #[tokio::test(start_paused = true)]
-async fn results_after_forget_and_submit_wait_for_members_still_running() {
+async fn forget_waits_for_a_running_member_and_a_later_submit_starts_afresh() {
     let (queue, store, _clock) = memory_queue().await;
     let runner = Members::default();
     let tally = Tally::default();
@@ -1206,42 +1236,62 @@ async fn results_after_forget_and_submit_wait_for_members_still_running() {
     .await;
     // Let the parked member's signal wait commit.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    group.forget().await.unwrap();
+    let forgetting = tokio::spawn({
+        let group = group.clone();
+        async move { group.forget().await }
+    });
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        !forgetting.is_finished(),
+        "forget returned while a member still ran"
+    );
+    let parked_state = rt.status(&parked).await.unwrap().map(|s| s.state);
+    assert!(
+        matches!(&parked_state, Some(taquba_workflow::RunState::Terminated(t)) if t.status == TerminalStatus::Cancelled),
+        "the waiting member is cancelled at once: {parked_state:?}"
+    );
+    runner.gate.open();
+    within(30, forgetting).await.unwrap().unwrap();
+    assert!(rt.status(&busy).await.unwrap().is_none());
+    assert_eq!(
+        reserved_keys(&queue, "busy").await,
+        "workflow/groups/busy/*: 0, workflow/group-submissions/busy*: 0"
+    );
+
     group
         .submit(members.clone(), &RunOptions::default())
         .await
         .unwrap();
-    let records = reserved_keys(&queue, "busy").await;
-    let status = group.status().await.unwrap();
-    let mut results = std::pin::pin!(group.results().await.unwrap());
-    let first = tokio::time::timeout(Duration::from_secs(1), results.next()).await;
-    runner.gate.open();
     rt.signal("parked-gate", b"go".to_vec()).await.unwrap();
-    let rest: Result<Vec<MemberResult>, Error> = within(30, results.try_collect()).await;
+    let results: Vec<MemberResult> = within(30, async {
+        group.results().await.unwrap().try_collect().await
+    })
+    .await
+    .unwrap();
     worker.shutdown().await.unwrap();
+    assert_each_member_once(&results, &members, "busy");
     assert!(
-        first.is_err(),
-        "with both members still running, results yielded {first:?} at once \
-         (status {status:?}, records {records})"
+        results
+            .iter()
+            .all(|r| r.termination.status == TerminalStatus::Succeeded)
     );
-    let rest = rest.unwrap();
-    assert_each_member_once(&rest, &members, "busy");
     assert_eq!(
         runner.starts(&busy),
-        1,
-        "the running member was started again"
+        2,
+        "the forgotten member starts afresh"
     );
     assert_eq!(
         runner.starts(&parked),
-        1,
-        "the waiting member was started again"
+        2,
+        "the forgotten member starts afresh"
     );
 }
 
-/// A member running while its group is forgotten keeps running and
-/// finishes, writing its member record back (as `forget` documents); the
-/// group is gone (no manifest), and a later submission starts the other
-/// members afresh and takes the finished member's success as its result.
+/// A member left running by a release whose `forget` did not end it (set
+/// up by removing the group's records as that `forget` did) finishes,
+/// writing its member record back; the group is gone (no manifest), and a
+/// later submission starts the other members afresh and takes the finished
+/// member's success as its result.
 #[tokio::test(start_paused = true)]
 async fn a_member_finishing_after_forget_records_its_end_for_a_later_submit() {
     let (queue, store, _clock) = memory_queue().await;
@@ -1263,7 +1313,7 @@ async fn a_member_finishing_after_forget_records_its_end_for_a_later_submit() {
         }
     })
     .await;
-    group.forget().await.unwrap();
+    forget_leaving_members_running(&queue, &store, MEMO_PREFIX, "late").await;
     rt.signal("late-gate", b"go".to_vec()).await.unwrap();
     until_terminated("slow finishes after forget", &rt, slow.as_str()).await;
     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -11,9 +11,11 @@
 mod common;
 
 mod cancel_and_hooks;
+mod cancel_lease;
 mod durability;
 mod durable_paths;
 mod group_attacks;
+mod group_hazards;
 mod groups;
 mod hook_faults;
 mod jobs;
@@ -21,9 +23,11 @@ mod kill9;
 mod lost_payloads;
 mod memo_effects;
 mod poison;
+mod reruns;
 mod retention_replay;
 mod run_ids;
 mod runs;
+mod signal_run;
 mod signals;
 mod single_writer;
 mod staged_enqueues;

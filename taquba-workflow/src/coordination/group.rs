@@ -11,10 +11,10 @@ use futures_util::stream::{self, Stream, StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use taquba::object_store::ObjectStore;
 use taquba::object_store::path::Path;
-use taquba::{Queue, SettlementEffects};
+use taquba::{ExpiryIndex, Queue, SettlementEffects};
 use tracing::warn;
 
-use crate::coordination::group_submit::{self, SUBMIT_CONCURRENCY};
+use crate::coordination::group_submit::{self, HashedMember, SUBMIT_CONCURRENCY, StoredInputHash};
 use crate::error::{Error, Result};
 use crate::model::{RunOptions, RunTermination};
 use crate::model::{RunOutcome, TerminalStatus};
@@ -22,11 +22,13 @@ use crate::run::commit::{Committer, detached};
 use crate::run::core::RuntimeCore;
 use crate::settled::try_join_settled;
 use crate::store::blob::ObjectPrefix;
-use crate::store::durable::{self, DurableMember, DurableMembership, DurableTermination};
+use crate::store::durable::{
+    self, DurableClaimedMember, DurableGroupClaim, DurableMember, DurableMembership,
+    DurableTermination,
+};
 use crate::store::keys::{
     DIGESTED_MEMBER_KEY, HEADER_GROUP, HEADER_GROUP_KEY, RunId, group_manifest_claim_kv_key,
-    group_member_kv_key, group_members_kv_prefix, group_submissions_kv_key, member_key_is_digested,
-    outcome_kv_key, sha256,
+    group_member_kv_key, group_members_kv_prefix, member_key_is_digested, sha256,
 };
 use crate::store::memo::MemoStore;
 
@@ -37,11 +39,18 @@ const RESULTS_WINDOW: usize = 256;
 /// Records read per page and deleted per transaction.
 const PAGE: usize = 1000;
 
-/// The run id of member `key` of `group_id`: hex SHA-256 of
-/// `{group_id}/{key}`, so keys may hold any text and groups never share
-/// runs.
-pub(crate) fn member_run_id(group_id: &RunId, key: &str) -> RunId {
-    RunId::digest(&[group_id.as_bytes(), b"/", key.as_bytes()])
+/// The run id of run `incarnation` of member `key` of `group_id`: the hex
+/// SHA-256 of `{group_id}/{key}` for its first run (0), so keys may hold
+/// any text and groups never share runs, and that digest followed by
+/// `-{incarnation}` for each run after it (a submission or resume running
+/// the member again after it failed or was cancelled), so a re-run is a new
+/// run that shares nothing keyed by run id with the runs before it.
+pub(crate) fn member_run_id(group_id: &RunId, key: &str, incarnation: u32) -> RunId {
+    let first = RunId::digest(&[group_id.as_bytes(), b"/", key.as_bytes()]);
+    match incarnation {
+        0 => first,
+        n => first.numbered(n),
+    }
 }
 
 /// A run's membership of a group, carried on every step job in the
@@ -76,8 +85,25 @@ impl Membership {
         group_member_kv_key(&self.group_id, &self.key)
     }
 
-    pub(crate) fn run_id(&self) -> RunId {
-        member_run_id(&self.group_id, &self.key)
+    /// The run id of this member's run `incarnation`.
+    pub(crate) fn run_id(&self, incarnation: u32) -> RunId {
+        member_run_id(&self.group_id, &self.key, incarnation)
+    }
+
+    /// Which run of this member `run_id` is (0 for the first, and for a
+    /// run id that is none of this member's).
+    pub(crate) fn incarnation_of(&self, run_id: &RunId) -> u32 {
+        let first = self.run_id(0);
+        run_id
+            .strip_prefix(first.as_str())
+            .and_then(|rest| rest.strip_prefix('-'))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// The run id of this member's run after `run_id` (one of its runs).
+    pub(crate) fn run_after(&self, run_id: &RunId) -> RunId {
+        self.run_id(self.incarnation_of(run_id).saturating_add(1))
     }
 
     /// The membership as a terminal record keeps it.
@@ -107,6 +133,41 @@ pub(crate) struct Manifest {
     pub(crate) members: Vec<GroupMember>,
 }
 
+/// A [`Manifest`] to encode, borrowing its members (the same bytes).
+#[derive(Serialize)]
+struct ManifestRef<'a> {
+    group_id: &'a RunId,
+    members: Vec<&'a GroupMember>,
+}
+
+/// `new` as the members of a group whose manifest holds `stored`: the
+/// stored members (the inputs the group's runs are submitted with) with
+/// `new`'s hashes, when both name the same keys in the same order with the
+/// same inputs (equal bytes, or a stored input that `stored_hash` hashes as
+/// the new one is hashed); `None` for another set.
+fn same_set(
+    stored: Vec<GroupMember>,
+    new: Vec<HashedMember>,
+    stored_hash: StoredInputHash,
+) -> Option<Vec<HashedMember>> {
+    if stored.len() != new.len() {
+        return None;
+    }
+    stored
+        .into_iter()
+        .zip(new)
+        .map(|(stored, new)| {
+            let same = stored.key == new.member.key
+                && (stored.input == new.member.input
+                    || stored_hash(&stored.input).is_ok_and(|hash| hash == new.input_hash));
+            same.then_some(HashedMember {
+                member: stored,
+                input_hash: new.input_hash,
+            })
+        })
+        .collect()
+}
+
 /// Member counts of a group, from its manifest and member records.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupStatus {
@@ -129,7 +190,9 @@ pub struct GroupStatus {
 pub struct MemberResult {
     /// The member's key.
     pub key: String,
-    /// The member's run.
+    /// The member's last run: the digest run id of the member (hex SHA-256
+    /// of `{group_id}/{key}`) for its first run, that id followed by `-{n}`
+    /// for its `n`-th re-run (see [`RunGroup::submit`]).
     pub run_id: RunId,
     /// Its last termination.
     pub termination: RunTermination,
@@ -159,6 +222,7 @@ pub(crate) struct GroupStore {
     memo_store: MemoStore,
     queue: Arc<Queue>,
     commits: Committer,
+    terminals: ExpiryIndex,
 }
 
 impl GroupStore {
@@ -167,12 +231,14 @@ impl GroupStore {
         prefix: impl Into<String>,
         memo_store: MemoStore,
         commits: Committer,
+        terminals: ExpiryIndex,
     ) -> Self {
         Self {
             objects: ObjectPrefix::new(store, prefix),
             memo_store,
             queue: commits.queue().clone(),
             commits,
+            terminals,
         }
     }
 
@@ -189,16 +255,36 @@ impl GroupStore {
 
     /// Write the manifest of a group that has none, after claiming the
     /// group for its member set: of concurrent first submissions, only
-    /// those of the set that claimed the group first write (the same)
-    /// manifest.
+    /// those of the set that claimed the group first write the manifest
+    /// (the same one, but for the order a job's maps iterate in). A claim
+    /// is the SHA-256 of the set's [`DurableGroupClaim`]; one written as
+    /// the SHA-256 of the stored manifest (before claims were canonical)
+    /// accepts the set whose manifest encodes to the same bytes.
     ///
     /// # Errors
     /// [`Error::GroupMismatch`] when the group is claimed for another set;
     /// storage errors.
-    async fn claim_and_write_manifest(&self, manifest: &Manifest) -> Result<()> {
-        let encoded = durable::encode(manifest);
-        let digest = sha256(&encoded).to_vec();
-        let key = group_manifest_claim_kv_key(&manifest.group_id);
+    async fn claim_and_write_manifest(
+        &self,
+        group_id: &RunId,
+        members: &[HashedMember],
+    ) -> Result<()> {
+        let encoded = durable::encode(&ManifestRef {
+            group_id,
+            members: members.iter().map(|m| &m.member).collect(),
+        });
+        let digest = sha256(&durable::encode(&DurableGroupClaim {
+            group_id,
+            members: members
+                .iter()
+                .map(|m| DurableClaimedMember {
+                    key: &m.member.key,
+                    input_hash: &m.input_hash,
+                })
+                .collect(),
+        }))
+        .to_vec();
+        let key = group_manifest_claim_kv_key(group_id);
         let claim = SettlementEffects::default().kv_put(key.clone(), digest.clone());
         if self
             .commits
@@ -209,12 +295,15 @@ impl GroupStore {
             // Claimed already: by this set (a concurrent or crashed first
             // submission of it, which writes the same manifest) or not.
             let claimed = self.queue.view().kv_get(&key).await?;
-            if claimed.as_deref() != Some(digest.as_slice()) {
-                return Err(Error::GroupMismatch(manifest.group_id.clone()));
+            let legacy = sha256(&encoded);
+            if claimed.as_deref() != Some(digest.as_slice())
+                && claimed.as_deref() != Some(legacy.as_slice())
+            {
+                return Err(Error::GroupMismatch(group_id.clone()));
             }
         }
         self.objects
-            .put(&self.manifest_path(&manifest.group_id), &encoded)
+            .put(&self.manifest_path(group_id), &encoded)
             .await
     }
 
@@ -254,54 +343,27 @@ impl GroupStore {
         Ok(members)
     }
 
-    /// Remove a group's state: the memo entries and terminal records of its
-    /// manifest's members, its member records and its manifest.
-    pub(crate) async fn forget(&self, group_id: &RunId) -> Result<()> {
-        let mut keys = Vec::new();
-        if let Some(manifest) = self.read_manifest(group_id).await? {
-            let run_ids: Vec<RunId> = manifest
-                .members
-                .iter()
-                .map(|m| member_run_id(group_id, &m.key))
-                .collect();
-            let memos = &self.memo_store;
-            try_join_settled(run_ids.clone(), SUBMIT_CONCURRENCY, |run_id| async move {
-                memos.clear_memos_for_run(&run_id).await
-            })
-            .await?;
-            for run_id in &run_ids {
-                keys.push(outcome_kv_key(run_id));
-                if keys.len() == PAGE {
-                    self.delete_keys(std::mem::take(&mut keys)).await?;
-                }
-            }
-        }
-        let prefix = group_members_kv_prefix(group_id);
-        let member_keys: Vec<Vec<u8>> = {
-            let view = self.queue.view();
-            let entries = view.kv_entries(&prefix, .., PAGE);
-            entries.map_ok(|(key, _)| key).try_collect().await?
-        };
-        for key in member_keys.into_iter().chain([
-            group_submissions_kv_key(group_id),
-            group_manifest_claim_kv_key(group_id),
-        ]) {
-            keys.push(key);
-            if keys.len() == PAGE {
-                self.delete_keys(std::mem::take(&mut keys)).await?;
-            }
-        }
-        if !keys.is_empty() {
-            self.delete_keys(keys).await?;
-        }
+    /// Delete the manifest of `group_id` (the last step of its removal).
+    pub(crate) async fn delete_manifest(&self, group_id: &RunId) -> Result<()> {
         self.objects.delete(&self.manifest_path(group_id)).await
     }
 
-    async fn delete_keys(&self, keys: Vec<Vec<u8>>) -> Result<()> {
-        self.commits
-            .commit(SettlementEffects::default().kv_deletes(keys))
-            .await?;
-        Ok(())
+    pub(crate) fn queue(&self) -> &Arc<Queue> {
+        &self.queue
+    }
+
+    pub(crate) fn memo_store(&self) -> &MemoStore {
+        &self.memo_store
+    }
+
+    pub(crate) fn commits(&self) -> &Committer {
+        &self.commits
+    }
+
+    /// The index of run terminal markers (memo retention), whose entries of
+    /// member runs a removal deletes.
+    pub(crate) fn terminals(&self) -> &ExpiryIndex {
+        &self.terminals
     }
 }
 
@@ -310,14 +372,16 @@ impl GroupStore {
 /// [`WorkflowRuntime::new_group`](crate::WorkflowRuntime::new_group). Cheap
 /// to clone.
 ///
-/// Members are keyed; a member's run id derives from the group id and its
-/// key (hex SHA-256 of `{group_id}/{key}`) and belongs to the group: a
-/// plain submission under it is refused ([`Error::GroupMemberRunId`]), so
-/// the group always reports its member's own run. The manifest is durable, so [`results`](Self::results),
-/// [`status`](Self::status), [`cancel`](Self::cancel) and
-/// [`forget`](Self::forget) work after a restart. A second
-/// [`submit`](Self::submit) of the same set (or [`resume`](Self::resume))
-/// runs again only the members that did not succeed.
+/// Members are keyed; a member's run ids derive from the group id and its
+/// key (hex SHA-256 of `{group_id}/{key}` for its first run, followed by
+/// `-{n}` for each re-run) and belong to the group: a plain submission
+/// under one is refused ([`Error::GroupMemberRunId`]), so the group always
+/// reports its member's own run. The manifest is durable, so
+/// [`results`](Self::results), [`status`](Self::status),
+/// [`cancel`](Self::cancel) and [`forget`](Self::forget) work after a
+/// restart. A second [`submit`](Self::submit) of the same set (or
+/// [`resume`](Self::resume)) runs again only the members that did not
+/// succeed, each as a new run that starts clean.
 #[derive(Clone)]
 pub struct RunGroup {
     core: Arc<RuntimeCore>,
@@ -359,13 +423,25 @@ impl RunGroup {
     /// The first submission writes the manifest; a later one must name the
     /// same members in the same order with the same inputs (of concurrent
     /// first submissions of different sets, one is accepted), and submits
-    /// again every member
-    /// whose last termination is not a success (members still active are
-    /// left running). Members are committed up to 256 per transaction, in
-    /// order, so a group of any size submits in bounded memory; a failure
-    /// returns after the members committed so far (every commit in flight
-    /// when it happened has finished by then), and a re-submission or
-    /// [`resume`](Self::resume) completes the rest.
+    /// again every member whose last termination is not a success (members
+    /// still active are left running). Members are committed up to 256 per
+    /// transaction, in order, so a group of any size submits in bounded
+    /// memory; a failure returns after the members committed so far (every
+    /// commit in flight when it happened has finished by then), and a
+    /// re-submission or [`resume`](Self::resume) completes the rest.
+    ///
+    /// A member run again (its last run failed or was cancelled) is a new
+    /// run under a run id of its own: the member's first run has the
+    /// digest run id, each later run that digest followed by `-{n}` (`n` =
+    /// 1, 2, ...), which [`MemberResult::run_id`] reports. So a re-run
+    /// starts clean, with none of the earlier run's memo entries or
+    /// step-output replay records (which stay under the earlier run's id,
+    /// readable through [`WorkflowRuntime::outcome`](crate::WorkflowRuntime::outcome),
+    /// until memo retention or [`forget`](Self::forget) removes them).
+    ///
+    /// Submissions and resumes of one group (from any runtime over the
+    /// queue in this process) run one at a time, and wait for a
+    /// [`forget`](Self::forget) in progress.
     ///
     /// Cancel safety: the whole submission runs on a task of its own.
     /// Dropped at any await, it either wrote nothing (the group is not
@@ -378,30 +454,49 @@ impl RunGroup {
     /// active run outside the group holds; errors of
     /// [`WorkflowRuntime::submit`](crate::WorkflowRuntime::submit).
     pub async fn submit(&self, members: Vec<GroupMember>, options: &RunOptions) -> Result<()> {
-        let (group, options) = (self.clone(), options.clone());
-        detached(async move { group.submit_here(members, &options).await }).await
+        let members = members.into_iter().map(HashedMember::raw).collect();
+        self.submit_hashed(members, options, group_submit::raw_input_hash)
+            .await
     }
 
-    async fn submit_here(&self, members: Vec<GroupMember>, options: &RunOptions) -> Result<()> {
+    /// [`submit`](Self::submit) of members whose input hashes are given,
+    /// `stored_hash` hashing the inputs of the stored manifest alike (a job
+    /// group's canonical hashes), on a task of its own.
+    pub(crate) async fn submit_hashed(
+        &self,
+        members: Vec<HashedMember>,
+        options: &RunOptions,
+        stored_hash: StoredInputHash,
+    ) -> Result<()> {
+        let (group, options) = (self.clone(), options.clone());
+        detached(async move { group.submit_here(members, &options, stored_hash).await }).await
+    }
+
+    async fn submit_here(
+        &self,
+        members: Vec<HashedMember>,
+        options: &RunOptions,
+        stored_hash: StoredInputHash,
+    ) -> Result<()> {
         let mut seen = HashSet::with_capacity(members.len());
         for member in &members {
-            if !seen.insert(member.key.as_str()) {
-                return Err(Error::DuplicateMemberKey(member.key.clone()));
+            if !seen.insert(member.member.key.as_str()) {
+                return Err(Error::DuplicateMemberKey(member.member.key.clone()));
             }
         }
         drop(seen);
-        let manifest = Manifest {
-            group_id: self.id.clone(),
-            members,
-        };
-        match self.store().read_manifest(&self.id).await? {
-            Some(existing) if existing.members != manifest.members => {
-                return Err(Error::GroupMismatch(self.id.clone()));
+        let _lock = self.core.group_locks.lock(&self.id).await;
+        let members = match self.store().read_manifest(&self.id).await? {
+            Some(existing) => same_set(existing.members, members, stored_hash)
+                .ok_or_else(|| Error::GroupMismatch(self.id.clone()))?,
+            None => {
+                self.store()
+                    .claim_and_write_manifest(&self.id, &members)
+                    .await?;
+                members
             }
-            Some(_) => {}
-            None => self.store().claim_and_write_manifest(&manifest).await?,
-        }
-        self.submit_members(manifest.members, options).await
+        };
+        self.submit_members(members, options).await
     }
 
     /// Submit the manifest's members whose last termination is not a
@@ -414,15 +509,38 @@ impl RunGroup {
     /// [`Error::GroupNotFound`] for a group never submitted; submission
     /// errors.
     pub async fn resume(&self, options: &RunOptions) -> Result<()> {
+        self.resume_hashed(options, group_submit::raw_input_hash)
+            .await
+    }
+
+    /// [`resume`](Self::resume) hashing the manifest's inputs with
+    /// `stored_hash`, on a task of its own.
+    pub(crate) async fn resume_hashed(
+        &self,
+        options: &RunOptions,
+        stored_hash: StoredInputHash,
+    ) -> Result<()> {
         let (group, options) = (self.clone(), options.clone());
         detached(async move {
-            let manifest = group.manifest().await?;
-            group.submit_members(manifest.members, &options).await
+            let _lock = group.core.group_locks.lock(&group.id).await;
+            let members = group
+                .manifest()
+                .await?
+                .members
+                .into_iter()
+                .map(|member| {
+                    Ok(HashedMember {
+                        input_hash: stored_hash(&member.input)?,
+                        member,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            group.submit_members(members, &options).await
         })
         .await
     }
 
-    async fn submit_members(&self, members: Vec<GroupMember>, options: &RunOptions) -> Result<()> {
+    async fn submit_members(&self, members: Vec<HashedMember>, options: &RunOptions) -> Result<()> {
         group_submit::submit_members(&self.core, &self.id, members, options).await
     }
 
@@ -598,40 +716,57 @@ impl RunGroup {
         Ok(recorded.into_iter().filter(|r| *r).count())
     }
 
-    /// Remove the group's state: manifest, member records, and its members'
-    /// memo entries, run result records and terminal records. A later
-    /// [`submit`](Self::submit) under the id starts afresh. Members still
-    /// running are not cancelled (call [`cancel`](Self::cancel) first): each
-    /// writes its member record when it ends, and a later `submit` takes a
-    /// member still running back into the group without starting it again.
+    /// Remove the group's state: manifest, member records, and the memo
+    /// entries (run result and replay records included), terminal records
+    /// and memo-retention markers of every run of every member. A later
+    /// [`submit`](Self::submit) under the id starts afresh.
+    ///
+    /// Members still active are ended first: each is cancelled as
+    /// [`cancel`](Self::cancel) cancels it (a waiting step is removed, a
+    /// running step's cancel token fires) and waited for, and only once
+    /// every one ended is anything removed, so no run of the group is left
+    /// running on state that is gone. A running step that ignores its token
+    /// is waited for until it returns (so a step of one of the group's own
+    /// members must not call it: it would wait for itself). Submissions and
+    /// resumes of the group wait for a `forget` in progress (and it for
+    /// them).
     ///
     /// Cancel safety: the whole call runs on a task of its own. Dropped at
-    /// any await, it removes the group's state as if awaited.
+    /// any await, it ends the active members and removes the group's state
+    /// as if awaited.
     ///
     /// # Errors
-    /// Storage errors; what was removed before the error stays removed.
+    /// Storage errors; what was removed before the error stays removed, and
+    /// a later `forget` removes the rest. [`Error::RuntimeShutdown`].
     pub async fn forget(&self) -> Result<()> {
         let group = self.clone();
-        detached(async move { group.store().forget(&group.id).await }).await
+        detached(async move { group.core.forget_group(&group.id).await }).await
     }
 }
 
-/// The member record written with a member's submission.
-pub(crate) fn pending_member(membership: &Membership) -> DurableMember {
-    member_record(membership, None)
+/// The member record written with the submission of the member's run
+/// `run_id`.
+pub(crate) fn pending_member(membership: &Membership, run_id: &RunId) -> DurableMember {
+    member_record(membership, run_id, None)
 }
 
-/// The member record written by the settlement terminating a member.
+/// The member record written by the settlement terminating the member's run
+/// `run_id`.
 pub(crate) fn terminated_member(
     membership: &Membership,
+    run_id: &RunId,
     termination: DurableTermination,
 ) -> DurableMember {
-    member_record(membership, Some(termination))
+    member_record(membership, run_id, Some(termination))
 }
 
-fn member_record(membership: &Membership, terminated: Option<DurableTermination>) -> DurableMember {
+fn member_record(
+    membership: &Membership,
+    run_id: &RunId,
+    terminated: Option<DurableTermination>,
+) -> DurableMember {
     DurableMember {
-        run_id: membership.run_id(),
+        run_id: run_id.clone(),
         terminated,
         key: member_key_is_digested(&membership.key).then(|| membership.key.clone()),
         version: Some(ulid::Ulid::new().to_string()),
@@ -659,6 +794,76 @@ mod tests {
                 result: step.payload.clone(),
             })
         }
+    }
+
+    fn gm(key: &str, input: &[u8]) -> GroupMember {
+        GroupMember {
+            key: key.into(),
+            input: input.to_vec(),
+        }
+    }
+
+    /// Hashes an input by its bytes with ASCII case folded: "equal" inputs
+    /// that are not the same bytes, as a job group's canonical hash has.
+    fn folded(input: &[u8]) -> Result<Vec<u8>> {
+        Ok(sha256(&input.to_ascii_lowercase()).to_vec())
+    }
+
+    fn folded_member(key: &str, input: &[u8]) -> HashedMember {
+        HashedMember {
+            member: gm(key, input),
+            input_hash: folded(input).expect("hash"),
+        }
+    }
+
+    /// A set matches the stored manifest when its keys are the same in the
+    /// same order and each input is the same bytes or hashes alike; the
+    /// stored inputs are what is submitted, with the new hashes.
+    #[test]
+    fn a_set_is_the_stored_one_by_keys_in_order_and_inputs_or_their_hashes() {
+        let stored = vec![gm("a", b"Alpha"), gm("b", b"beta")];
+        let same = same_set(
+            stored.clone(),
+            vec![folded_member("a", b"ALPHA"), folded_member("b", b"beta")],
+            folded,
+        )
+        .expect("the same set");
+        assert_eq!(same[0].member, gm("a", b"Alpha"), "the stored input");
+        assert_eq!(same[0].input_hash, folded(b"alpha").expect("hash"));
+
+        let raw = |k: &str, i: &[u8]| HashedMember::raw(gm(k, i));
+        for other in [
+            vec![raw("a", b"Alpha")],
+            vec![raw("b", b"beta"), raw("a", b"Alpha")],
+            vec![raw("a", b"Alpha"), raw("c", b"beta")],
+            vec![raw("a", b"ALPHA"), raw("b", b"beta")],
+        ] {
+            assert!(
+                same_set(stored.clone(), other, group_submit::raw_input_hash).is_none(),
+                "raw inputs compare as bytes"
+            );
+        }
+        // A stored input that does not hash (a job that no longer decodes)
+        // matches only the same bytes.
+        fn undecodable(_: &[u8]) -> Result<Vec<u8>> {
+            Err(Error::EffectsSealed)
+        }
+        assert!(
+            same_set(
+                stored.clone(),
+                vec![folded_member("a", b"ALPHA"), folded_member("b", b"beta")],
+                undecodable
+            )
+            .is_none()
+        );
+        assert!(
+            same_set(
+                stored,
+                vec![folded_member("a", b"Alpha"), folded_member("b", b"beta")],
+                undecodable
+            )
+            .is_some()
+        );
     }
 
     /// A run result record is the member's only when its whole terminal

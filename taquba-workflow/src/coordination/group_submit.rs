@@ -8,22 +8,31 @@
 //! in their number. A chunk reads each member's run record and commits the
 //! rest together.
 //!
+//! Which run. A member's first run has the member's digest run id; a member
+//! whose last run failed or was cancelled runs again as the next run of the
+//! member, under that digest numbered (`{digest}-{n}`), so a re-run starts
+//! with nothing of the runs before it (no replay records, no memo entries).
+//! The run to submit is read from the member record, which every submission
+//! and termination of the member rewrites.
+//!
 //! Why the counter is enough. A submission reads the counter, then the
 //! member records. A member that the records show as never submitted,
-//! failed or cancelled can only become active through a submission of its
-//! run id, and every member submission, in a chunk or alone, writes a new
-//! counter value in its transaction; a chunk commits only if the counter
-//! still holds the value read. So of two submissions that overlap, the
-//! later chunk finds the counter moved, submits its members one at a time
-//! (each guarded on its run record, a success answered by its terminal
-//! record), and reads the records again for the chunks left.
+//! failed or cancelled can only become active through a submission of it,
+//! and every member submission, in a chunk or alone, writes a new counter
+//! value in its transaction; a chunk commits only if the counter still
+//! holds the value read. So of two submissions that overlap, the later
+//! chunk finds the counter moved, submits its members one at a time (each
+//! guarded on its member record, a success answered by that record), and
+//! reads the records again for the chunks left. (Submissions of one group
+//! in this process also hold the group's lock, see
+//! [`group_locks`](crate::coordination::group_locks); the counter keeps the
+//! chunks sound without it.)
 //!
 //! The run-record read catches the one other way a member can be active: a
-//! run of a forgotten group still going. It is left running and given its
-//! member record back, guarded on its run record. Such a run ending between
-//! that read and a chunk's commit is started afresh, as members of a
-//! forgotten group are. A member that was active in the records and is no
-//! longer (it terminated meanwhile) is submitted alone.
+//! first run of a group forgotten by a release whose `forget` left running
+//! members running, still going. It is left running and given its member
+//! record back, guarded on its run record. A member that was active in the
+//! records and is no longer (it terminated meanwhile) is submitted alone.
 
 use std::collections::HashMap;
 
@@ -31,25 +40,60 @@ use futures_util::stream::{self, StreamExt, TryStreamExt};
 use taquba::SettlementEffects;
 use tracing::debug;
 
-use crate::coordination::group::{GroupMember, Membership};
+use crate::coordination::group::{GroupMember, Membership, pending_member};
 use crate::error::{Error, Result};
-use crate::model::TerminalStatus;
-use crate::model::{RunOptions, RunSpec};
-use crate::run::core::{OnTerminated, RuntimeCore};
+use crate::model::RunOptions;
+use crate::run::core::RuntimeCore;
 use crate::run::submit_batch::MAX_BATCH_BYTES;
 use crate::settled::try_join_settled;
-use crate::store::durable;
+use crate::store::durable::{self, DurableMember};
 use crate::store::keys::{RunId, group_submissions_kv_key, run_kv_key, sha256};
 
 /// Members one transaction submits (fewer once their keys and inputs reach
 /// [`MAX_BATCH_BYTES`]).
 const CHUNK: usize = 256;
-/// Attempts to give a running member its record back while its run record
-/// keeps changing under the compare.
-const ADOPT_RETRIES: usize = 8;
+/// Attempts of a lone member submission whose guarded commit lost to a
+/// concurrent writer of the member's records.
+const ALONE_RETRIES: usize = 8;
 /// Member submissions (reads or lone commits) in flight at once; each waits
 /// for the store, and concurrent commits share WAL flushes.
 pub(crate) const SUBMIT_CONCURRENCY: usize = 32;
+
+/// A group member with the hash its input is recorded and compared under:
+/// the SHA-256 of the input for a run group's member, that of the job's
+/// canonical encoding for a job group's (so equal jobs whose maps iterate
+/// in other orders are one input).
+#[derive(Debug, Clone)]
+pub(crate) struct HashedMember {
+    pub(crate) member: GroupMember,
+    pub(crate) input_hash: Vec<u8>,
+}
+
+impl HashedMember {
+    /// A run group's member: hashed as bytes.
+    pub(crate) fn raw(member: GroupMember) -> Self {
+        Self {
+            input_hash: sha256(&member.input).to_vec(),
+            member,
+        }
+    }
+
+    /// Whether a run recorded with `recorded` (an input hash) has this
+    /// member's input: its hash, or the SHA-256 of its bytes, under which a
+    /// job group's members were recorded before their hash was canonical.
+    pub(crate) fn is_input(&self, recorded: &[u8]) -> bool {
+        recorded == self.input_hash.as_slice() || recorded == sha256(&self.member.input)
+    }
+}
+
+/// How the stored input of a group's manifest member is hashed, as
+/// [`HashedMember::input_hash`] is.
+pub(crate) type StoredInputHash = fn(&[u8]) -> Result<Vec<u8>>;
+
+/// [`StoredInputHash`] of a run group: the SHA-256 of the bytes.
+pub(crate) fn raw_input_hash(input: &[u8]) -> Result<Vec<u8>> {
+    Ok(sha256(input).to_vec())
+}
 
 /// What the group's member records said of a member before submission.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,19 +107,20 @@ enum Recorded {
     Active,
 }
 
-/// A member to submit, with its input hash and what its record said.
+/// A member to submit, with its input hash, what its record said and the
+/// run that record calls for: the first run for a missing record, the one
+/// after its last for an idle one, the active one for an active one.
 struct Candidate {
-    member: GroupMember,
-    input_hash: Vec<u8>,
+    member: HashedMember,
+    run_id: RunId,
     recorded: Recorded,
 }
 
 impl Candidate {
-    fn new((member, recorded): (GroupMember, Recorded)) -> Self {
-        Self {
-            input_hash: sha256(&member.input).to_vec(),
-            member,
-            recorded,
+    fn membership(&self, group_id: &RunId) -> Membership {
+        Membership {
+            group_id: group_id.clone(),
+            key: self.member.member.key.clone(),
         }
     }
 }
@@ -91,11 +136,12 @@ impl Candidate {
 /// # Errors
 /// [`Error::ReservedHeaderInSubmit`] for a reserved header in `options`;
 /// [`Error::InputMismatch`] for a member whose run is active with another
-/// input; storage errors.
+/// input; [`Error::MemberRunIdTaken`] for a member whose run id a run
+/// outside the group holds; storage errors.
 pub(crate) async fn submit_members(
     core: &RuntimeCore,
     group_id: &RunId,
-    members: Vec<GroupMember>,
+    members: Vec<HashedMember>,
     options: &RunOptions,
 ) -> Result<()> {
     RuntimeCore::check_submission(options, &SettlementEffects::default())?;
@@ -104,14 +150,14 @@ pub(crate) async fn submit_members(
     submit_from(core, group_id, members, options, state).await
 }
 
-/// The counter and member states [`read_state`] returns.
-type GroupState = (Vec<u8>, HashMap<String, Option<TerminalStatus>>);
+/// The counter and member records [`read_state`] returns.
+type GroupState = (Vec<u8>, HashMap<String, DurableMember>);
 
 /// [`submit_members`] from `state`, read before any member's run record.
 async fn submit_from(
     core: &RuntimeCore,
     group_id: &RunId,
-    members: Vec<GroupMember>,
+    members: Vec<HashedMember>,
     options: &RunOptions,
     (mut counter, mut states): GroupState,
 ) -> Result<()> {
@@ -124,17 +170,15 @@ async fn submit_from(
             && bytes < MAX_BATCH_BYTES
             && let Some(member) = members.next()
         {
-            bytes += member.key.len() + member.input.len();
+            bytes += member.member.key.len() + member.member.input.len();
             taken.push(member);
         }
-        let chunk: Vec<Candidate> = candidates(taken.into_iter(), &states)
-            .map(Candidate::new)
-            .collect();
+        let chunk: Vec<Candidate> = candidates(group_id, taken.into_iter(), &states).collect();
         let Split {
             batch,
             mut alone,
             adopt,
-        } = split_chunk(core, group_id, chunk).await?;
+        } = split_chunk(core, chunk).await?;
         if !batch.is_empty() {
             match commit_chunk(core, group_id, &counter_key, Some(&counter), batch, options).await?
             {
@@ -145,14 +189,13 @@ async fn submit_from(
                 }
             }
         }
+        alone.extend(adopt);
         submit_alone(core, group_id, alone, options).await?;
-        adopt_running(core, group_id, adopt, options).await?;
     }
     Ok(())
 }
 
-/// The group's submission counter, then the status of each member record
-/// by key (`None` for a member submitted and not terminated).
+/// The group's submission counter, then each member record by key.
 async fn read_state(
     core: &RuntimeCore,
     group_id: &RunId,
@@ -190,8 +233,7 @@ async fn read_state(
         .members(group_id)
         .await?
         .into_iter()
-        .map(|m| (m.status(), m.key))
-        .map(|(status, key)| (key, status))
+        .map(|m| (m.key, m.record))
         .collect();
     Ok((counter, states))
 }
@@ -200,27 +242,32 @@ async fn read_state(
 struct Split {
     /// Not active: committed together.
     batch: Vec<Candidate>,
-    /// Active when the member records were read and no longer: submitted
-    /// alone, so a success since is answered by its terminal record.
+    /// Active when the member records were read and no longer, or idle in
+    /// the records and the run they call for active: submitted alone, so a
+    /// success since is answered by its record and a run id held outside
+    /// the group is refused.
     alone: Vec<Candidate>,
-    /// Active without a member record (a run of a forgotten group still
-    /// going): given its pending member record back.
+    /// Active without a member record (a first run of a forgotten group
+    /// still going): submitted alone, which gives it its pending member
+    /// record back.
     adopt: Vec<Candidate>,
 }
 
-/// Split `chunk` by its members' run records. Members active with a member
-/// record are left running.
+/// Split `chunk` by the run records of the runs its members' records call
+/// for. Members active with a member record are left running.
 ///
 /// # Errors
-/// [`Error::InputMismatch`] for an active member with another input;
-/// storage errors.
-async fn split_chunk(core: &RuntimeCore, group_id: &RunId, chunk: Vec<Candidate>) -> Result<Split> {
+/// [`Error::InputMismatch`] for a member without a record whose first run
+/// is active with another input; storage errors.
+async fn split_chunk(core: &RuntimeCore, chunk: Vec<Candidate>) -> Result<Split> {
     let read: Vec<(Candidate, bool)> = stream::iter(chunk)
         .map(|candidate| async move {
-            let run_id = crate::coordination::group::member_run_id(group_id, &candidate.member.key);
-            let active = match core.view.run_record(&run_id).await? {
-                Some(existing) if existing.input_hash != candidate.input_hash => {
-                    return Err(Error::InputMismatch(run_id));
+            let active = match core.view.run_record(&candidate.run_id).await? {
+                Some(existing)
+                    if candidate.recorded == Recorded::Missing
+                        && !candidate.member.is_input(&existing.input_hash) =>
+                {
+                    return Err(Error::InputMismatch(candidate.run_id));
                 }
                 Some(_) => true,
                 None => false,
@@ -238,65 +285,12 @@ async fn split_chunk(core: &RuntimeCore, group_id: &RunId, chunk: Vec<Candidate>
     for (candidate, active) in read {
         match (active, candidate.recorded) {
             (true, Recorded::Missing) => split.adopt.push(candidate),
-            (true, _) => {}
+            (true, Recorded::Active) => {}
+            (true, Recorded::Idle) | (false, Recorded::Active) => split.alone.push(candidate),
             (false, Recorded::Missing | Recorded::Idle) => split.batch.push(candidate),
-            (false, Recorded::Active) => split.alone.push(candidate),
         }
     }
     Ok(split)
-}
-
-/// Write the pending member record of each of `adopt`, runs still going
-/// whose record a `forget` removed, so `results` and `status` count them
-/// again. Each write is guarded on the run record as read, so a run that
-/// ended meanwhile (its end writes the record) is not marked pending; such
-/// a member is submitted as a lone member would be.
-async fn adopt_running(
-    core: &RuntimeCore,
-    group_id: &RunId,
-    adopt: Vec<Candidate>,
-    options: &RunOptions,
-) -> Result<()> {
-    let ended: Vec<Option<Candidate>> =
-        try_join_settled(adopt, SUBMIT_CONCURRENCY, |candidate| async move {
-            let membership = Membership {
-                group_id: group_id.clone(),
-                key: candidate.member.key.clone(),
-            };
-            let run_id = membership.run_id();
-            let run_key = run_kv_key(&run_id);
-            for _ in 0..ADOPT_RETRIES {
-                let Some(record) = core.queue.view().kv_get(&run_key).await? else {
-                    return Ok(Some(candidate));
-                };
-                // Only this member's own run is taken back: a plain run
-                // (or another group's member) under the digest is not it.
-                if let Some((_, job)) = core.view.current_job(&run_id).await? {
-                    core.check_same_membership(&run_id, &job.headers, Some(&membership))?;
-                }
-                let pending = SettlementEffects::default().kv_put(
-                    membership.kv_key(),
-                    durable::encode(&crate::coordination::group::pending_member(&membership)),
-                );
-                if core
-                    .commits
-                    .compare_commit(&run_key, Some(&record), pending)
-                    .await?
-                    .is_some()
-                {
-                    return Ok(None);
-                }
-            }
-            Err(Error::InconsistentRunState(run_id))
-        })
-        .await?;
-    submit_alone(
-        core,
-        group_id,
-        ended.into_iter().flatten().collect(),
-        options,
-    )
-    .await
 }
 
 /// What became of a chunk's transaction.
@@ -322,15 +316,11 @@ async fn commit_chunk(
     let mut merged = SettlementEffects::default();
     let mut submitted = Vec::with_capacity(batch.len());
     for candidate in &batch {
-        let membership = Membership {
-            group_id: group_id.clone(),
-            key: candidate.member.key.clone(),
-        };
-        let run_id = membership.run_id();
+        let membership = candidate.membership(group_id);
         let (effects, job_id) = core.submission_effects(
-            &run_id,
-            candidate.member.input.clone(),
-            &candidate.input_hash,
+            &candidate.run_id,
+            candidate.member.member.input.clone(),
+            &candidate.member.input_hash,
             options,
             Some(&membership),
             &SettlementEffects::default(),
@@ -338,7 +328,7 @@ async fn commit_chunk(
         // One enqueue per member (step 0), in member order.
         merged.enqueues.extend(effects.enqueues);
         merged.kv_writes.extend(effects.kv_writes);
-        submitted.push((run_id, job_id));
+        submitted.push((candidate.run_id.clone(), job_id));
     }
     // Each member's effects move the counter too; this chunk's value wins.
     merged.kv_writes.insert(counter_key.to_vec(), next.clone());
@@ -365,8 +355,8 @@ async fn commit_chunk(
     }
 }
 
-/// Submit each of `alone` in its own transaction guarded on its run
-/// record, as a re-submission of a single member would.
+/// Submit each of `alone` in its own transaction, as a re-submission of a
+/// single member would ([`submit_member`]).
 async fn submit_alone(
     core: &RuntimeCore,
     group_id: &RunId,
@@ -374,24 +364,114 @@ async fn submit_alone(
     options: &RunOptions,
 ) -> Result<()> {
     try_join_settled(alone, SUBMIT_CONCURRENCY, |candidate| async move {
-        let membership = Membership {
-            group_id: group_id.clone(),
-            key: candidate.member.key,
-        };
-        let spec = RunSpec {
-            run_id: Some(membership.run_id()),
-            input: candidate.member.input,
-            options: options.clone(),
-            effects: SettlementEffects::default(),
-        };
-        // A member that succeeded since the scan is answered by its
-        // terminal record, not run again.
-        core.submit_as(spec, Some(&membership), OnTerminated::KeepSucceeded)
-            .await
-            .map(drop)
+        let membership = candidate.membership(group_id);
+        submit_member(core, &membership, &candidate.member, options).await
     })
     .await?;
     Ok(())
+}
+
+/// Submit one member, reading its member record first and guarding the
+/// commit on it: a success is answered by the record (not run again); an
+/// active run is left running (after checking it is this member's, with
+/// this input); a failed or cancelled member runs as its next run; a member
+/// without a record runs its first run, unless that run is still going (a
+/// forgotten group's), which gets its pending member record back, guarded
+/// on its run record. A commit that loses to a concurrent writer reads
+/// again.
+///
+/// # Errors
+/// [`Error::InputMismatch`] for another input; [`Error::MemberRunIdTaken`]
+/// for a run id held by a run outside the group;
+/// [`Error::InconsistentRunState`] when every attempt lost a race; storage
+/// errors.
+async fn submit_member(
+    core: &RuntimeCore,
+    membership: &Membership,
+    member: &HashedMember,
+    options: &RunOptions,
+) -> Result<()> {
+    let member_key = membership.kv_key();
+    for _ in 0..ALONE_RETRIES {
+        let guard = core.queue.view().kv_get(&member_key).await?;
+        let record = guard.as_deref().and_then(|bytes| {
+            durable::decode_or_absent::<DurableMember>(
+                bytes,
+                "group member record",
+                &membership.key,
+            )
+        });
+        let run_id = match &record {
+            None => membership.run_id(0),
+            Some(DurableMember {
+                terminated: Some(termination),
+                run_id,
+                ..
+            }) if termination.status == durable::DurableStatus::Succeeded => {
+                if !member.is_input(&termination.input_hash) {
+                    return Err(Error::InputMismatch(run_id.clone()));
+                }
+                return Ok(());
+            }
+            Some(DurableMember {
+                terminated: Some(_),
+                run_id,
+                ..
+            }) => membership.run_after(run_id),
+            Some(DurableMember { run_id, .. }) => run_id.clone(),
+        };
+        let run_key = run_kv_key(&run_id);
+        if let Some(run_record) = core.queue.view().kv_get(&run_key).await? {
+            if let Some((_, job)) = core.view.current_job(&run_id).await? {
+                core.check_same_membership(&run_id, &job.headers, Some(membership))?;
+            }
+            let existing: durable::DurableRunRecord = durable::decode(&run_record)?;
+            if !member.is_input(&existing.input_hash) {
+                return Err(Error::InputMismatch(run_id));
+            }
+            if record.is_some() {
+                // Running, as its record says (or a concurrent submission
+                // started it since the read).
+                return Ok(());
+            }
+            // A forgotten group's run still going: its record back.
+            let pending = SettlementEffects::default().kv_put(
+                member_key.clone(),
+                durable::encode(&pending_member(membership, &run_id)),
+            );
+            if core
+                .commits
+                .compare_commit(&run_key, Some(&run_record), pending)
+                .await?
+                .is_some()
+            {
+                return Ok(());
+            }
+            continue;
+        }
+        if matches!(&record, Some(r) if r.terminated.is_none()) {
+            // Active in the record, its run gone: it ended between the two
+            // reads (its end rewrote the record); read again.
+            continue;
+        }
+        let (effects, job_id) = core.submission_effects(
+            &run_id,
+            member.member.input.clone(),
+            &member.input_hash,
+            options,
+            Some(membership),
+            &SettlementEffects::default(),
+        );
+        if let Some(results) = core
+            .commits
+            .compare_commit(&member_key, guard.as_deref(), effects)
+            .await?
+        {
+            core.submitted(run_id, job_id, &results).await?;
+            return Ok(());
+        }
+    }
+    Err(Error::InconsistentRunState(membership.run_id(0)))
 }
 
 /// A value the submission counter never held before (a new ULID): every
@@ -401,26 +481,36 @@ pub(crate) fn new_counter_value() -> Vec<u8> {
     ulid::Ulid::new().to_bytes().to_vec()
 }
 
-/// What the member records say of each key: [`Recorded::Active`] for a
-/// member submitted and not terminated, `None` for a success (not to be
-/// submitted again), [`Recorded::Idle`] otherwise.
-fn recorded(status: Option<Option<TerminalStatus>>) -> Option<Recorded> {
-    match status {
-        None => Some(Recorded::Missing),
-        Some(None) => Some(Recorded::Active),
-        Some(Some(TerminalStatus::Succeeded)) => None,
-        Some(Some(_)) => Some(Recorded::Idle),
+/// What the member record of a member says ([`Recorded`]) and the run it
+/// calls for; `None` for a success (not to be submitted again).
+fn recorded(membership: &Membership, record: Option<&DurableMember>) -> Option<(Recorded, RunId)> {
+    match record {
+        None => Some((Recorded::Missing, membership.run_id(0))),
+        Some(record) => match record.terminated.as_ref().map(|t| t.status) {
+            None => Some((Recorded::Active, record.run_id.clone())),
+            Some(durable::DurableStatus::Succeeded) => None,
+            Some(_) => Some((Recorded::Idle, membership.run_after(&record.run_id))),
+        },
     }
 }
 
-/// Pair each of `members` with what `states` (member key to its record's
-/// status) says of it, leaving out succeeded members.
+/// Pair each of `members` with what its record in `states` says of it,
+/// leaving out succeeded members.
 fn candidates<'a>(
-    members: impl Iterator<Item = GroupMember> + 'a,
-    states: &'a HashMap<String, Option<TerminalStatus>>,
-) -> impl Iterator<Item = (GroupMember, Recorded)> + 'a {
-    members.filter_map(|member| {
-        recorded(states.get(&member.key).copied()).map(|recorded| (member, recorded))
+    group_id: &'a RunId,
+    members: impl Iterator<Item = HashedMember> + 'a,
+    states: &'a HashMap<String, DurableMember>,
+) -> impl Iterator<Item = Candidate> + 'a {
+    members.filter_map(move |member| {
+        let membership = Membership {
+            group_id: group_id.clone(),
+            key: member.member.key.clone(),
+        };
+        recorded(&membership, states.get(&member.member.key)).map(|(recorded, run_id)| Candidate {
+            member,
+            run_id,
+            recorded,
+        })
     })
 }
 
@@ -456,7 +546,7 @@ mod tests {
         Arc<RuntimeCore>,
         crate::RunnerHandle,
         RunId,
-        Vec<GroupMember>,
+        Vec<HashedMember>,
     ) {
         let store = Arc::new(InMemory::new());
         let queue = Arc::new(Queue::open(store.clone(), "db").await.expect("open"));
@@ -464,9 +554,11 @@ mod tests {
         let core = runtime.inner.core.clone();
         let worker = runtime.spawn(std::future::pending::<()>());
         let members = (0..3)
-            .map(|i| GroupMember {
-                key: format!("m{i}"),
-                input: vec![i],
+            .map(|i| {
+                HashedMember::raw(GroupMember {
+                    key: format!("m{i}"),
+                    input: vec![i],
+                })
             })
             .collect();
         (core, worker, RunId::new("g").expect("id"), members)
@@ -475,7 +567,7 @@ mod tests {
     /// A submission that read the group before another one committed and
     /// its members succeeded must not run them again: its chunk's compare
     /// fails on the moved counter, and each member is then answered by its
-    /// terminal record.
+    /// member record.
     #[tokio::test(start_paused = true)]
     async fn a_submission_from_a_stale_read_does_not_run_succeeded_members_again() {
         let runner = Note::default();
@@ -490,14 +582,16 @@ mod tests {
             .await
             .expect("submit");
         for member in &members {
-            let run_id = crate::coordination::group::member_run_id(&group_id, &member.key);
+            let run_id =
+                crate::coordination::group::member_run_id(&group_id, &member.member.key, 0);
             core.wait_run(&run_id).await.expect("wait");
         }
         submit_from(&core, &group_id, members.clone(), &options, stale)
             .await
             .expect("stale submit");
         for member in &members {
-            let run_id = crate::coordination::group::member_run_id(&group_id, &member.key);
+            let run_id =
+                crate::coordination::group::member_run_id(&group_id, &member.member.key, 0);
             core.wait_run(&run_id).await.expect("wait");
         }
         assert_eq!(
@@ -543,10 +637,8 @@ mod tests {
             .expect("read");
         // This submission's chunk, split before any member ran: all to be
         // committed together.
-        let chunk = candidates(members.clone().into_iter(), &stale.1)
-            .map(Candidate::new)
-            .collect();
-        let Split { batch, .. } = split_chunk(&core, &group_id, chunk).await.expect("split");
+        let chunk = candidates(&group_id, members.clone().into_iter(), &stale.1).collect();
+        let Split { batch, .. } = split_chunk(&core, chunk).await.expect("split");
         assert_eq!(batch.len(), 3);
 
         submit_members(&core, &group_id, members.clone(), &options)
@@ -555,7 +647,9 @@ mod tests {
         while runner.started.lock().expect("lock").len() < 3 {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
-        core.group_store.forget(&group_id).await.expect("forget");
+        // What `forget` removes (its members are running: the chunk below
+        // is what must not start them again).
+        core.group_store.remove(&group_id).await.expect("forget");
         let Chunk::Rejected(rejected) = commit_chunk(
             &core,
             &group_id,
@@ -571,7 +665,8 @@ mod tests {
         assert_eq!(rejected.len(), 3);
         open.send_replace(true);
         for member in &members {
-            let run_id = crate::coordination::group::member_run_id(&group_id, &member.key);
+            let run_id =
+                crate::coordination::group::member_run_id(&group_id, &member.member.key, 0);
             core.wait_run(&run_id).await.expect("wait");
         }
         assert_eq!(runner.started.lock().expect("lock").len(), 3);
@@ -587,39 +682,126 @@ mod tests {
             group_id: RunId::new("g").expect("id"),
             key: "m".into(),
         };
-        let first = durable::encode(&crate::coordination::group::pending_member(&membership));
-        let second = durable::encode(&crate::coordination::group::pending_member(&membership));
+        let run_id = membership.run_id(0);
+        let first = durable::encode(&pending_member(&membership, &run_id));
+        let second = durable::encode(&pending_member(&membership, &run_id));
         assert_ne!(first, second);
     }
 
     #[test]
-    fn succeeded_members_are_left_out_and_active_ones_marked() {
-        let member = |key: &str| GroupMember {
+    fn succeeded_members_are_left_out_and_the_others_get_the_run_their_record_calls_for() {
+        let group_id = RunId::new("g").expect("id");
+        let membership = |key: &str| Membership {
+            group_id: group_id.clone(),
             key: key.into(),
-            input: Vec::new(),
+        };
+        let member = |key: &str| {
+            HashedMember::raw(GroupMember {
+                key: key.into(),
+                input: Vec::new(),
+            })
+        };
+        let ended = |key: &str, run: u32, status| DurableMember {
+            run_id: membership(key).run_id(run),
+            terminated: Some(crate::store::durable::DurableTermination {
+                status,
+                error: None,
+                error_kind: None,
+                final_step: 0,
+                terminated_at_ms: 0,
+                input_hash: Vec::new(),
+                member: Some(membership(key).durable()),
+            }),
+            key: None,
+            version: None,
         };
         let states = HashMap::from([
-            ("ok".to_string(), Some(TerminalStatus::Succeeded)),
-            ("failed".to_string(), Some(TerminalStatus::Failed)),
-            ("cancelled".to_string(), Some(TerminalStatus::Cancelled)),
-            ("running".to_string(), None),
+            (
+                "ok".to_string(),
+                ended("ok", 0, durable::DurableStatus::Succeeded),
+            ),
+            (
+                "failed".to_string(),
+                ended("failed", 0, durable::DurableStatus::Failed),
+            ),
+            (
+                "cancelled".to_string(),
+                ended("cancelled", 2, durable::DurableStatus::Cancelled),
+            ),
+            (
+                "running".to_string(),
+                pending_member(&membership("running"), &membership("running").run_id(1)),
+            ),
         ]);
-        let picked: Vec<(String, Recorded)> = candidates(
+        let picked: Vec<(String, Recorded, RunId)> = candidates(
+            &group_id,
             ["ok", "failed", "cancelled", "running", "new"]
                 .into_iter()
                 .map(member),
             &states,
         )
-        .map(|(m, r)| (m.key, r))
+        .map(|c| (c.member.member.key, c.recorded, c.run_id))
         .collect();
         assert_eq!(
             picked,
             vec![
-                ("failed".to_string(), Recorded::Idle),
-                ("cancelled".to_string(), Recorded::Idle),
-                ("running".to_string(), Recorded::Active),
-                ("new".to_string(), Recorded::Missing),
+                (
+                    "failed".to_string(),
+                    Recorded::Idle,
+                    membership("failed").run_id(1)
+                ),
+                (
+                    "cancelled".to_string(),
+                    Recorded::Idle,
+                    membership("cancelled").run_id(3)
+                ),
+                (
+                    "running".to_string(),
+                    Recorded::Active,
+                    membership("running").run_id(1)
+                ),
+                (
+                    "new".to_string(),
+                    Recorded::Missing,
+                    membership("new").run_id(0)
+                ),
             ]
         );
+    }
+
+    #[test]
+    fn a_members_runs_are_numbered_after_its_digest() {
+        let membership = Membership {
+            group_id: RunId::new("g").expect("id"),
+            key: "k/1".into(),
+        };
+        let first = membership.run_id(0);
+        assert_eq!(first.as_str(), hex::encode(sha256(b"g/k/1")));
+        let third = membership.run_id(2);
+        assert_eq!(third.as_str(), format!("{first}-2"));
+        assert_eq!(membership.incarnation_of(&first), 0);
+        assert_eq!(membership.incarnation_of(&third), 2);
+        assert_eq!(membership.run_after(&third), membership.run_id(3));
+        assert_eq!(
+            membership.incarnation_of(&RunId::new("other").expect("id")),
+            0
+        );
+        let last = membership.run_id(u32::MAX);
+        assert!(RunId::new(last.as_str()).is_ok(), "a valid run id");
+        assert_eq!(membership.run_after(&last), last);
+    }
+
+    #[test]
+    fn a_member_input_is_its_hash_or_the_digest_of_its_bytes() {
+        let member = HashedMember {
+            member: GroupMember {
+                key: "k".into(),
+                input: b"bytes".to_vec(),
+            },
+            input_hash: b"canonical".to_vec(),
+        };
+        assert!(member.is_input(b"canonical"));
+        assert!(member.is_input(&sha256(b"bytes")));
+        assert!(!member.is_input(&sha256(b"other bytes")));
     }
 }

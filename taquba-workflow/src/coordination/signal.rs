@@ -78,7 +78,8 @@ pub(crate) fn waiter_cleanup(job: &JobRecord) -> Vec<Vec<u8>> {
     keys
 }
 
-fn check_payload(payload: &[u8]) -> Result<()> {
+/// Refuse a signal payload over the KV value limit.
+pub(crate) fn check_payload(payload: &[u8]) -> Result<()> {
     if payload.len() > MAX_KV_VALUE_SIZE {
         return Err(Error::Queue(taquba::Error::KvValueTooLarge {
             size: payload.len(),

@@ -68,6 +68,7 @@ use taquba::object_store::ObjectStore;
 use taquba::{Clock, Queue};
 
 use crate::coordination::group::{GroupMember, GroupStatus, MemberResult, RunGroup};
+use crate::coordination::group_submit::HashedMember;
 use crate::error::{Error, Result};
 use crate::hooks::terminal::NoopTerminalHook;
 use crate::model::{RunEnd, RunOptions, RunSpec, RunStatus, RunTermination};
@@ -479,11 +480,28 @@ fn job_input<J: Job>(job: &J) -> Result<Vec<u8>> {
 /// compare equal whatever order their maps and sets iterate in. For a job
 /// without maps and sets it is the SHA-256 of [`job_input`]'s bytes.
 fn job_input_hash<J: Job>(job: &J) -> Result<Vec<u8>> {
+    input_hash_as(J::NAME, job)
+}
+
+/// [`job_input_hash`] of `job` stored under the type name `name`.
+fn input_hash_as<J: Job>(name: &str, job: &J) -> Result<Vec<u8>> {
     let canonical = durable::encode(&DurableJobInput {
-        name: J::NAME.to_string(),
+        name: name.to_string(),
         payload: canonical::to_vec(job)?,
     });
     Ok(sha256(&canonical).to_vec())
+}
+
+/// The [`job_input_hash`] of a stored job input (a job group's manifest
+/// member): decoded as a `J` and hashed canonically, so a manifest written
+/// with one map order matches a submission with another.
+///
+/// # Errors
+/// [`Error::Deserialization`] when the input is not a `J`.
+fn stored_job_input_hash<J: Job>(input: &[u8]) -> Result<Vec<u8>> {
+    let stored: DurableJobInput = durable::decode(input)?;
+    let job: J = durable::decode(&stored.payload)?;
+    input_hash_as(&stored.name, &job)
 }
 
 /// A job's result from its termination and recorded outcome; `None` when a
@@ -578,11 +596,9 @@ impl JobRunner {
             ..Default::default()
         };
         let core = self.runtime.inner.core.clone();
-        let outcome = detached(async move {
-            core.submit_hashed(spec, input_hash, None, on_terminated)
-                .await
-        })
-        .await?;
+        let outcome =
+            detached(async move { core.submit_hashed(spec, input_hash, on_terminated).await })
+                .await?;
         Ok(self.handle(outcome.run_id, outcome.newly_submitted))
     }
 
@@ -787,7 +803,11 @@ impl<J: Job> JobGroup<J> {
         self.group.id()
     }
 
-    /// Submit `jobs` as the group's members; see [`RunGroup::submit`].
+    /// Submit `jobs` as the group's members; see [`RunGroup::submit`]. A
+    /// job's input is compared by its canonical encoding (as
+    /// [`JobRunner::submit`] compares it), so the same jobs submitted again
+    /// are the same set, and a member's active or recorded run the same
+    /// input, whatever order their maps and sets iterate in.
     ///
     /// Cancel safety: as [`RunGroup::submit`]: dropped, it submitted
     /// nothing or submits every member.
@@ -816,12 +836,17 @@ impl<J: Job> JobGroup<J> {
                 options.max_attempts_per_step =
                     options.max_attempts_per_step.or(job.max_attempts());
             }
-            members.push(GroupMember {
-                key: job.idempotency_key().unwrap_or_else(|| format!("item-{i}")),
-                input: job_input(&job)?,
+            members.push(HashedMember {
+                member: GroupMember {
+                    key: job.idempotency_key().unwrap_or_else(|| format!("item-{i}")),
+                    input: job_input(&job)?,
+                },
+                input_hash: job_input_hash(&job)?,
             });
         }
-        self.group.submit(members, &options).await
+        self.group
+            .submit_hashed(members, &options, stored_job_input_hash::<J>)
+            .await
     }
 
     /// Run again the members that did not succeed; see [`RunGroup::resume`].
@@ -829,9 +854,10 @@ impl<J: Job> JobGroup<J> {
     /// Cancel safety: as [`RunGroup::resume`].
     ///
     /// # Errors
-    /// As [`RunGroup::resume`].
+    /// As [`RunGroup::resume`]; [`Error::Deserialization`] when a stored
+    /// member is not a `J` (its input hash is that of the decoded job).
     pub async fn resume(&self) -> Result<()> {
-        self.group.resume(&RunOptions::default()).await
+        self.resume_with(RunOptions::default()).await
     }
 
     /// [`resume`](Self::resume) with `options`.
@@ -839,9 +865,11 @@ impl<J: Job> JobGroup<J> {
     /// Cancel safety: as [`RunGroup::resume`].
     ///
     /// # Errors
-    /// As [`RunGroup::resume`].
+    /// As [`resume`](Self::resume).
     pub async fn resume_with(&self, options: RunOptions) -> Result<()> {
-        self.group.resume(&options).await
+        self.group
+            .resume_hashed(&options, stored_job_input_hash::<J>)
+            .await
     }
 
     /// Each member's typed result as it terminates; see

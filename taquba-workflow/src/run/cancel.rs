@@ -82,7 +82,9 @@ impl RuntimeCore {
                 }
                 JobStatus::Claimed => {
                     match self.inflight.request_cancel(run_id) {
-                        CancelVerdict::Requested => return Ok(true),
+                        CancelVerdict::Requested => {
+                            return self.note_delivered(run_id, record, &job.id).await;
+                        }
                         CancelVerdict::NotInFlight => {
                             // Claimed but not running in this runtime: not
                             // registered yet (its record read sees the
@@ -125,6 +127,48 @@ impl RuntimeCore {
                     }
                     continue;
                 }
+            }
+        }
+    }
+
+    /// Record on the run record of `run_id` that the request reached its
+    /// step job `job_id` while the step ran in this process (its token
+    /// fired), before the call answers `true`: should the step then outlive
+    /// its lease on its last attempt, the reaper's dead letter of it came
+    /// after the request, and its reconciliation ends the run `Cancelled`
+    /// as the answer says, in any process that reconciles it. Whether the
+    /// run ends (or ended) `Cancelled`: the run ended before the record was
+    /// written when its record is gone (or is another run's, `requested`
+    /// being this run's as the request left it), and then the answer is
+    /// what it ended as.
+    async fn note_delivered(
+        &self,
+        run_id: &RunId,
+        requested: &DurableRunRecord,
+        job_id: &str,
+    ) -> Result<bool> {
+        let run_key = run_kv_key(run_id);
+        loop {
+            let Some(bytes) = self.queue.view().kv_get(&run_key).await? else {
+                return self.ended_cancelled(run_id).await;
+            };
+            let mut record: DurableRunRecord = durable::decode(&bytes)?;
+            if record.incarnation != requested.incarnation {
+                return self.ended_cancelled(run_id).await;
+            }
+            if record.cancel_delivered_to.as_deref() == Some(job_id) {
+                return Ok(true);
+            }
+            record.cancel_delivered_to = Some(job_id.to_string());
+            let effects =
+                SettlementEffects::default().kv_put(run_key.clone(), durable::encode(&record));
+            if self
+                .commits
+                .compare_commit(&run_key, Some(&bytes), effects)
+                .await?
+                .is_some()
+            {
+                return Ok(true);
             }
         }
     }

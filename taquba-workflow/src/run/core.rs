@@ -16,6 +16,7 @@ use taquba::{
 use tokio_util::sync::CancellationToken;
 
 use crate::coordination::group::{GroupStore, Membership, terminated_member};
+use crate::coordination::group_locks::GroupLocks;
 use crate::coordination::signal::SignalLocks;
 use crate::error::{Error, Result};
 use crate::model::RunEnd;
@@ -83,6 +84,8 @@ pub(crate) struct RuntimeCore {
     /// Every other commit, each on a task of its own.
     pub(crate) commits: Committer,
     pub(crate) signal_locks: SignalLocks,
+    /// The locks of run groups (shared by every runtime over the queue).
+    pub(crate) group_locks: GroupLocks,
     pub(crate) observes: Observes,
     /// Dead letters the worker performed since the last reconciliation look.
     /// Signed: a dead letter counted before its settlement and uncounted
@@ -99,16 +102,13 @@ pub(crate) struct RuntimeCore {
     pub(crate) store_closed: CancellationToken,
 }
 
-/// What a submission does with a run id whose run terminated.
+/// What a plain submission does with a run id whose run terminated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum OnTerminated {
-    /// Start a new run under the id (runs and groups).
+    /// Start a new run under the id (runs).
     Restart,
     /// Answer with the recorded run (idempotent jobs).
     Keep,
-    /// Answer with the recorded run when it succeeded, start a new run
-    /// otherwise (group members).
-    KeepSucceeded,
 }
 
 /// The queue options of a run's next step.
@@ -143,12 +143,15 @@ impl RuntimeCore {
             store_closed.clone(),
             &settings.queue_name,
         );
+        let terminals = ExpiryIndex::new(TERMINALS_PREFIX.as_bytes().to_vec());
         let group_store = GroupStore::new(
             settings.object_store,
             settings.memo_prefix,
             memo_store.clone(),
             commits.clone(),
+            terminals.clone(),
         );
+        let group_locks = GroupLocks::for_queue(&settings.queue);
         Self {
             queue: settings.queue,
             queue_name: settings.queue_name,
@@ -161,7 +164,7 @@ impl RuntimeCore {
             memo_retention: settings.memo_retention,
             group_retention: settings.group_retention,
             step_output_replay: settings.step_output_replay,
-            terminals: ExpiryIndex::new(TERMINALS_PREFIX.as_bytes().to_vec()),
+            terminals,
             group_terminals: ExpiryIndex::new(GROUP_TERMINALS_PREFIX.as_bytes().to_vec()),
             inflight: Arc::default(),
             run_watchers,
@@ -169,6 +172,7 @@ impl RuntimeCore {
             ids,
             commits,
             signal_locks: SignalLocks::default(),
+            group_locks,
             observes: settings.observes,
             own_dead_letters: AtomicI64::new(0),
             last_dead_count: AtomicI64::new(-1),
@@ -332,7 +336,7 @@ impl RuntimeCore {
         if let Some(membership) = membership {
             effects = effects.kv_put(
                 membership.kv_key(),
-                durable::encode(&terminated_member(membership, termination)),
+                durable::encode(&terminated_member(membership, run_id, termination)),
             );
         }
         if self.memo_retention.is_some() {

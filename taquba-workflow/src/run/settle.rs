@@ -359,7 +359,12 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
 
         let replayed = if core.step_output_replay {
             match core
-                .load_step_output(run_id, step_number, &job.payload)
+                .load_step_output(
+                    run_id,
+                    record.incarnation.as_deref(),
+                    step_number,
+                    &job.payload,
+                )
                 .await
             {
                 Ok(found) => found,
@@ -403,7 +408,14 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
             && !external_cancel
             && let Ok(outcome) = &outcome
             && let Err(err) = core
-                .store_step_output(run_id, step_number, &job.payload, outcome, &staged)
+                .store_step_output(
+                    run_id,
+                    record.incarnation.as_deref(),
+                    step_number,
+                    &job.payload,
+                    outcome,
+                    &staged,
+                )
                 .await
         {
             return Settlement::infrastructure(err);

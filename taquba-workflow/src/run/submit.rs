@@ -20,45 +20,29 @@ use crate::store::keys::{
 const SUBMIT_RACE_RETRIES: usize = 8;
 
 impl RuntimeCore {
-    /// Submit `spec`, as a member of a group when `membership` is given.
-    pub(crate) async fn submit(
-        &self,
-        spec: RunSpec,
-        membership: Option<&Membership>,
-    ) -> Result<SubmitOutcome> {
-        self.submit_as(spec, membership, OnTerminated::Restart)
-            .await
-    }
-
-    /// [`submit`](Self::submit), with `on_terminated` deciding what a run id
-    /// that is not active but has a terminal record means. With
-    /// [`OnTerminated::Keep`] (and, for a success, with
-    /// [`OnTerminated::KeepSucceeded`]) the recorded run answers the
-    /// submission (`newly_submitted: false`, no job id;
-    /// [`Error::InputMismatch`] for another input). The terminal record is
-    /// read after the run record is found absent, in the same retry loop as
-    /// the commit, so a run that terminates while it is submitted again is
-    /// not started a second time.
-    pub(crate) async fn submit_as(
-        &self,
-        spec: RunSpec,
-        membership: Option<&Membership>,
-        on_terminated: OnTerminated,
-    ) -> Result<SubmitOutcome> {
+    /// Submit the plain run `spec` (group members are submitted by
+    /// `group_submit`).
+    pub(crate) async fn submit(&self, spec: RunSpec) -> Result<SubmitOutcome> {
         let input_hash = sha256(&spec.input).to_vec();
-        self.submit_hashed(spec, input_hash, membership, on_terminated)
+        self.submit_hashed(spec, input_hash, OnTerminated::Restart)
             .await
     }
 
-    /// [`submit_as`](Self::submit_as) with the hash the run's input is
-    /// recorded and compared under given, instead of the SHA-256 of
-    /// `spec.input`: a job run's is the hash of its canonical encoding, so
-    /// an equal job whose maps iterate in another order is the same input.
+    /// [`submit`](Self::submit) with the hash the run's input is recorded
+    /// and compared under given, instead of the SHA-256 of `spec.input` (a
+    /// job run's is the hash of its canonical encoding, so an equal job
+    /// whose maps iterate in another order is the same input), and
+    /// `on_terminated` deciding what a run id that is not active but has a
+    /// terminal record means: a new run ([`OnTerminated::Restart`]), or the
+    /// recorded run answering the submission ([`OnTerminated::Keep`]:
+    /// `newly_submitted: false`, no job id; [`Error::InputMismatch`] for
+    /// another input). The terminal record is read after the run record is
+    /// found absent, in the same retry loop as the commit, so a run that
+    /// terminates while it is submitted again is not started a second time.
     pub(crate) async fn submit_hashed(
         &self,
         spec: RunSpec,
         input_hash: Vec<u8>,
-        membership: Option<&Membership>,
         on_terminated: OnTerminated,
     ) -> Result<SubmitOutcome> {
         let RunSpec {
@@ -74,49 +58,35 @@ impl RuntimeCore {
         // A fresh ULID names no recorded run: its first attempt skips the
         // reads (the compare-and-commit below still guards the record).
         let mut fresh_id = run_id.is_none();
-        let batchable = membership.is_none()
-            && user_effects.enqueues.is_empty()
+        let batchable = user_effects.enqueues.is_empty()
             && user_effects.kv_writes.is_empty()
             && user_effects.kv_deletes.is_empty()
             && user_effects.expiry_entries.is_empty();
         // Generated before the first await: submissions get ids in the
         // order they were made.
         let run_id = run_id.unwrap_or_else(|| self.new_run_id());
-        // The compare-and-commit guard: a run's record must still be absent.
-        // A group member's record changes with every submission and
-        // termination of it, so a member is guarded on that record as read
-        // before anything else: a run record absent again after a re-run
-        // that ended meanwhile would pass the first guard.
-        let guard_key = membership.map_or_else(|| run_kv_key(&run_id), Membership::kv_key);
+        // The compare-and-commit guard: the run's record must still be
+        // absent.
+        let guard_key = run_kv_key(&run_id);
 
         for _ in 0..SUBMIT_RACE_RETRIES {
             let fresh = std::mem::take(&mut fresh_id);
-            let guard = match membership {
-                Some(_) => self.queue.view().kv_get(&guard_key).await?,
-                None => None,
-            };
             if !fresh {
                 if let Some(existing) = self.view.run_record(&run_id).await? {
-                    return self
-                        .duplicate(&run_id, &existing, &input_hash, membership)
-                        .await;
+                    return self.duplicate(&run_id, &existing, &input_hash).await;
                 }
                 let termination = self.view.terminal_record(&run_id).await?;
                 // A plain run under a member's run id would overwrite the
                 // member's terminal and result records.
-                if membership.is_none()
-                    && let Some(member) = termination.as_ref().and_then(|t| t.member.as_ref())
-                {
+                if let Some(member) = termination.as_ref().and_then(|t| t.member.as_ref()) {
                     return Err(Error::GroupMemberRunId {
                         run_id,
                         group_id: member.group_id.clone(),
                         key: member.key.clone(),
                     });
                 }
-                if on_terminated != OnTerminated::Restart
+                if on_terminated == OnTerminated::Keep
                     && let Some(termination) = termination
-                    && (on_terminated == OnTerminated::Keep
-                        || termination.status == durable::DurableStatus::Succeeded)
                 {
                     if termination.input_hash != input_hash {
                         return Err(Error::InputMismatch(run_id));
@@ -133,7 +103,7 @@ impl RuntimeCore {
                 input.clone(),
                 &input_hash,
                 &options,
-                membership,
+                None,
                 &user_effects,
             );
             // A fresh id with nothing of the caller's riding along joins the
@@ -146,7 +116,7 @@ impl RuntimeCore {
                 }
             } else {
                 self.commits
-                    .compare_commit(&guard_key, guard.as_deref(), effects)
+                    .compare_commit(&guard_key, None, effects)
                     .await?
             };
             match committed {
@@ -199,6 +169,8 @@ impl RuntimeCore {
             input_hash: input_hash.to_vec(),
             submitted_at_ms: self.now_ms(),
             cancel_requested: false,
+            incarnation: Some(ulid::Ulid::new().to_string()),
+            cancel_delivered_to: None,
         };
         let reserved_headers = membership
             .map(Membership::reserved_headers)
@@ -237,7 +209,7 @@ impl RuntimeCore {
             effects = effects
                 .kv_put(
                     membership.kv_key(),
-                    durable::encode(&pending_member(membership)),
+                    durable::encode(&pending_member(membership, run_id)),
                 )
                 .kv_put(
                     group_submissions_kv_key(&membership.group_id),
@@ -282,23 +254,20 @@ impl RuntimeCore {
         })
     }
 
-    /// The answer to a submission of an active run, as a member of a group
-    /// when `membership` is given.
+    /// The answer to a plain submission of an active run.
     ///
     /// # Errors
-    /// [`Error::GroupMemberRunId`] for a plain submission of a member's run,
-    /// [`Error::MemberRunIdTaken`] for a member submission of a run that is
-    /// not that member, [`Error::InputMismatch`] for another input.
+    /// [`Error::GroupMemberRunId`] for a member's run,
+    /// [`Error::InputMismatch`] for another input.
     async fn duplicate(
         &self,
         run_id: &RunId,
         existing: &DurableRunRecord,
         input_hash: &[u8],
-        membership: Option<&Membership>,
     ) -> Result<SubmitOutcome> {
         let current = self.view.current_job(run_id).await?;
         if let Some((_, job)) = &current {
-            self.check_same_membership(run_id, &job.headers, membership)?;
+            self.check_same_membership(run_id, &job.headers, None)?;
         }
         if existing.input_hash != input_hash {
             return Err(Error::InputMismatch(run_id.clone()));

@@ -72,6 +72,18 @@ pub(crate) struct DurableRunRecord {
     /// Whether a cancellation has been requested.
     #[serde(default)]
     pub(crate) cancel_requested: bool,
+    /// A ULID new with every submission of the run id, which this run's
+    /// step-output replay records hold, so a later run under the id (a
+    /// re-submission after this one terminated) never replays them. Absent
+    /// in records written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) incarnation: Option<String>,
+    /// The step job a cancellation request reached while the step was
+    /// running in this process (its token fired, and the request was
+    /// answered `Ok(true)`): a dead letter of that job reconciles as
+    /// `Cancelled`, since it came after the request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) cancel_delivered_to: Option<String>,
 }
 
 /// The current-step pointer of an active run, under `workflow/steps/{id}`.
@@ -242,6 +254,25 @@ pub(crate) struct DurableMember {
     pub(crate) version: Option<String>,
 }
 
+/// What a group's manifest claim digests (its SHA-256 is the claim, under
+/// `workflow/group-manifests/{group_id}`): the group and each member's key
+/// and input hash, in order. A job group's input hashes are canonical, so
+/// equal sets claim alike whatever order their jobs' maps iterate in.
+/// Claims written before were the SHA-256 of the stored manifest.
+#[derive(Debug, Serialize)]
+pub(crate) struct DurableGroupClaim<'a> {
+    pub(crate) group_id: &'a RunId,
+    pub(crate) members: Vec<DurableClaimedMember<'a>>,
+}
+
+/// One member of a [`DurableGroupClaim`].
+#[derive(Debug, Serialize)]
+pub(crate) struct DurableClaimedMember<'a> {
+    pub(crate) key: &'a str,
+    #[serde(with = "serde_bytes")]
+    pub(crate) input_hash: &'a [u8],
+}
+
 /// The waiter registered for a signal correlation key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct DurableWaiter {
@@ -295,13 +326,20 @@ pub(crate) struct DurableKvWrite {
 }
 
 /// A step-output replay record: the outcome the runner returned, the
-/// effects it staged and when it was recorded (queue clock, ms).
+/// effects it staged, when it was recorded (queue clock, ms) and the
+/// incarnation of the run that recorded it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct DurableStepOutput {
     pub(crate) outcome: DurableStepOutcome,
     pub(crate) writes: Vec<DurableKvWrite>,
     pub(crate) deletes: Vec<serde_bytes::ByteBuf>,
     pub(crate) recorded_at_ms: u64,
+    /// The [`DurableRunRecord::incarnation`] of the run that recorded it; a
+    /// run of another incarnation does not replay it. Absent in records
+    /// written before it was kept, which only runs whose run record has no
+    /// incarnation (submitted before, and still in flight) replay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) incarnation: Option<String>,
 }
 
 /// The input of a job run: the registered type's name and the job value.
@@ -322,6 +360,8 @@ mod tests {
             input_hash: vec![7; 32],
             submitted_at_ms: 5,
             cancel_requested: true,
+            incarnation: Some("01J00000000000000000000000".into()),
+            cancel_delivered_to: Some("job-1".into()),
         };
         let back: DurableRunRecord = decode(&encode(&record)).unwrap();
         assert_eq!(back, record);
@@ -345,5 +385,7 @@ mod tests {
         });
         let record: DurableRunRecord = decode(&old).unwrap();
         assert!(!record.cancel_requested);
+        assert_eq!(record.incarnation, None);
+        assert_eq!(record.cancel_delivered_to, None);
     }
 }

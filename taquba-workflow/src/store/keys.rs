@@ -97,6 +97,14 @@ impl RunId {
         Self(hex::encode(hasher.finalize()))
     }
 
+    /// This id followed by `-{n}`. Valid for an id of at most
+    /// `MAX_RUN_ID_LEN - 11` bytes (the longest `-{u32}` is 11), as the
+    /// 64-byte [`digest`](Self::digest) ids it numbers are.
+    pub(crate) fn numbered(&self, n: u32) -> Self {
+        debug_assert!(self.0.len() + 11 <= MAX_RUN_ID_LEN);
+        Self(format!("{}-{n}", self.0))
+    }
+
     /// The id as a string slice.
     pub fn as_str(&self) -> &str {
         &self.0

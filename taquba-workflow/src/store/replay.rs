@@ -2,7 +2,13 @@
 //! [`WorkflowRuntimeBuilder::step_output_replay`](crate::WorkflowRuntimeBuilder::step_output_replay)
 //! every outcome a runner returns is recorded, with the KV effects it
 //! staged, before the settlement; a step delivered again with the same
-//! payload replays the record instead of calling the runner.
+//! payload replays the record instead of calling the runner. A record
+//! belongs to one run: it holds the run's incarnation (a ULID new with each
+//! submission, on its run record), and a record of another incarnation is
+//! not replayed, so a run id submitted again after its run ended runs its
+//! steps afresh. Records are keyed by run id, step and the payload's
+//! SHA-256 (as the seeds key them); the new run's record replaces the
+//! earlier run's.
 
 use std::time::Duration;
 
@@ -79,11 +85,14 @@ fn from_durable(outcome: DurableStepOutcome, elapsed_ms: u64) -> StepOutcome {
 }
 
 impl RuntimeCore {
-    /// The recorded outcome and effects of `(run_id, step_number, payload)`,
-    /// or `None` (never recorded, or a record that does not decode).
+    /// The recorded outcome and effects of `(run_id, step_number, payload)`
+    /// in the run of `run_id` whose run record holds `incarnation`, or
+    /// `None` (never recorded, recorded by another run under the id, or a
+    /// record that does not decode).
     pub(crate) async fn load_step_output(
         &self,
         run_id: &RunId,
+        incarnation: Option<&str>,
         step_number: u32,
         payload: &[u8],
     ) -> Result<Option<(StepOutcome, StagedKv)>> {
@@ -100,6 +109,10 @@ impl RuntimeCore {
         ) else {
             return Ok(None);
         };
+        if record.incarnation.as_deref() != incarnation {
+            // An earlier run's under the same run id.
+            return Ok(None);
+        }
         let elapsed = self.now_ms().saturating_sub(record.recorded_at_ms);
         let staged = StagedKv {
             writes: record
@@ -112,10 +125,12 @@ impl RuntimeCore {
         Ok(Some((from_durable(record.outcome, elapsed), staged)))
     }
 
-    /// Record `outcome` and its staged effects for replay.
+    /// Record `outcome` and its staged effects for replay in the run of
+    /// `run_id` whose run record holds `incarnation`.
     pub(crate) async fn store_step_output(
         &self,
         run_id: &RunId,
+        incarnation: Option<&str>,
         step_number: u32,
         payload: &[u8],
         outcome: &StepOutcome,
@@ -133,6 +148,7 @@ impl RuntimeCore {
                 .collect(),
             deletes: staged.deletes.iter().cloned().map(ByteBuf::from).collect(),
             recorded_at_ms: self.now_ms(),
+            incarnation: incarnation.map(str::to_string),
         };
         let path = self
             .memo_store

@@ -9,6 +9,7 @@ use taquba::{Expired, JobRecord, SettlementEffects};
 use tracing::{debug, warn};
 
 use crate::coordination::group::Membership;
+use crate::coordination::group_forget::Swept;
 use crate::error::Result;
 use crate::model::TerminalStatus;
 use crate::run::core::RuntimeCore;
@@ -26,6 +27,11 @@ const FULL_RECONCILE_EVERY: u64 = 120;
 
 /// Dead jobs read per page by a reconciliation pass.
 const DEAD_PAGE: usize = 256;
+
+/// Attempts of one job's reconciliation whose guarded commit found the run
+/// record changed (a cancellation request recorded meanwhile); the next
+/// pass tries again after these.
+const RECONCILE_RETRIES: usize = 4;
 
 impl RuntimeCore {
     /// One round of maintenance; failures are logged and retried next round.
@@ -130,18 +136,27 @@ impl RuntimeCore {
             let window = retention.saturating_add(Duration::from_millis(1));
             removed += self
                 .group_terminals
-                .pass(&self.queue, now, window, |_, suffix| -> ExpiryFuture<'_> {
-                    Box::pin(self.expire_group(suffix))
-                })
+                .pass(
+                    &self.queue,
+                    now,
+                    window,
+                    |at_ms, suffix| -> ExpiryFuture<'_> {
+                        Box::pin(self.expire_group(at_ms, suffix))
+                    },
+                )
                 .await?;
         }
         Ok(removed)
     }
 
-    /// Clear the state of the run whose terminal marker expired: its memo
-    /// entries (run result and replay records included) and its terminal
-    /// record, unless the run id is active again under a new submission,
-    /// whose state is left alone.
+    /// Clear the state of the run whose terminal marker, written when it
+    /// terminated at `at_ms`, expired: its memo entries (run result and
+    /// replay records included) and its terminal record. Left alone, with
+    /// only the marker removed: the state of a run id that is active again
+    /// under a new submission, and of one whose terminal record is of a
+    /// later termination (a run submitted again after this one ended, and
+    /// ended since), which that termination's own marker clears a window
+    /// after it.
     async fn expire_run(&self, at_ms: u64, suffix: Vec<u8>) -> Expired {
         let Some(run_id) = std::str::from_utf8(&suffix)
             .ok()
@@ -158,35 +173,44 @@ impl RuntimeCore {
                 return Expired::Keep;
             }
         }
+        let outcome_key = outcome_kv_key(&run_id);
+        let outcome = match self.queue.view().kv_get(&outcome_key).await {
+            Ok(outcome) => outcome,
+            Err(err) => {
+                warn!(run_id = %run_id, "retention sweep deferred: {err}");
+                return Expired::Keep;
+            }
+        };
+        let later_termination = outcome.as_deref().is_some_and(|bytes| {
+            durable::decode_or_absent::<DurableTermination>(bytes, "terminal record", &run_id)
+                .is_some_and(|t| t.terminated_at_ms != at_ms)
+        });
+        if later_termination {
+            return Expired::Delete(SettlementEffects::default());
+        }
         if let Err(err) = self.memo_store.clear_memos_for_run(&run_id).await {
             warn!(run_id = %run_id, "retention sweep deferred: {err}");
             return Expired::Keep;
         }
-        let outcome_key = outcome_kv_key(&run_id);
-        match self.queue.view().kv_get(&outcome_key).await {
-            Ok(Some(bytes)) => {
-                let same_termination = durable::decode::<DurableTermination>(&bytes)
-                    .map(|t| t.terminated_at_ms == at_ms)
-                    .unwrap_or(true);
-                if same_termination {
-                    Expired::DeleteIf {
-                        key: outcome_key.clone(),
-                        expected: Some(bytes.to_vec()),
-                        effects: SettlementEffects::default().kv_delete(outcome_key),
-                    }
-                } else {
-                    Expired::Delete(SettlementEffects::default())
-                }
-            }
-            Ok(None) => Expired::Delete(SettlementEffects::default()),
-            Err(err) => {
-                warn!(run_id = %run_id, "retention sweep deferred: {err}");
-                Expired::Keep
-            }
+        match outcome {
+            // Deleted only if unchanged: a termination committed since is
+            // a later run's.
+            Some(bytes) => Expired::DeleteIf {
+                key: outcome_key.clone(),
+                expected: Some(bytes.to_vec()),
+                effects: SettlementEffects::default().kv_delete(outcome_key),
+            },
+            None => Expired::Delete(SettlementEffects::default()),
         }
     }
 
-    async fn expire_group(&self, suffix: Vec<u8>) -> Expired {
+    /// Remove the group whose terminal marker, written at `at_ms` by a
+    /// results consumer, expired, unless it was submitted again since (see
+    /// [`remove_group_unchanged_since`](Self::remove_group_unchanged_since)):
+    /// the marker goes either way, and a consumer observing the re-run's
+    /// end writes the next. A group busy with a submission or a `forget`
+    /// keeps its marker for the next pass.
+    async fn expire_group(&self, at_ms: u64, suffix: Vec<u8>) -> Expired {
         let Some(group_id) = std::str::from_utf8(&suffix)
             .ok()
             .and_then(|s| RunId::new(s).ok())
@@ -194,8 +218,13 @@ impl RuntimeCore {
             warn!("group terminal marker with an invalid group id; removed");
             return Expired::Delete(SettlementEffects::default());
         };
-        match self.group_store.forget(&group_id).await {
-            Ok(()) => Expired::Delete(SettlementEffects::default()),
+        match self.remove_group_unchanged_since(&group_id, at_ms).await {
+            Ok(Swept::Removed) => Expired::Delete(SettlementEffects::default()),
+            Ok(Swept::RanSince) => {
+                debug!(group_id = %group_id, "group submitted again since its results were consumed; kept");
+                Expired::Delete(SettlementEffects::default())
+            }
+            Ok(Swept::Busy) => Expired::Keep,
             Err(err) => {
                 warn!(group_id = %group_id, "group retention sweep deferred: {err}");
                 Expired::Keep
@@ -209,8 +238,16 @@ impl RuntimeCore {
 ///
 /// The run ends `Failed` with the queue's last error of the job (`lease
 /// expired` after the reaper took it), as the seeds' reconciliation says,
-/// also when a cancellation was requested: the dead letter ended the run,
-/// a request recorded before or after it was never applied to a step.
+/// also when a cancellation was requested before the dead letter: the dead
+/// letter ended the run, and a request recorded after it was never applied
+/// to a step. The one exception is a request that reached the job while it
+/// ran in this process, answered `Ok(true)` ([`WorkflowRuntime::cancel`](crate::WorkflowRuntime::cancel)
+/// records that on the run record before it answers): the job was alive
+/// when the request reached it, so its dead letter came after, and the run
+/// ends `Cancelled`, as the answer said.
+///
+/// The commit is guarded on the run record as read, so a request recorded
+/// meanwhile is never overridden: the pass reads it again.
 pub(crate) async fn reconcile_job(core: &RuntimeCore, job: &JobRecord) -> Result<usize> {
     if job.headers.contains_key(HEADER_TERMINAL) {
         return Ok(0);
@@ -222,53 +259,75 @@ pub(crate) async fn reconcile_job(core: &RuntimeCore, job: &JobRecord) -> Result
     let (Ok(run_id), Ok(step_number)) = (RunId::new(run_id.as_str()), step.parse::<u32>()) else {
         return Ok(0);
     };
-    let pointer_key = step_kv_key(&run_id);
-    let Some(pointer_bytes) = core.queue.view().kv_get(&pointer_key).await? else {
-        return Ok(0);
-    };
-    let Some(pointer) =
-        durable::decode_or_absent::<DurableCurrentStep>(&pointer_bytes, "step pointer", &run_id)
-    else {
-        return Ok(0);
-    };
-    if pointer.job_id != job.id {
-        return Ok(0);
+    for _ in 0..RECONCILE_RETRIES {
+        let Some(pointer_bytes) = core.queue.view().kv_get(&step_kv_key(&run_id)).await? else {
+            return Ok(0);
+        };
+        let Some(pointer) = durable::decode_or_absent::<DurableCurrentStep>(
+            &pointer_bytes,
+            "step pointer",
+            &run_id,
+        ) else {
+            return Ok(0);
+        };
+        if pointer.job_id != job.id {
+            return Ok(0);
+        }
+        let run_key = run_kv_key(&run_id);
+        let Some(record_bytes) = core.queue.view().kv_get(&run_key).await? else {
+            return Ok(0);
+        };
+        let Some(record) =
+            durable::decode_or_absent::<DurableRunRecord>(&record_bytes, "run record", &run_id)
+        else {
+            return Ok(0);
+        };
+        let outcome = if record.cancel_delivered_to.as_deref() == Some(job.id.as_str()) {
+            RuntimeCore::detached_outcome(
+                &run_id,
+                job,
+                step_number,
+                TerminalStatus::Cancelled,
+                None,
+            )
+        } else {
+            let error = job
+                .last_error
+                .clone()
+                .unwrap_or_else(|| "step dead-lettered".to_string());
+            RuntimeCore::detached_outcome(
+                &run_id,
+                job,
+                step_number,
+                TerminalStatus::Failed,
+                Some(error),
+            )
+        };
+        let membership = Membership::from_headers(&job.headers)?;
+        let termination = core.termination(&outcome, None, &record.input_hash, membership.as_ref());
+        let (mut effects, ended) = core.terminate_effects(
+            &outcome,
+            termination,
+            membership.as_ref(),
+            job.max_attempts,
+            false,
+        );
+        effects
+            .kv_deletes
+            .extend(crate::coordination::signal::waiter_cleanup(job));
+        // The pointer can leave a dead job only by the run's termination,
+        // which deletes the run record too: the guard on the record stops a
+        // concurrent settlement or reconciliation as well.
+        if core
+            .commits
+            .compare_commit_ending(&run_key, Some(&record_bytes), effects, ended)
+            .await?
+            .is_some()
+        {
+            return Ok(1);
+        }
     }
-    let Some(record) =
-        durable::kv_record::<DurableRunRecord>(core.queue.view(), &run_kv_key(&run_id)).await?
-    else {
-        return Ok(0);
-    };
-    let error = job
-        .last_error
-        .clone()
-        .unwrap_or_else(|| "step dead-lettered".to_string());
-    let outcome = RuntimeCore::detached_outcome(
-        &run_id,
-        job,
-        step_number,
-        TerminalStatus::Failed,
-        Some(error),
-    );
-    let membership = Membership::from_headers(&job.headers)?;
-    let termination = core.termination(&outcome, None, &record.input_hash, membership.as_ref());
-    let (mut effects, ended) = core.terminate_effects(
-        &outcome,
-        termination,
-        membership.as_ref(),
-        job.max_attempts,
-        false,
-    );
-    effects
-        .kv_deletes
-        .extend(crate::coordination::signal::waiter_cleanup(job));
-    // Only while the pointer still names this job: a concurrent settlement
-    // or reconciliation wins otherwise.
-    let committed = core
-        .commits
-        .compare_commit_ending(&pointer_key, Some(&pointer_bytes), effects, ended)
-        .await?;
-    Ok(usize::from(committed.is_some()))
+    Ok(0)
 }
 
 #[cfg(test)]

@@ -953,6 +953,25 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
         let payload = rmp_serde::to_vec_named(value)?;
         self.signal(correlation_key, payload).await
     }
+
+    /// [`signal_run`](Self::signal_run) with `value` encoded as MessagePack
+    /// (named fields), as [`StepContext::signal_value`] decodes it: reaches
+    /// only `run_id`'s current wait on `correlation_key`, buffers nothing.
+    ///
+    /// Cancel safety: as [`signal_run`](Self::signal_run).
+    ///
+    /// # Errors
+    /// As [`signal_run`](Self::signal_run); [`Error::Serialization`] when
+    /// `value` cannot be encoded.
+    pub async fn signal_run_value<T: Serialize + ?Sized>(
+        &self,
+        run_id: &RunId,
+        correlation_key: &str,
+        value: &T,
+    ) -> Result<()> {
+        let payload = rmp_serde::to_vec_named(value)?;
+        self.signal_run(run_id, correlation_key, payload).await
+    }
 }
 
 /// A [`StepRunner`] hosting several workflows, routing each step to its

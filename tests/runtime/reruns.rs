@@ -1,0 +1,283 @@
+//! A run started again under a run id or group member key whose earlier run
+//! ended (issue 12, points 6 and 7): a group member run again is a new run
+//! with a run id of its own that sees nothing of the earlier run (no replay
+//! records, no memo entries); a plain run id submitted again runs its steps
+//! afresh (the earlier run's replay records are not replayed) and shares
+//! the earlier run's memo entries, as the seeds describe, which memo
+//! retention keeps for the new run's own window.
+
+use crate::common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use futures_util::TryStreamExt;
+use taquba_workflow::{
+    MemberResult, MemoStore, RunGroup, RunId, RunOptions, RunSpec, RunState, Step, StepError,
+    StepOutcome, StepRunner, TerminalStatus,
+};
+
+/// What step 0 of a run saw: its run id and the memo entries an earlier
+/// call left.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    run_id: RunId,
+    step_memo: Option<Vec<u8>>,
+    run_memo: Option<Vec<u8>>,
+}
+
+/// Step 0 notes what it sees, writes its run id to the step memo entry
+/// `draft` and the run memo entry `paid`, then by its input: `park:{key}`
+/// continues on the signal `key`; anything else fails (a `Fail` verdict,
+/// which step-output replay records) while `failing` is set and succeeds
+/// otherwise.
+#[derive(Clone, Default)]
+struct Drafts {
+    seen: Arc<Mutex<Vec<Seen>>>,
+    failing: Arc<AtomicBool>,
+}
+
+impl Drafts {
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl StepRunner for Drafts {
+    async fn run_step(&self, step: &Step) -> Result<StepOutcome, StepError> {
+        if step.step_number > 0 {
+            return Ok(StepOutcome::Succeed {
+                result: step.payload.clone(),
+            });
+        }
+        let seen = Seen {
+            run_id: step.run_id.clone(),
+            step_memo: step.memo.get("draft").await?,
+            run_memo: step.run_memo.get("paid").await?,
+        };
+        self.seen.lock().unwrap().push(seen);
+        step.memo.put("draft", step.run_id.as_bytes()).await?;
+        step.run_memo.put("paid", step.run_id.as_bytes()).await?;
+        let input = String::from_utf8_lossy(&step.payload).into_owned();
+        if let Some(key) = input.strip_prefix("park:") {
+            return Ok(StepOutcome::continue_on_signal(
+                step.payload.clone(),
+                key,
+                Duration::from_secs(3600),
+            ));
+        }
+        if self.failing.load(Ordering::SeqCst) {
+            return Ok(StepOutcome::Fail {
+                reason: format!("failed in {}", step.run_id),
+            });
+        }
+        Ok(StepOutcome::Succeed {
+            result: step.run_id.as_bytes().to_vec(),
+        })
+    }
+}
+
+async fn results(group: &RunGroup) -> Vec<MemberResult> {
+    let mut results: Vec<MemberResult> = within(30, async {
+        group.results().await.unwrap().try_collect().await
+    })
+    .await
+    .unwrap();
+    results.sort_by(|a, b| a.key.cmp(&b.key));
+    results
+}
+
+/// A member that failed and one that was cancelled, run again by `resume`
+/// (with step-output replay on): each runs its step afresh as a new run,
+/// under a run id of its own that `MemberResult::run_id` reports, and sees
+/// none of the earlier run's memo entries. The earlier runs stay readable
+/// under their own run ids.
+#[tokio::test(start_paused = true)]
+async fn a_member_run_again_is_a_new_run_that_starts_clean() {
+    let (queue, store, _clock) = memory_queue().await;
+    let drafts = Drafts::default();
+    drafts.failing.store(true, Ordering::SeqCst);
+    let runtime = workflow_builder(&queue, &store, &drafts)
+        .step_output_replay()
+        .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let group = runtime.group(rid("drafts"));
+    group
+        .submit(
+            vec![member("fails", "x"), member("parks", "park:drafts-gate")],
+            &RunOptions::default(),
+        )
+        .await
+        .unwrap();
+    eventually("both ran", || async { drafts.seen().len() == 2 }).await;
+    eventually("the failing member failed", || async {
+        group.status().await.unwrap().failed == 1
+    })
+    .await;
+    // Let the parked member's signal wait commit.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(group.cancel().await.unwrap(), 1);
+    let first = results(&group).await;
+    assert_eq!(first[0].termination.status, TerminalStatus::Failed);
+    assert_eq!(first[1].termination.status, TerminalStatus::Cancelled);
+
+    drafts.failing.store(false, Ordering::SeqCst);
+    group.resume(&RunOptions::default()).await.unwrap();
+    runtime.signal("drafts-gate", b"go".to_vec()).await.unwrap();
+    let second = within(30, async {
+        loop {
+            let results = results(&group).await;
+            if results
+                .iter()
+                .all(|r| r.termination.status == TerminalStatus::Succeeded)
+            {
+                return results;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let seen = drafts.seen();
+    assert_eq!(seen.len(), 4, "each member's step ran again: {seen:?}");
+    for (earlier, now) in first.iter().zip(&second) {
+        assert_ne!(now.run_id, earlier.run_id, "{}: a new run id", now.key);
+        let outcome = now.outcome.as_ref().expect("recorded");
+        assert_eq!(outcome.run_id, now.run_id);
+        // The failing member's result is its step's own run id.
+        if now.key == "fails" {
+            assert_eq!(outcome.result.as_deref(), Some(now.run_id.as_bytes()));
+        }
+        let rerun = seen
+            .iter()
+            .find(|s| s.run_id == now.run_id)
+            .expect("the new run's step ran");
+        assert_eq!(rerun.step_memo, None, "{}: a clean step memo", now.key);
+        assert_eq!(rerun.run_memo, None, "{}: a clean run memo", now.key);
+        // The earlier run is still there under its own id.
+        let Some(RunState::Terminated(t)) = runtime
+            .status(&earlier.run_id)
+            .await
+            .unwrap()
+            .map(|s| s.state)
+        else {
+            panic!("{}: the earlier run is gone", now.key);
+        };
+        assert_eq!(t.status, earlier.termination.status);
+    }
+    assert_eq!(
+        runtime
+            .outcome(&first[0].run_id)
+            .await
+            .unwrap()
+            .expect("the earlier run's outcome")
+            .error,
+        Some(format!("failed in {}", first[0].run_id))
+    );
+
+    // `forget` removes every run of every member.
+    group.forget().await.unwrap();
+    for result in first.iter().chain(&second) {
+        assert!(runtime.status(&result.run_id).await.unwrap().is_none());
+    }
+    assert!(
+        MemoStore::new(store.clone(), MEMO_PREFIX)
+            .new_run_memo(&first[0].run_id)
+            .get("paid")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    worker.shutdown().await.unwrap();
+}
+
+fn spec(id: &str) -> RunSpec {
+    RunSpec {
+        run_id: Some(rid(id)),
+        input: b"x".to_vec(),
+        ..Default::default()
+    }
+}
+
+/// A plain run id submitted again after its run ended (with step-output
+/// replay on) is a new run: its step runs again instead of replaying the
+/// earlier run's recorded `Fail`, and it reads the memo entries the earlier
+/// run wrote (shared by the runs of a run id, as the seeds describe).
+#[tokio::test(start_paused = true)]
+async fn a_plain_run_id_submitted_again_runs_afresh_and_shares_its_memo() {
+    let (queue, store, _clock) = memory_queue().await;
+    let drafts = Drafts::default();
+    drafts.failing.store(true, Ordering::SeqCst);
+    let runtime = workflow_builder(&queue, &store, &drafts)
+        .step_output_replay()
+        .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime.submit(spec("again")).await.unwrap();
+    let first = within(30, runtime.wait(&rid("again"))).await.unwrap();
+    assert_eq!(first.termination.status, TerminalStatus::Failed);
+
+    drafts.failing.store(false, Ordering::SeqCst);
+    let resubmitted = runtime.submit(spec("again")).await.unwrap();
+    assert!(resubmitted.newly_submitted);
+    let second = within(30, runtime.wait(&rid("again"))).await.unwrap();
+    assert_eq!(
+        second.termination.status,
+        TerminalStatus::Succeeded,
+        "the earlier run's recorded Fail was replayed"
+    );
+    let seen = drafts.seen();
+    assert_eq!(seen.len(), 2, "the step ran again");
+    assert_eq!(seen[1].step_memo.as_deref(), Some(b"again".as_slice()));
+    assert_eq!(seen[1].run_memo.as_deref(), Some(b"again".as_slice()));
+    worker.shutdown().await.unwrap();
+}
+
+/// With memo retention, a plain run id that ended, was submitted again and
+/// ended again keeps the second run's state for the second run's window:
+/// the first run's marker, due earlier, does not remove it.
+#[tokio::test(start_paused = true)]
+async fn a_plain_run_ended_twice_keeps_its_state_for_the_last_window() {
+    let (queue, store, clock) = memory_queue().await;
+    let drafts = Drafts::default();
+    let runtime = workflow_builder(&queue, &store, &drafts)
+        .memo_retention(Duration::from_secs(10))
+        .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime.submit(spec("twice")).await.unwrap();
+    within(30, runtime.wait(&rid("twice"))).await.unwrap();
+    clock.advance(Duration::from_secs(5));
+    runtime.submit(spec("twice")).await.unwrap();
+    within(30, runtime.wait(&rid("twice"))).await.unwrap();
+
+    clock.advance(Duration::from_secs(6));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        runtime.outcome(&rid("twice")).await.unwrap().is_some(),
+        "the second run's outcome was removed by the first run's marker"
+    );
+    let memos = MemoStore::new(store.clone(), MEMO_PREFIX);
+    assert!(
+        memos
+            .new_run_memo(&rid("twice"))
+            .get("paid")
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    clock.advance(Duration::from_secs(5));
+    eventually("the second run's state is removed", || async {
+        runtime.status(&rid("twice")).await.unwrap().is_none()
+    })
+    .await;
+    assert!(
+        memos
+            .new_run_memo(&rid("twice"))
+            .get("paid")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    worker.shutdown().await.unwrap();
+}
