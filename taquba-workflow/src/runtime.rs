@@ -418,14 +418,16 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
         self
     }
 
-    /// Keep the history of each run's last `steps` steps (default
-    /// [`DEFAULT_HISTORY_LIMIT`], 100); 0 turns the history off. Every
-    /// settlement records its attempt in the run's history in the same
-    /// transaction ([`WorkflowView::steps`] reads it): one KV write of a
-    /// few hundred bytes per settlement, plus a delete of the step that
-    /// falls out of the window.
-    pub fn history_limit(mut self, steps: u32) -> Self {
-        self.history_limit = steps;
+    /// Keep at least the last `entries` entries of each run's history
+    /// (default [`DEFAULT_HISTORY_LIMIT`], 100; one entry per settled step,
+    /// with its attempts); 0 turns the history off. Every settlement
+    /// records its entry in the transaction that commits it
+    /// ([`WorkflowView::steps`] reads them): the entries ride on the
+    /// run's current-step pointer, which the settlement writes anyway, and
+    /// move to a record of their own every 8 entries (deleting the oldest
+    /// one beyond the limit), so the history is kept in steps of 8 entries.
+    pub fn history_limit(mut self, entries: u32) -> Self {
+        self.history_limit = entries;
         self
     }
 

@@ -289,28 +289,30 @@ async fn a_job_is_one_step_named_by_the_job_name() {
 async fn a_long_run_keeps_its_last_steps_and_counts_the_rest() {
     let (queue, store, _clock) = memory_queue().await;
     let runner = FnRunner(|step: Step| async move {
-        if step.step_number < 5 {
+        if step.step_number < 19 {
             Ok(StepOutcome::continue_now(vec![]))
         } else {
             Ok(StepOutcome::Succeed { result: vec![] })
         }
     });
-    let runtime = builder(&queue, &store, runner).history_limit(3).build();
+    // At least the last 8 entries are kept, in chunks of 8: after 20 steps,
+    // the chunk of steps 8..=15 and the last four on the terminal record.
+    let runtime = builder(&queue, &store, runner).history_limit(8).build();
     let worker = runtime.spawn(std::future::pending::<()>());
     submit_run(&runtime, "long").await;
     until_terminated("the run", &runtime, "long").await;
     let history = history_of(&runtime, "long").await;
     let steps: Vec<u32> = history.steps.iter().map(|s| s.step).collect();
-    assert_eq!(steps, [3, 4, 5]);
-    assert_eq!(history.steps_taken, 6);
-    assert_eq!(history.steps_dropped, 3);
-    // Nothing older is left in the store either.
+    assert_eq!(steps, (8..20).collect::<Vec<_>>());
+    assert_eq!(history.steps_taken, 20);
+    assert_eq!(history.steps_dropped, 8);
+    // The older chunk is gone from the store.
     let stored = queue
         .view()
         .kv_scan(b"workflow/history/long/", .., 100)
         .await
         .unwrap();
-    assert_eq!(stored.entries.len(), 3);
+    assert_eq!(stored.entries.len(), 1);
     worker.shutdown().await.unwrap();
 }
 

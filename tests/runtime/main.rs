@@ -19,6 +19,7 @@ mod hook_faults;
 mod jobs;
 mod kill9;
 mod memo_effects;
+mod operator;
 mod poison;
 mod retention_replay;
 mod runs;

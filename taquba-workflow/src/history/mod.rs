@@ -3,10 +3,11 @@
 //! history says exactly what the store committed. The public shapes a
 //! reader gets ([`RunHistory`], [`StepHistory`], [`StepAttempt`],
 //! [`AttemptOutcome`]) are here; the stored records and the effects that
-//! write them are in `record`, the worker's entries in `attempt`, names in
-//! `naming`, the read in `read`.
+//! write them are in `record` (with the in-memory copy in `cache`), the
+//! worker's entries in `attempt`, names in `naming`, the read in `read`.
 
 pub(crate) mod attempt;
+pub(crate) mod cache;
 pub(crate) mod naming;
 pub(crate) mod read;
 pub(crate) mod record;
@@ -14,7 +15,8 @@ pub(crate) mod record;
 use crate::model::StepErrorKind;
 use crate::store::keys::RunId;
 
-/// The number of most recent steps whose history a run keeps by default
+/// The number of most recent history entries (one per settled step) a run
+/// keeps at least, by default
 /// ([`WorkflowRuntimeBuilder::history_limit`](crate::WorkflowRuntimeBuilder::history_limit)).
 pub const DEFAULT_HISTORY_LIMIT: u32 = 100;
 /// The longest error message, reason or signal key a history entry keeps,
@@ -42,7 +44,7 @@ pub struct RunHistory {
     /// plus one.
     pub steps_taken: u32,
     /// Steps before the first retained one (dropped to keep the last
-    /// `history_limit` steps, or taken while history was off).
+    /// `history_limit` entries, or taken while history was off).
     pub steps_dropped: u32,
 }
 

@@ -1,49 +1,99 @@
-//! The stored history records and the effects that write them. One record
-//! per (run, step) under `workflow/history/{run_id}/{step:010}`, holding the
-//! step's name, the execution it belongs to and its settled attempts.
+//! The stored history: an append-only log of entries per run, one entry
+//! per settlement (a step with the attempts it settled), written without a
+//! read and without a key of its own on the common path.
 //!
-//! A step's first attempt writes its record without reading (the common
-//! path costs one KV put in the settlement it rides on); a later attempt,
-//! a requeued step and an ending from outside the worker read the record
-//! and append. Settling the first attempt of step `s` also deletes the
-//! record of step `s - limit`, so a run keeps its last `limit` steps.
+//! The entries since the last chunk ride on records the settlement writes
+//! anyway: the run's current-step pointer (`workflow/steps/{run_id}`,
+//! rewritten by every continuing settlement) carries them as
+//! [`PendingHistory`], and the terminal record takes the last ones when the
+//! run ends. Every [`CHUNK_ENTRIES`] entries the pending ones move to a
+//! chunk record, `workflow/history/{run_id}/{chunk:010}`, in the same
+//! transaction; writing chunk `c` deletes chunk `c - chunks_kept`, so a
+//! run keeps at least its last `history_limit` entries. An extra KV key per
+//! settlement would cost the store a conflict check per concurrent
+//! transaction; this layout adds one key every [`CHUNK_ENTRIES`] steps.
 //!
 //! A run id can run again after it terminated (a group member retried, a
-//! run resubmitted); each execution's records carry its `execution` tag
-//! (the id of its step-0 job, recorded in the run record), and a reader
-//! keeps only the current execution's.
+//! run resubmitted); chunks carry the `execution` tag of the run (the id of
+//! its step-0 job, recorded in the run record), and a reader keeps only the
+//! current execution's.
 
 use serde::{Deserialize, Serialize};
+use serde_bytes::ByteBuf;
 use taquba::SettlementEffects;
 
-use crate::error::Result;
-use crate::history::naming::MAX_NAME_LEN;
-use crate::history::{
-    AttemptOutcome, MAX_ATTEMPTS_PER_STEP, SignalWaitSpec, StepAttempt, StepHistory, cut,
-};
-use crate::run::core::RuntimeCore;
+use crate::history::{AttemptOutcome, SignalWaitSpec, StepAttempt, cut};
 use crate::store::durable::{self, DurableErrorKind};
 use crate::store::keys::{RunId, history_kv_key};
 
-/// The history record of one step of one execution of a run.
+/// Entries a chunk record holds: the pending entries move to a chunk once
+/// there are this many.
+pub(crate) const CHUNK_ENTRIES: u32 = 8;
+
+/// The entries of a run not yet in a chunk, with the run's chunk count.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PendingHistory {
+    /// The encoded entries, concatenated (each a self-delimiting
+    /// MessagePack value), oldest first.
+    #[serde(default)]
+    pub(crate) entries: ByteBuf,
+    /// How many entries `entries` holds.
+    #[serde(default)]
+    pub(crate) count: u32,
+    /// Chunks written so far: the number of the next one.
+    #[serde(default)]
+    pub(crate) chunks: u32,
+}
+
+/// A chunk record: [`CHUNK_ENTRIES`] entries of one execution.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct DurableStepHistory {
-    pub(crate) step: u32,
-    pub(crate) name: String,
-    /// The execution the record belongs to; `None` for a run recorded
-    /// before executions were tagged.
+pub(crate) struct DurableHistoryChunk {
     #[serde(default)]
     pub(crate) execution: Option<String>,
+    pub(crate) entries: ByteBuf,
+    pub(crate) count: u32,
+}
+
+/// One entry: a settlement of a step (or an ending of it from outside),
+/// with the attempts it settled.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DurableStepEntry {
+    pub(crate) step: u32,
+    pub(crate) name: String,
     pub(crate) attempts: Vec<DurableAttempt>,
-    #[serde(default)]
+    /// Earlier attempts of the step left out (at most
+    /// `MAX_ATTEMPTS_PER_STEP` are kept, so an entry stays far below the KV
+    /// value cap).
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub(crate) attempts_dropped: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+impl DurableStepEntry {
+    /// An entry of `step` named `name` with `attempts`, keeping the last
+    /// [`MAX_ATTEMPTS_PER_STEP`](crate::history::MAX_ATTEMPTS_PER_STEP).
+    pub(crate) fn new(step: u32, name: String, mut attempts: Vec<DurableAttempt>) -> Self {
+        let excess = attempts
+            .len()
+            .saturating_sub(crate::history::MAX_ATTEMPTS_PER_STEP);
+        attempts.drain(..excess);
+        Self {
+            step,
+            name,
+            attempts,
+            attempts_dropped: u32::try_from(excess).unwrap_or(u32::MAX),
+        }
+    }
 }
 
 /// One settled attempt as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct DurableAttempt {
     pub(crate) attempt: u32,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) claimed_at_ms: Option<u64>,
     pub(crate) settled_at_ms: u64,
     pub(crate) outcome: DurableAttemptOutcome,
@@ -54,9 +104,9 @@ pub(crate) struct DurableAttempt {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub(crate) enum DurableAttemptOutcome {
     Continued {
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         delay_ms: Option<u64>,
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         signal: Option<DurableSignalWait>,
     },
     Retried {
@@ -68,7 +118,7 @@ pub(crate) enum DurableAttemptOutcome {
         error: String,
     },
     Cancelled {
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
     },
     DeadLettered {
@@ -146,36 +196,15 @@ impl From<DurableAttemptOutcome> for AttemptOutcome {
     }
 }
 
-impl From<DurableStepHistory> for StepHistory {
-    fn from(record: DurableStepHistory) -> Self {
-        StepHistory {
-            step: record.step,
-            name: record.name,
-            attempts: record
-                .attempts
-                .into_iter()
-                .map(|a| StepAttempt {
-                    attempt: a.attempt,
-                    claimed_at_ms: a.claimed_at_ms,
-                    settled_at_ms: a.settled_at_ms,
-                    outcome: a.outcome.into(),
-                })
-                .collect(),
-            attempts_dropped: record.attempts_dropped,
+impl From<DurableAttempt> for StepAttempt {
+    fn from(attempt: DurableAttempt) -> Self {
+        StepAttempt {
+            attempt: attempt.attempt,
+            claimed_at_ms: attempt.claimed_at_ms,
+            settled_at_ms: attempt.settled_at_ms,
+            outcome: attempt.outcome.into(),
         }
     }
-}
-
-/// One entry to record: which step of which execution, and its attempts
-/// (oldest first).
-pub(crate) struct Entry<'a> {
-    pub(crate) run_id: &'a RunId,
-    pub(crate) step: u32,
-    /// The run's execution tag (its run record's).
-    pub(crate) execution: Option<&'a str>,
-    /// The step's name, computed only when the record is new.
-    pub(crate) name: &'a (dyn Fn() -> String + Sync),
-    pub(crate) attempts: Vec<DurableAttempt>,
 }
 
 /// The attempts of a step job before its current one, from the queue's own
@@ -213,75 +242,77 @@ pub(crate) fn earlier_attempts(
         .collect()
 }
 
-impl RuntimeCore {
-    /// The effects that record `entry`: a fresh record when `fresh` (the
-    /// step's first settlement: nothing to read), else the stored record of
-    /// the same execution with the attempts appended. Empty when history is
-    /// off.
-    ///
-    /// # Errors
-    /// Storage errors of the read (a record that does not decode is
-    /// replaced).
-    pub(crate) async fn history_effects(
-        &self,
-        entry: Entry<'_>,
-        fresh: bool,
-    ) -> Result<SettlementEffects> {
-        let limit = self.ops.history_limit;
-        if limit == 0 {
-            return Ok(SettlementEffects::default());
+/// Decode concatenated entries; decoding stops at the first that does not
+/// decode (a record of a future format is read up to it).
+pub(crate) fn decode_entries(mut bytes: &[u8]) -> Vec<DurableStepEntry> {
+    let mut entries = Vec::new();
+    while !bytes.is_empty() {
+        let mut de = rmp_serde::Deserializer::new(&mut bytes);
+        match DurableStepEntry::deserialize(&mut de) {
+            Ok(entry) => entries.push(entry),
+            Err(err) => {
+                tracing::warn!("a history entry does not decode; the rest is skipped: {err}");
+                break;
+            }
         }
-        let key = history_kv_key(entry.run_id, entry.step);
-        let stored = if fresh {
-            None
-        } else {
-            self.queue
-                .view()
-                .kv_get(&key)
-                .await?
-                .and_then(|bytes| {
-                    durable::decode_or_absent::<DurableStepHistory>(
-                        &bytes,
-                        "step history record",
-                        entry.run_id,
-                    )
-                })
-                .filter(|record| record.execution.as_deref() == entry.execution)
-        };
-        let mut record = stored.unwrap_or_else(|| DurableStepHistory {
-            step: entry.step,
-            name: crate::history::cut_to(&(entry.name)(), MAX_NAME_LEN),
-            execution: entry.execution.map(str::to_string),
-            attempts: Vec::new(),
-            attempts_dropped: 0,
-        });
-        record.attempts.extend(entry.attempts);
-        if record.attempts.len() > MAX_ATTEMPTS_PER_STEP {
-            let excess = record.attempts.len() - MAX_ATTEMPTS_PER_STEP;
-            record.attempts.drain(..excess);
-            record.attempts_dropped = record
-                .attempts_dropped
-                .saturating_add(u32::try_from(excess).unwrap_or(u32::MAX));
-        }
-        let mut effects = SettlementEffects::default().kv_put(key, durable::encode(&record));
-        if fresh && let Some(old) = entry.step.checked_sub(limit) {
-            effects = effects.kv_delete(history_kv_key(entry.run_id, old));
-        }
-        Ok(effects)
     }
+    entries
+}
+
+impl PendingHistory {
+    /// Append `entry`.
+    pub(crate) fn push(&mut self, entry: &DurableStepEntry) {
+        durable::encode_into(entry, &mut self.entries);
+        self.count = self.count.saturating_add(1);
+    }
+
+    /// When the pending entries fill a chunk: the effects that write it as
+    /// chunk `self.chunks` of `run_id`'s `execution` (deleting the chunk
+    /// that falls out of the last `limit` entries), leaving none pending.
+    pub(crate) fn flush_if_full(
+        &mut self,
+        run_id: &RunId,
+        execution: Option<&str>,
+        limit: u32,
+    ) -> SettlementEffects {
+        if self.count < CHUNK_ENTRIES {
+            return SettlementEffects::default();
+        }
+        let chunk = DurableHistoryChunk {
+            execution: execution.map(str::to_string),
+            entries: std::mem::take(&mut self.entries),
+            count: std::mem::take(&mut self.count),
+        };
+        let number = self.chunks;
+        self.chunks = self.chunks.saturating_add(1);
+        let mut effects = SettlementEffects::default();
+        let kept = chunks_kept(limit);
+        if let Some(old) = number.checked_sub(kept) {
+            effects = effects.kv_delete(history_kv_key(run_id, old));
+        }
+        effects.kv_put(history_kv_key(run_id, number), durable::encode(&chunk))
+    }
+}
+
+/// Chunks kept so that at least the last `limit` entries are retained.
+pub(crate) fn chunks_kept(limit: u32) -> u32 {
+    limit.div_ceil(CHUNK_ENTRIES)
+}
+
+/// Decode a chunk record, `None` (logged) when it does not decode.
+pub(crate) fn decode_chunk(bytes: &[u8], run_id: &RunId) -> Option<DurableHistoryChunk> {
+    durable::decode_or_absent(bytes, "history chunk", run_id)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn records_round_trip_into_the_public_shape() {
-        let record = DurableStepHistory {
-            step: 3,
-            name: "charge".into(),
-            execution: Some("e".into()),
-            attempts: vec![
+    fn entry(step: u32) -> DurableStepEntry {
+        DurableStepEntry::new(
+            step,
+            "charge".into(),
+            vec![
                 DurableAttempt {
                     attempt: 1,
                     claimed_at_ms: Some(10),
@@ -295,21 +326,81 @@ mod tests {
                     outcome: DurableAttemptOutcome::continued(None, Some(("k", 5))),
                 },
             ],
-            attempts_dropped: 0,
-        };
-        let back: DurableStepHistory = durable::decode(&durable::encode(&record)).unwrap();
-        assert_eq!(back, record);
-        let public: StepHistory = back.into();
-        assert_eq!(public.name, "charge");
-        assert_eq!(
-            public.attempts[1].outcome,
-            AttemptOutcome::Continued {
-                delay_ms: None,
-                signal: Some(SignalWaitSpec {
-                    correlation_key: "k".into(),
-                    timeout_ms: 5
-                })
-            }
+        )
+    }
+
+    #[test]
+    fn an_entry_keeps_the_last_attempts() {
+        let attempts = (1..=40)
+            .map(|attempt| DurableAttempt {
+                attempt,
+                claimed_at_ms: None,
+                settled_at_ms: 0,
+                outcome: DurableAttemptOutcome::retried(&"e".repeat(2000)),
+            })
+            .collect();
+        let entry = DurableStepEntry::new(0, "s".into(), attempts);
+        assert_eq!(entry.attempts.len(), crate::history::MAX_ATTEMPTS_PER_STEP);
+        assert_eq!(entry.attempts[0].attempt, 25);
+        assert_eq!(entry.attempts_dropped, 24);
+        let mut pending = PendingHistory::default();
+        for _ in 0..CHUNK_ENTRIES {
+            pending.push(&entry);
+        }
+        assert!(
+            durable::encode(&pending).len() < taquba::MAX_KV_VALUE_SIZE,
+            "a full chunk of the largest entries fits a KV value"
         );
+    }
+
+    #[test]
+    fn pending_entries_round_trip_and_fill_chunks() {
+        let run = RunId::new("r").unwrap();
+        let mut pending = PendingHistory::default();
+        for step in 0..CHUNK_ENTRIES - 1 {
+            pending.push(&entry(step));
+            assert!(
+                pending
+                    .flush_if_full(&run, Some("e"), 100)
+                    .kv_writes
+                    .is_empty()
+            );
+        }
+        let decoded = decode_entries(&pending.entries);
+        assert_eq!(decoded.len(), (CHUNK_ENTRIES - 1) as usize);
+        assert_eq!(decoded[3], entry(3));
+        pending.push(&entry(CHUNK_ENTRIES - 1));
+        let effects = pending.flush_if_full(&run, Some("e"), 100);
+        assert_eq!(pending.count, 0);
+        assert_eq!(pending.chunks, 1);
+        let chunk_bytes = &effects.kv_writes[&history_kv_key(&run, 0)];
+        let chunk = decode_chunk(chunk_bytes, &run).unwrap();
+        assert_eq!(chunk.execution.as_deref(), Some("e"));
+        assert_eq!(decode_entries(&chunk.entries).len(), CHUNK_ENTRIES as usize);
+        assert!(effects.kv_deletes.is_empty());
+    }
+
+    #[test]
+    fn writing_a_chunk_deletes_the_one_that_falls_out_of_the_limit() {
+        let run = RunId::new("r").unwrap();
+        let kept = chunks_kept(20);
+        assert_eq!(kept, 3);
+        let mut pending = PendingHistory {
+            chunks: kept,
+            ..Default::default()
+        };
+        for step in 0..CHUNK_ENTRIES {
+            pending.push(&entry(step));
+        }
+        let effects = pending.flush_if_full(&run, None, 20);
+        assert_eq!(effects.kv_deletes, vec![history_kv_key(&run, 0)]);
+    }
+
+    #[test]
+    fn a_damaged_tail_keeps_the_entries_before_it() {
+        let mut pending = PendingHistory::default();
+        pending.push(&entry(0));
+        pending.entries.extend_from_slice(b"\xc1\xc1");
+        assert_eq!(decode_entries(&pending.entries), vec![entry(0)]);
     }
 }

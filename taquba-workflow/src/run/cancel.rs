@@ -172,10 +172,7 @@ impl RuntimeCore {
             .kv_deletes
             .extend(crate::coordination::signal::waiter_cleanup(job));
         let reason = DurableAttemptOutcome::cancelled(record.cancel_reason.as_deref());
-        let history = self
-            .detached_history(run_id, pointer.step_number, job, record, reason, None)
-            .await;
-        merge_effects(&mut effects, history);
+        self.record_detached(&mut effects, run_id, pointer, job, reason, None);
         let (outcome, _) = self
             .commit_ending(
                 Some(&ended),

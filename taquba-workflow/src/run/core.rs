@@ -92,6 +92,8 @@ pub(crate) struct RuntimeCore {
     pub(crate) ops: OpsSettings,
     /// Command record expiry entries (command retention).
     pub(crate) command_expiry: ExpiryIndex,
+    /// The history entries of committed pointers, by the job they name.
+    pub(crate) history_cache: crate::history::cache::HistoryCache,
     /// Whether this runtime's descriptor was recorded since it was built.
     pub(crate) descriptor_recorded: std::sync::atomic::AtomicBool,
     pub(crate) memo_prefix: String,
@@ -177,6 +179,7 @@ impl RuntimeCore {
             group_terminals: ExpiryIndex::new(GROUP_TERMINALS_PREFIX.as_bytes().to_vec()),
             ops: settings.ops,
             command_expiry: ExpiryIndex::new(COMMAND_EXPIRY_PREFIX.as_bytes().to_vec()),
+            history_cache: Default::default(),
             descriptor_recorded: std::sync::atomic::AtomicBool::new(false),
             memo_prefix,
             inflight: Arc::default(),
@@ -271,6 +274,7 @@ impl RuntimeCore {
         let pointer = DurableCurrentStep {
             step_number,
             job_id: step.job_id,
+            history: None,
         };
         effects
             .enqueue(step.request)
@@ -294,6 +298,7 @@ impl RuntimeCore {
             input_hash: run.input_hash.clone(),
             submitted_at_ms: Some(run.submitted_at_ms),
             job_id: Some(job_id.to_string()),
+            history: None,
             execution: run.execution.clone(),
             workflow: run.workflow.clone(),
             group: run.group.clone(),

@@ -3,14 +3,16 @@
 //! job's payload, headers, priority and attempt limit, and fresh attempts)
 //! and the run is made active again under its id, in one transaction that
 //! restores its run record and pointer, removes its terminal record and
-//! appends a `Requeued` marker to the step's history. The dead job stays
-//! in the dead letters as the record of what happened.
+//! puts the run's last history entries back on the pointer after a
+//! `Requeued` marker. The dead job stays in the dead letters as the record
+//! of what happened.
 
 use taquba::{EnqueueResult, JobRecord, JobStatus, SettlementEffects};
 
 use crate::coordination::group::{Membership, pending_member};
 use crate::error::{Error, Result};
-use crate::history::record::{DurableAttempt, DurableAttemptOutcome, Entry};
+use crate::history::attempt::set_pointer_history;
+use crate::history::record::{DurableAttempt, DurableAttemptOutcome, DurableStepEntry};
 use crate::model::TerminalStatus;
 use crate::run::compose::merge_effects;
 use crate::run::core::{RuntimeCore, StepEnqueueOpts, user_headers};
@@ -95,29 +97,23 @@ impl RuntimeCore {
             group: termination.group.clone(),
             cancel_reason: None,
         };
-        let name = || {
-            self.ops
-                .naming
-                .step_of(&job.payload)
-                .unwrap_or_else(|| self.ops.runner_label.clone())
-        };
-        let marker = self
-            .history_effects(
-                Entry {
-                    run_id,
-                    step,
-                    execution: run.execution.as_deref(),
-                    name: &name,
-                    attempts: vec![DurableAttempt {
-                        attempt: 0,
-                        claimed_at_ms: None,
-                        settled_at_ms: self.now_ms(),
-                        outcome: DurableAttemptOutcome::Requeued,
-                    }],
-                },
-                false,
-            )
-            .await?;
+        // The history continues: the terminal record's pending entries go
+        // back on the pointer, after a `Requeued` marker.
+        let mut history = termination.history.clone().unwrap_or_default();
+        let mut chunk = SettlementEffects::default();
+        if self.ops.history_limit > 0 {
+            history.push(&DurableStepEntry::new(
+                step,
+                self.detached_step_name(&job),
+                vec![DurableAttempt {
+                    attempt: 0,
+                    claimed_at_ms: None,
+                    settled_at_ms: self.now_ms(),
+                    outcome: DurableAttemptOutcome::Requeued,
+                }],
+            ));
+            chunk = history.flush_if_full(run_id, run.execution.as_deref(), self.ops.history_limit);
+        }
         let mut effects = Self::step_effects(run_id, step, prepared, SettlementEffects::default())
             .kv_put(run_key.clone(), durable::encode(&run))
             .kv_delete(outcome_key);
@@ -132,7 +128,10 @@ impl RuntimeCore {
                     crate::coordination::group_submit::new_counter_value(),
                 );
         }
-        merge_effects(&mut effects, marker);
+        merge_effects(&mut effects, chunk);
+        if self.ops.history_limit > 0 {
+            set_pointer_history(&mut effects, run_id, history);
+        }
         merge_effects(&mut effects, record(step, &job_id));
         // Only while the run is not active: a submission meanwhile wins.
         match self

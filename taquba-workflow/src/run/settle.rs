@@ -15,6 +15,7 @@ use tracing::{debug, warn};
 
 use crate::coordination::group::Membership;
 use crate::error::{Error, Result};
+use crate::history::record::PendingHistory;
 use crate::hooks::guard;
 use crate::hooks::terminal::TerminalHook;
 use crate::model::RunEnd;
@@ -63,9 +64,9 @@ pub(crate) struct Settlement {
     pub(crate) ended: Option<(RunId, RunEnd)>,
     /// The trigger of the next step, when the settlement continues the run.
     pub(crate) continued: Option<Trigger>,
-    /// The run history entry of this attempt, committed with whichever
-    /// settlement `kind` is.
-    pub(crate) history: SettlementEffects,
+    /// The history entries the committed pointer carries, with the job it
+    /// names: kept in memory for that job's settlement.
+    pub(crate) history: Option<(String, PendingHistory)>,
 }
 
 impl Settlement {
@@ -77,7 +78,7 @@ impl Settlement {
             next_step: None,
             ended: None,
             continued: None,
-            history: SettlementEffects::default(),
+            history: None,
         }
     }
 

@@ -277,6 +277,7 @@ impl RuntimeCore {
             let pointer = DurableCurrentStep {
                 step_number: 0,
                 job_id: orphan.clone(),
+                history: None,
             };
             self.queue
                 .kv_put(&step_kv_key(&run_id), &durable::encode(&pointer))

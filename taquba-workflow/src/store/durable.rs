@@ -10,6 +10,7 @@ use taquba::QueueView;
 use tracing::warn;
 
 use crate::error::Result;
+use crate::history::record::PendingHistory;
 use crate::model::RunTermination;
 use crate::model::StepErrorKind;
 use crate::model::{RunOutcome, TerminalStatus};
@@ -20,6 +21,14 @@ use crate::store::keys::RunId;
 /// unsupported types), so an error here is a programming error.
 pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     rmp_serde::to_vec_named(value).expect("durable records always encode")
+}
+
+/// Encode `value` as [`encode`] does, appending to `buf` (no intermediate
+/// buffer: for records encoded on every settlement).
+pub(crate) fn encode_into<T: Serialize>(value: &T, buf: &mut Vec<u8>) {
+    value
+        .serialize(&mut rmp_serde::Serializer::new(buf).with_struct_map())
+        .expect("durable records always encode");
 }
 
 /// Encode a caller-supplied value, reporting an encoding failure.
@@ -95,6 +104,11 @@ pub(crate) struct DurableCurrentStep {
     pub(crate) step_number: u32,
     /// The queue job id of that step.
     pub(crate) job_id: String,
+    /// The run's history entries not yet in a chunk (see
+    /// `history::record`); `None` in pointers written before them, with
+    /// history off, and at step 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) history: Option<PendingHistory>,
 }
 
 /// A terminal status as stored.
@@ -171,6 +185,9 @@ pub(crate) struct DurableTermination {
     /// The queue job of the final step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) job_id: Option<String>,
+    /// The run's last history entries (those not in a chunk).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) history: Option<PendingHistory>,
     /// The execution tag of the run's history records: the id of the step-0
     /// job of the submission. This field and the ones below are additive
     /// (`None` in records written before them).

@@ -13,7 +13,7 @@ use taquba::{JobRecord, JobStatus, QueueView};
 use crate::coordination::group::{self, GroupStatus, Manifest};
 use crate::error::Result;
 use crate::history::naming::step_of_named_run;
-use crate::history::record::earlier_attempts;
+use crate::history::record::{DurableStepEntry, PendingHistory, decode_entries, earlier_attempts};
 use crate::history::{RunHistory, StepAttempt, StepHistory, read};
 use crate::inbox::record::DurableCommandRecord;
 use crate::inbox::{CommandId, CommandState, command_path};
@@ -257,13 +257,9 @@ impl WorkflowView {
                     Some(_) => inline_step_name(&job),
                     None => None,
                 };
-                let step_name = match step_name {
-                    Some(name) => Some(name),
-                    None => {
-                        self.step_name_of(&run_id, pointer.step_number, record.execution.as_deref())
-                            .await?
-                    }
-                };
+                let step_name = step_name.or_else(|| {
+                    entry_of(pointer.history.as_ref(), pointer.step_number).map(|e| e.name)
+                });
                 Ok(Some(RunSummary {
                     state: active_state(&record, &job),
                     run_id,
@@ -287,13 +283,7 @@ impl WorkflowView {
         run_id: RunId,
         termination: DurableTermination,
     ) -> Result<RunSummary> {
-        let last = read::step_record(
-            &self.queue,
-            &run_id,
-            termination.final_step,
-            termination.execution.as_deref(),
-        )
-        .await?;
+        let last = entry_of(termination.history.as_ref(), termination.final_step);
         Ok(RunSummary {
             run_id,
             workflow: termination.workflow.clone(),
@@ -308,18 +298,6 @@ impl WorkflowView {
             ended_at_ms: Some(termination.terminated_at_ms),
             state: RunState::Terminated(termination.into()),
         })
-    }
-
-    /// The name recorded in the history of step `step` of the execution.
-    async fn step_name_of(
-        &self,
-        run_id: &RunId,
-        step: u32,
-        execution: Option<&str>,
-    ) -> Result<Option<String>> {
-        Ok(read::step_record(&self.queue, run_id, step, execution)
-            .await?
-            .map(|record| record.name))
     }
 
     /// `run_id` described: where it is, its current step with its name and
@@ -352,9 +330,8 @@ impl WorkflowView {
         pointer: DurableCurrentStep,
         job: JobRecord,
     ) -> Result<RunDetails> {
-        let mut step_name = self
-            .step_name_of(run_id, pointer.step_number, record.execution.as_deref())
-            .await?;
+        let mut step_name =
+            entry_of(pointer.history.as_ref(), pointer.step_number).map(|entry| entry.name);
         if step_name.is_none() && record.workflow.is_some() {
             step_name = match inline_step_name(&job) {
                 Some(name) => Some(name),
@@ -408,13 +385,7 @@ impl WorkflowView {
         run_id: &RunId,
         termination: DurableTermination,
     ) -> Result<RunDetails> {
-        let last = read::step_record(
-            &self.queue,
-            run_id,
-            termination.final_step,
-            termination.execution.as_deref(),
-        )
-        .await?;
+        let last = entry_of(termination.history.as_ref(), termination.final_step);
         let public: RunTermination = termination.clone().into();
         let outcome = self
             .run_result_of(run_id, &public)
@@ -459,8 +430,17 @@ impl WorkflowView {
             let step = current
                 .as_ref()
                 .map_or(0, |(pointer, _)| pointer.step_number);
-            let mut history =
-                read::run_history(&self.queue, run_id, record.execution.as_deref(), step).await?;
+            let pending = current
+                .as_ref()
+                .and_then(|(pointer, _)| pointer.history.as_ref());
+            let mut history = read::run_history(
+                &self.queue,
+                run_id,
+                record.execution.as_deref(),
+                pending,
+                step,
+            )
+            .await?;
             if let Some((_, job)) = current {
                 self.add_attempts_in_progress(&mut history, step, &job)
                     .await?;
@@ -474,6 +454,7 @@ impl WorkflowView {
             &self.queue,
             run_id,
             termination.execution.as_deref(),
+            termination.history.as_ref(),
             termination.final_step,
         )
         .await
@@ -634,4 +615,12 @@ fn inline_step_name(job: &JobRecord) -> Option<String> {
         return None;
     }
     step_of_named_run(&job.payload)
+}
+
+/// The last pending history entry of step `step`.
+fn entry_of(pending: Option<&PendingHistory>, step: u32) -> Option<DurableStepEntry> {
+    decode_entries(&pending?.entries)
+        .into_iter()
+        .rev()
+        .find(|entry| entry.step == step)
 }

@@ -19,7 +19,6 @@ use tracing::{debug, warn};
 
 use crate::error::Result;
 use crate::hooks::terminal::TerminalHook;
-use crate::run::compose::{is_empty, merge_effects};
 use crate::run::core::RuntimeCore;
 use crate::run::settle::{SettleKind, Settlement, panic_message};
 use crate::runner::StepRunner;
@@ -224,24 +223,17 @@ async fn settle<R, H>(
         history,
     } = settlement;
     let core = &inner.core;
-    // The run history entry rides on whichever transaction settles the job.
     let result = match kind {
-        SettleKind::Ack(mut effects) => {
-            merge_effects(&mut effects, history);
-            core.commit_ending(ended.as_ref(), queue.ack_with(claim, effects), |_| true)
-                .await
-                .map(Some)
-        }
-        SettleKind::Retry(error) if is_empty(&history) => {
-            queue.nack(claim, &error).await.map(|()| None)
-        }
-        SettleKind::Retry(error) => queue.nack_with(claim, &error, history).await.map(|_| None),
+        SettleKind::Ack(effects) => core
+            .commit_ending(ended.as_ref(), queue.ack_with(claim, effects), |_| true)
+            .await
+            .map(Some),
+        SettleKind::Retry(error) => queue.nack(claim, &error).await.map(|()| None),
         SettleKind::Fail {
             error,
             permanent,
-            mut effects,
+            effects,
         } => {
-            merge_effects(&mut effects, history);
             // Counted before the commit, so a look between the commit and
             // the count cannot take it for a foreign dead letter; uncounted
             // when no dead letter happened.
@@ -275,16 +267,29 @@ async fn settle<R, H>(
                 (next_step, results.first())
             {
                 // The next step was already pending (a stale job of an
-                // earlier attempt): point the run at it.
+                // earlier attempt): point the run at it, with the history
+                // the pointer carries.
+                let pending = history.map(|(job_id, pending)| {
+                    core.history_cache.take(&job_id);
+                    pending
+                });
                 let pointer = DurableCurrentStep {
                     step_number,
                     job_id: existing.clone(),
+                    history: pending.clone(),
                 };
-                if let Err(err) = queue
+                match queue
                     .kv_put(&step_kv_key(&run_id), &durable::encode(&pointer))
                     .await
                 {
-                    warn!(run_id = %run_id, "failed to adopt the pending next step: {err}");
+                    Ok(()) => {
+                        if let Some(pending) = pending {
+                            core.history_cache.put(existing.clone(), pending);
+                        }
+                    }
+                    Err(err) => {
+                        warn!(run_id = %run_id, "failed to adopt the pending next step: {err}");
+                    }
                 }
             }
         }

@@ -276,10 +276,7 @@ pub(crate) async fn reconcile_job(core: &RuntimeCore, job: &JobRecord) -> Result
         Some(error) => DurableAttemptOutcome::dead_lettered(error),
         None => DurableAttemptOutcome::cancelled(record.cancel_reason.as_deref()),
     };
-    let history = core
-        .detached_history(&run_id, step_number, job, &record, entry, job.claimed_at)
-        .await;
-    crate::run::compose::merge_effects(&mut effects, history);
+    core.record_detached(&mut effects, &run_id, &pointer, job, entry, job.claimed_at);
     // Only while the pointer still names this job: a concurrent settlement
     // or reconciliation wins otherwise.
     let committed = core
