@@ -16,6 +16,7 @@ mod group_attacks;
 mod groups;
 mod history;
 mod hook_faults;
+mod inbox;
 mod jobs;
 mod kill9;
 mod memo_effects;

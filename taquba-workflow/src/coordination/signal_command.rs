@@ -117,3 +117,109 @@ impl RuntimeCore {
         )))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use taquba::object_store::memory::InMemory;
+    use taquba::{MockClock, OpenOptions, Queue, QueueConfig};
+
+    use super::*;
+    use crate::hooks::terminal::NoopTerminalHook;
+    use crate::model::{RunSpec, StepError, StepOutcome};
+    use crate::runner::{Step, StepRunner};
+    use crate::runtime::WorkflowRuntime;
+
+    struct Waits;
+
+    impl StepRunner for Waits {
+        async fn run_step(&self, _: &Step) -> std::result::Result<StepOutcome, StepError> {
+            Ok(StepOutcome::continue_on_signal(
+                vec![],
+                "k",
+                Duration::from_secs(10),
+            ))
+        }
+    }
+
+    /// The race a delivery from the inbox and a timeout run: the delivery
+    /// read the waiter while the step was still waiting, the step then timed
+    /// out, was claimed and observed no signal; the delivery, guarded on
+    /// the waiter it read, must then lose.
+    #[tokio::test(start_paused = true)]
+    async fn a_step_that_observed_its_timeout_makes_a_racing_delivery_lose() {
+        let clock = MockClock::new(1_700_000_000_000);
+        let store = Arc::new(InMemory::new());
+        let queue = Arc::new(
+            Queue::open_with_options(
+                store.clone(),
+                "db",
+                OpenOptions::default()
+                    .clock(Arc::new(clock.clone()))
+                    .flush_interval(Duration::from_millis(1))
+                    .default_queue_config(
+                        QueueConfig::default().retry_backoff_base(Duration::ZERO),
+                    ),
+            )
+            .await
+            .unwrap(),
+        );
+        let runtime = WorkflowRuntime::builder(queue.clone(), store, Waits, NoopTerminalHook)
+            .poll_interval(Duration::from_millis(50))
+            .build();
+        let core = runtime.inner.core.clone();
+        let run = runtime.submit(RunSpec::default()).await.unwrap();
+        let worker = runtime.spawn(std::future::pending::<()>());
+        let waiter_key = signal_waiter_kv_key("k");
+        let mut waiter = None;
+        for _ in 0..1000 {
+            waiter = queue.view().kv_get(&waiter_key).await.unwrap();
+            if waiter.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        worker.shutdown().await.unwrap();
+        // What the delivery read while the step waited.
+        let waiter_bytes = waiter.expect("the step waits on `k`");
+        let waiting: DurableWaiter = durable::decode(&waiter_bytes).unwrap();
+
+        // The step times out and is claimed; it observes no signal.
+        clock.advance(Duration::from_secs(11));
+        queue.promote_scheduled_now().await.unwrap();
+        let claim = queue
+            .claim(&core.queue_name, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .expect("the timed-out step");
+        let (signal, _) = core
+            .resolve_step_signal(claim.job(), &run.run_id, 1)
+            .await
+            .unwrap();
+        assert_eq!(signal, None);
+
+        // The delivery's guarded commit, as `signal_recorded` makes it.
+        let delivery = SettlementEffects::default()
+            .kv_delete(waiter_key.clone())
+            .kv_put(
+                signal_delivered_kv_key(&waiting.run_id, waiting.step_number),
+                b"late".to_vec(),
+            );
+        let committed = queue
+            .kv_compare_commit(&waiter_key, Some(&waiter_bytes), delivery)
+            .await
+            .unwrap();
+        assert!(
+            committed.is_none(),
+            "the timeout won; the delivery must not"
+        );
+        // And a delivery now buffers for the next waiter.
+        let (outcome, woken) = core
+            .signal_recorded("k", b"late".to_vec(), |_, _| SettlementEffects::default())
+            .await
+            .unwrap();
+        assert_eq!((outcome, woken), (SignalOutcome::Buffered, None));
+    }
+}
