@@ -609,3 +609,53 @@ async fn an_offline_tool_applies_the_inbox_without_running_steps() {
     assert_eq!(status.state, RunState::Pending, "no worker ran it");
     let _ = Command::kind(&Command::requeue(rid("x")));
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_owner_looks_at_the_touch_instead_of_listing_the_inbox() {
+    let (queue, store, _clock) = memory_queue().await;
+    let counting = FaultyStore::new(store.clone(), FaultConfig::default());
+    let owner_store: Arc<dyn ObjectStore> = Arc::new(counting.clone());
+    let runner = Runner::default();
+    let runtime = runtime_over(&queue, &owner_store, &runner);
+    let worker = runtime.spawn(std::future::pending::<()>());
+    // 200 maintenance rounds of 50 ms with nothing sent.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let listed = counting.calls(Op::List);
+    assert!(listed <= 2, "{listed} listings of an idle inbox");
+    // A command is applied at the next round all the same.
+    let inbox = Inbox::new(store.clone(), MEMO_PREFIX);
+    let id = inbox
+        .send(Command::cancel(rid("nobody"), None))
+        .await
+        .unwrap();
+    within(1, settled(runtime.view(), &id)).await;
+    worker.shutdown().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_command_that_cannot_be_read_does_not_hold_up_the_ones_after_it() {
+    let (queue, store, _clock) = memory_queue().await;
+    let inbox = Inbox::new(store.clone(), MEMO_PREFIX);
+    let stuck = inbox.send(Command::cancel(rid("a"), None)).await.unwrap();
+    let next = inbox.send(Command::cancel(rid("b"), None)).await.unwrap();
+    // Every read of the first command's object fails (a storage error, not
+    // its content): it stays pending, the second is applied.
+    let faulty = FaultyStore::new(
+        store.clone(),
+        FaultConfig {
+            rates: [0.0, 1.0, 0.0, 0.0],
+            only_under: vec![inbox.command_path(&stuck).to_string()],
+            ..FaultConfig::default()
+        },
+    );
+    let owner_store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
+    let runtime = runtime_over(&queue, &owner_store, &Runner::default());
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let view = WorkflowView::new(queue.view().clone(), MemoStore::new(store, MEMO_PREFIX));
+    settled(&view, &next).await;
+    assert_eq!(view.command(&stuck).await.unwrap(), CommandState::Pending);
+    // Once it reads, it is applied too.
+    faulty.set_enabled(false);
+    settled(&view, &stuck).await;
+    worker.shutdown().await.unwrap();
+}

@@ -1,5 +1,5 @@
-//! The owner's side of the inbox: each maintenance round lists the inbox,
-//! and for each command object (in id order) skips it when its record says
+//! The owner's side of the inbox: a maintenance round lists the inbox (when
+//! [`InboxWatch`] says it may hold something new), and for each command object (in id order) skips it when its record says
 //! it was handled, else decodes and validates it and applies it with its
 //! record committed in the same transaction as its first effect, then
 //! deletes the object. Errors of a command's input reject it with a
@@ -15,7 +15,9 @@ use tracing::{debug, warn};
 use crate::error::{Error, Result};
 use crate::inbox::record::{DurableAnswer, DurableCommandRecord, DurableCommandState};
 use crate::inbox::wire::{self, Received};
-use crate::inbox::{Command, CommandAnswer, CommandId, MAX_COMMAND_SIZE, command_path, inbox_dir};
+use crate::inbox::{
+    Command, CommandAnswer, CommandId, MAX_COMMAND_SIZE, command_path, inbox_dir, inbox_touch_path,
+};
 use crate::model::{RunOptions, RunSpec};
 use crate::run::cancel::CancelRequest;
 use crate::run::core::RuntimeCore;
@@ -41,14 +43,85 @@ struct Envelope {
     sender: Option<String>,
 }
 
+/// The longest the owner goes without listing the inbox when its touch
+/// object did not change (a sender that wrote no touch, a touch lost).
+const FULL_LIST_EVERY: Duration = Duration::from_secs(60);
+
+/// When the owner lists the inbox: when the touch object senders rewrite
+/// changed, when the last round left commands in it, and at least every
+/// [`FULL_LIST_EVERY`]. A look at the touch is one HEAD request, a listing
+/// one LIST (on S3 a tenth of the price of a LIST), so an idle owner
+/// polling every 500 ms costs little.
+#[derive(Debug, Default)]
+pub(crate) struct InboxWatch {
+    state: std::sync::Mutex<WatchState>,
+}
+
+#[derive(Debug, Default)]
+struct WatchState {
+    /// The touch object's identity (ETag, modification time) at the last
+    /// listing; `None` before the first.
+    seen: Option<Option<(Option<String>, String)>>,
+    /// Whether the last listing left commands in the inbox.
+    more: bool,
+    /// When the inbox was last listed.
+    listed_at: Option<tokio::time::Instant>,
+}
+
+impl InboxWatch {
+    fn lock(&self) -> std::sync::MutexGuard<'_, WatchState> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+    }
+}
+
 impl RuntimeCore {
-    /// Apply the inbox's pending commands (at most [`COMMANDS_PER_ROUND`]);
-    /// returns how many were handled (applied, rejected or found handled).
+    /// The maintenance round's look at the inbox: list and apply it when the
+    /// [`InboxWatch`] says so. Returns how many commands were handled.
     ///
     /// # Errors
-    /// Storage errors of the listing or of a command (the rest of the round
-    /// is left for the next).
+    /// Storage errors of the look or the listing.
+    pub(crate) async fn poll_inbox(&self) -> Result<usize> {
+        let objects = self.memo_store.objects();
+        let touch = objects
+            .head_meta(&inbox_touch_path(objects))
+            .await?
+            .map(|meta| (meta.e_tag, meta.last_modified.to_rfc3339()));
+        {
+            let mut state = self.inbox_watch.lock();
+            let due = state.seen.as_ref() != Some(&touch)
+                || state.more
+                || state
+                    .listed_at
+                    .is_none_or(|at| at.elapsed() >= FULL_LIST_EVERY);
+            if !due {
+                return Ok(0);
+            }
+            // Noted before the listing: a touch written during it changes
+            // it again, and the next round lists again.
+            state.seen = Some(touch);
+            state.listed_at = Some(tokio::time::Instant::now());
+        }
+        let (handled, more) = self.apply_inbox_round().await?;
+        self.inbox_watch.lock().more = more;
+        Ok(handled)
+    }
+
+    /// Apply the inbox's pending commands now (at most
+    /// [`COMMANDS_PER_ROUND`]); returns how many were handled (applied,
+    /// rejected or found handled).
+    ///
+    /// # Errors
+    /// Storage errors of the listing (a command's own errors are logged and
+    /// leave it for the next round, without holding up the others).
     pub(crate) async fn apply_inbox(&self) -> Result<usize> {
+        Ok(self.apply_inbox_round().await?.0)
+    }
+
+    /// One round over the inbox: the commands handled, and whether any is
+    /// left for the next round.
+    async fn apply_inbox_round(&self) -> Result<(usize, bool)> {
         let objects = self.memo_store.objects();
         let dir = inbox_dir(objects);
         let mut listed: Vec<ObjectMeta> = Vec::new();
@@ -62,16 +135,30 @@ impl RuntimeCore {
             }
         }
         listed.sort_by(|a, b| a.location.cmp(&b.location));
+        let mut more = listed.len() > COMMANDS_PER_ROUND;
         let mut handled = 0;
         for meta in listed.into_iter().take(COMMANDS_PER_ROUND) {
-            self.handle_object(meta).await?;
-            handled += 1;
+            let path = meta.location.clone();
+            match self.handle_object(meta).await {
+                Ok(true) => handled += 1,
+                Ok(false) => more = true,
+                Err(err) => {
+                    // Left for the next round; the others go on.
+                    self.note_error(&err);
+                    if self.store_closed.is_cancelled() {
+                        return Err(err);
+                    }
+                    warn!(path = %path, "inbox command left for the next round: {err}");
+                    more = true;
+                }
+            }
         }
-        Ok(handled)
+        Ok((handled, more))
     }
 
-    /// Handle one inbox object.
-    async fn handle_object(&self, meta: ObjectMeta) -> Result<()> {
+    /// Handle one inbox object; `Ok(false)` when it stays for a later round
+    /// (a cancellation waiting for its step).
+    async fn handle_object(&self, meta: ObjectMeta) -> Result<bool> {
         let objects = self.memo_store.objects();
         let Some(id) = meta
             .location
@@ -80,7 +167,7 @@ impl RuntimeCore {
             .and_then(|id| id.parse::<CommandId>().ok())
         else {
             warn!(path = %meta.location, "an inbox object that is not named as a command; deleted");
-            return objects.delete(&meta.location).await;
+            return objects.delete(&meta.location).await.map(|()| true);
         };
         let path = command_path(objects, &id);
         let record_key = command_kv_key(&id.to_string());
@@ -93,7 +180,7 @@ impl RuntimeCore {
         if record.as_ref().is_some_and(DurableCommandRecord::is_final) {
             // Handled before a crash or a failed delete: only the object is
             // left to remove.
-            return objects.delete(&path).await;
+            return objects.delete(&path).await.map(|()| true);
         }
         let unread = Envelope {
             id: id.clone(),
@@ -104,17 +191,17 @@ impl RuntimeCore {
         let size = usize::try_from(meta.size).unwrap_or(usize::MAX);
         if size > MAX_COMMAND_SIZE {
             self.reject(&unread, &wire::oversized(size)).await?;
-            return objects.delete(&path).await;
+            return objects.delete(&path).await.map(|()| true);
         }
         let Some(bytes) = objects.get(&path).await? else {
             // Deleted meanwhile (by an earlier round's delete retried).
-            return Ok(());
+            return Ok(true);
         };
         let received = match wire::decode(&id, &bytes) {
             Ok(received) => received,
             Err(err) => {
                 self.reject(&unread, &err).await?;
-                return objects.delete(&path).await;
+                return objects.delete(&path).await.map(|()| true);
             }
         };
         let envelope = Envelope {
@@ -128,14 +215,14 @@ impl RuntimeCore {
                 debug!(command = %id, kind = envelope.kind, ?answer, "inbox command applied");
             }
             // Accepted: finished in a later round.
-            Ok(None) => return Ok(()),
+            Ok(None) => return Ok(false),
             Err(err) if err.is_permanent() => {
                 warn!(command = %id, kind = envelope.kind, "inbox command rejected: {err}");
                 self.reject(&envelope, &err).await?;
             }
             Err(err) => return Err(err),
         }
-        objects.delete(&path).await
+        objects.delete(&path).await.map(|()| true)
     }
 
     /// Apply `received`; `Ok(None)` when its effect is committed and its

@@ -7,9 +7,12 @@
 //! sorted by name is submission order. [`Inbox::send`] needs only the
 //! object store and the memo prefix (no queue, no reader).
 //!
-//! The owning runtime's maintenance task (every
-//! [`poll_interval`](crate::WorkflowRuntimeBuilder::poll_interval)) lists
-//! the inbox, validates each command as the in-process API validates its
+//! After the command, the sender rewrites a small "touch" object,
+//! `{memo_prefix}/inbox/touch`. The owning runtime's maintenance task
+//! looks at the touch every
+//! [`poll_interval`](crate::WorkflowRuntimeBuilder::poll_interval) (one
+//! HEAD request) and lists the inbox when it changed (and at least every
+//! minute), validates each command as the in-process API validates its
 //! arguments, applies it once and records the answer under
 //! `workflow/commands/{id}` in the same transaction as the command's first
 //! effect, then deletes the object: a crash at any point leaves either the
@@ -35,7 +38,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use taquba::object_store::path::Path;
-use taquba::object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
+use taquba::object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
 use crate::coordination::signal::SignalOutcome;
 use crate::error::{Error, Result};
@@ -352,6 +355,18 @@ impl Inbox {
                 PutOptions::from(PutMode::Create),
             )
             .await?;
+        // Tell the owner to look (it looks at this one object every round
+        // and lists the inbox when it changed). The command is sent either
+        // way: an owner lists at least every minute.
+        let touch = PutPayload::from(Bytes::from(id.to_string().into_bytes()));
+        if let Err(err) = self
+            .objects
+            .store()
+            .put(&inbox_touch_path(&self.objects), touch)
+            .await
+        {
+            tracing::warn!(command = %id, "the inbox touch was not written; the owner finds the command at its next full listing: {err}");
+        }
         Ok(id)
     }
 
@@ -364,6 +379,12 @@ impl Inbox {
 /// The directory of the inbox's command objects.
 pub(crate) fn inbox_dir(objects: &ObjectPrefix) -> Path {
     objects.path(&["inbox", "v1"])
+}
+
+/// The object every sender rewrites after a command, so the owner lists
+/// the inbox only when it changed (outside the listed directory).
+pub(crate) fn inbox_touch_path(objects: &ObjectPrefix) -> Path {
+    objects.path(&["inbox", "touch"])
 }
 
 /// The object path of command `id`.

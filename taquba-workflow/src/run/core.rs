@@ -94,6 +94,8 @@ pub(crate) struct RuntimeCore {
     pub(crate) command_expiry: ExpiryIndex,
     /// The history entries of committed pointers, by the job they name.
     pub(crate) history_cache: crate::history::cache::HistoryCache,
+    /// When maintenance lists the inbox.
+    pub(crate) inbox_watch: crate::inbox::apply::InboxWatch,
     /// Whether this runtime's descriptor was recorded since it was built.
     pub(crate) descriptor_recorded: std::sync::atomic::AtomicBool,
     pub(crate) memo_prefix: String,
@@ -180,6 +182,7 @@ impl RuntimeCore {
             ops: settings.ops,
             command_expiry: ExpiryIndex::new(COMMAND_EXPIRY_PREFIX.as_bytes().to_vec()),
             history_cache: Default::default(),
+            inbox_watch: Default::default(),
             descriptor_recorded: std::sync::atomic::AtomicBool::new(false),
             memo_prefix,
             inflight: Arc::default(),

@@ -65,9 +65,15 @@ impl ObjectPrefix {
 
     /// Whether an object exists at `path`.
     pub(crate) async fn head(&self, path: &Path) -> Result<bool> {
+        Ok(self.head_meta(path).await?.is_some())
+    }
+
+    /// The metadata of the object at `path`, or `None` when it does not
+    /// exist.
+    pub(crate) async fn head_meta(&self, path: &Path) -> Result<Option<object_store::ObjectMeta>> {
         match self.store.head(path).await {
-            Ok(_) => Ok(true),
-            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Ok(meta) => Ok(Some(meta)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(err) => Err(err.into()),
         }
     }

@@ -7,7 +7,8 @@
 use std::cmp::Ordering;
 use std::ops::Bound;
 
-use futures_util::{Stream, StreamExt, TryStreamExt};
+use futures_util::future::Either;
+use futures_util::{Stream, TryStreamExt};
 use taquba::{JobRecord, JobStatus, QueueView};
 
 use crate::coordination::group::{self, GroupStatus, Manifest};
@@ -188,12 +189,17 @@ impl WorkflowView {
         let after = filter.after.as_ref();
         let want_active = filter.status != StatusFilter::Terminated;
         let want_terminated = filter.status != StatusFilter::Active;
-        let active = rows(&self.queue, RUNS_PREFIX, after, true);
-        let terminated = rows(&self.queue, OUTCOMES_PREFIX, after, false);
-        let mut active =
-            std::pin::pin!(active.take_while(move |_| std::future::ready(want_active)));
-        let mut terminated =
-            std::pin::pin!(terminated.take_while(move |_| std::future::ready(want_terminated)));
+        // A status not asked for reads nothing.
+        let active = match want_active {
+            true => Either::Left(rows(&self.queue, RUNS_PREFIX, after, true)),
+            false => Either::Right(futures_util::stream::empty()),
+        };
+        let terminated = match want_terminated {
+            true => Either::Left(rows(&self.queue, OUTCOMES_PREFIX, after, false)),
+            false => Either::Right(futures_util::stream::empty()),
+        };
+        let mut active = std::pin::pin!(active);
+        let mut terminated = std::pin::pin!(terminated);
         let mut next_active = active.try_next().await?;
         let mut next_terminated = terminated.try_next().await?;
         let mut runs = Vec::new();

@@ -27,7 +27,7 @@ impl RuntimeCore {
                 }
             }
         }
-        match self.apply_inbox().await {
+        match self.poll_inbox().await {
             Ok(0) => {}
             Ok(handled) => debug!(queue = %self.queue_name, handled, "inbox commands handled"),
             Err(err) => {
