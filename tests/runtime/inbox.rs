@@ -659,3 +659,71 @@ async fn a_command_that_cannot_be_read_does_not_hold_up_the_ones_after_it() {
     settled(&view, &stuck).await;
     worker.shutdown().await.unwrap();
 }
+
+/// The documented command format, written as another tool would.
+#[derive(serde::Serialize)]
+struct ForeignCancel<'a> {
+    format: u32,
+    id: String,
+    sent_at_ms: u64,
+    sender: &'a str,
+    command: ForeignCancelKind<'a>,
+}
+
+#[derive(serde::Serialize)]
+struct ForeignCancelKind<'a> {
+    kind: &'a str,
+    run_id: &'a str,
+    reason: &'a str,
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_command_written_by_another_tool_in_the_documented_format_is_applied() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runtime = runtime_over(&queue, &store, &Runner::default());
+    submit_run(&runtime, "slow-foreign").await;
+    let id: CommandId = "01JAZ3NDEKTSV4RRFFQ69G5FAV".parse().unwrap();
+    let bytes = rmp_serde::to_vec_named(&ForeignCancel {
+        format: 1,
+        id: id.to_string(),
+        sent_at_ms: 1,
+        sender: "a python script",
+        command: ForeignCancelKind {
+            kind: "cancel",
+            run_id: "slow-foreign",
+            reason: "from elsewhere",
+        },
+    })
+    .unwrap();
+    store
+        .put(
+            &Path::from(format!("{MEMO_PREFIX}/inbox/v1/{id}.msgpack")),
+            PutPayload::from(bytes),
+        )
+        .await
+        .unwrap();
+    store
+        .put(
+            &Path::from(format!("{MEMO_PREFIX}/inbox/touch")),
+            PutPayload::from(id.to_string().into_bytes()),
+        )
+        .await
+        .unwrap();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    assert_eq!(
+        answer(settled(runtime.view(), &id).await),
+        CommandAnswer::Cancelled {
+            run_id: rid("slow-foreign"),
+            cancelled: true
+        }
+    );
+    let details = runtime
+        .view()
+        .run(&rid("slow-foreign"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(details.cancel_reason.as_deref(), Some("from elsewhere"));
+    assert!(details.cancel_requested);
+    worker.shutdown().await.unwrap();
+}

@@ -139,7 +139,9 @@ impl From<AttemptWire> for DurableAttempt {
         Self {
             attempt: wire.a,
             claimed_at_ms: wire.c,
-            settled_at_ms: wire.c.map_or(wire.t, |claimed| claimed.saturating_add(wire.t)),
+            settled_at_ms: wire
+                .c
+                .map_or(wire.t, |claimed| claimed.saturating_add(wire.t)),
             outcome: wire.o,
         }
     }

@@ -1,8 +1,24 @@
 //! The command object format: MessagePack with named fields, a format
 //! number and the kind as a tag, so a command written by one build is read
-//! by the next. Every field is input from outside: [`decode`] bounds the
-//! size, checks that the object is the one its name says, and validates
-//! every field as the in-process API validates its arguments.
+//! by the next, and a tool in another language can write one:
+//!
+//! ```text
+//! {memo_prefix}/inbox/v1/{id}.msgpack, id a ULID:
+//! { format: 1, id: "<the ULID>", sent_at_ms: <u64>, sender: "<text>"?,
+//!   command: { kind: "submit", run_id: "<id>"?, input: <bin>,
+//!              headers: {<text>: <text>}?, priority: <u32>?,
+//!              max_attempts_per_step: <u32>?, run_at_ms: <u64>? }
+//!          | { kind: "cancel", run_id: "<id>", reason: "<text>"? }
+//!          | { kind: "signal", correlation_key: "<text>", payload: <bin> }
+//!          | { kind: "requeue", run_id: "<id>" } }
+//! ```
+//!
+//! then a rewrite of `{memo_prefix}/inbox/touch` (any content that differs
+//! from the last, e.g. the id) so the owner looks now.
+//!
+//! Every field is input from outside: [`decode`] bounds the size, checks
+//! that the object is the one its name says, and validates every field as
+//! the in-process API validates its arguments.
 
 use std::collections::HashMap;
 

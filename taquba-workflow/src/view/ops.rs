@@ -23,7 +23,7 @@ use crate::run::core::user_headers;
 use crate::store::durable::{self, DurableCurrentStep, DurableRunRecord, DurableTermination};
 use crate::store::keys::{
     GROUP_SUBMISSIONS_PREFIX, HEADER_GROUP, HEADER_GROUP_KEY, HEADER_SIGNAL_WAIT, OUTCOMES_PREFIX,
-    RUNS_PREFIX, RUNTIMES_PREFIX, RunId, command_kv_key,
+    RUNS_PREFIX, RUNTIMES_PREFIX, RunId, command_kv_key, signal_delivered_kv_key,
 };
 use crate::view::WorkflowView;
 use crate::view::types::{
@@ -354,12 +354,22 @@ impl WorkflowView {
             JobStatus::Scheduled => job.run_at,
             _ => None,
         };
-        let waiting_for_signal = job.headers.get(HEADER_SIGNAL_WAIT).and_then(|key| {
+        let mut waiting_for_signal = job.headers.get(HEADER_SIGNAL_WAIT).and_then(|key| {
             (job.status == JobStatus::Scheduled && job.woken_at.is_none()).then(|| SignalWait {
                 correlation_key: key.clone(),
                 timeout_at_ms: job.run_at,
             })
         });
+        // A signal delivered from the inbox whose wake is still to come.
+        if waiting_for_signal.is_some()
+            && self
+                .queue
+                .kv_get(&signal_delivered_kv_key(run_id, pointer.step_number))
+                .await?
+                .is_some()
+        {
+            waiting_for_signal = None;
+        }
         Ok(RunDetails {
             run_id: run_id.clone(),
             state: active_state(&record, &job),
@@ -416,7 +426,11 @@ impl WorkflowView {
             headers: outcome.map(|outcome| outcome.headers).unwrap_or_default(),
             submitted_at_ms: termination.submitted_at_ms,
             ended_at_ms: Some(termination.terminated_at_ms),
-            cancel_requested: termination.cancel_reason.is_some(),
+            // Cancelled from outside: the cancellation carries no runner's
+            // reason as its error.
+            cancel_requested: termination.cancel_reason.is_some()
+                || (public.status == crate::model::TerminalStatus::Cancelled
+                    && public.error.is_none()),
             cancel_reason: termination.cancel_reason,
             state: RunState::Terminated(public),
         })

@@ -203,7 +203,8 @@ pub struct RunDetails {
     pub submitted_at_ms: Option<u64>,
     /// When it terminated, ms since the UNIX epoch.
     pub ended_at_ms: Option<u64>,
-    /// Whether a cancellation was requested.
+    /// Whether a cancellation was requested from outside (for a terminated
+    /// run: it was cancelled from outside).
     pub cancel_requested: bool,
     /// The reason given to that cancellation, if any.
     pub cancel_reason: Option<String>,
