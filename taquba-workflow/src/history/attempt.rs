@@ -21,7 +21,7 @@ use crate::runtime::RuntimeInner;
 use crate::store::durable::{
     self, DurableCurrentStep, DurableErrorKind, DurableRunRecord, DurableTermination,
 };
-use crate::store::keys::{HEADER_REQUEUED, RunId, outcome_kv_key, step_kv_key};
+use crate::store::keys::{HEADER_REQUEUED, RunId, outcome_kv_key, step_dedup_key, step_kv_key};
 
 impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
     /// The name of the claimed step: the runner's, else the payload's
@@ -111,12 +111,13 @@ impl RuntimeCore {
                 let chunk =
                     pending.flush_if_full(run_id, run.execution.as_deref(), self.ops.history_limit);
                 merge_effects(effects, chunk);
-                if let Some(job_id) = set_pointer_history(effects, run_id, pending.clone()) {
+                let next = claimed.step_number.saturating_add(1);
+                if let Some(job_id) = write_pointer_history(effects, run_id, next, &pending) {
                     // Kept before the commit: the next step can be claimed
                     // as soon as it commits, and its job exists only if the
                     // pointer holding these entries committed.
-                    self.history_cache.put(job_id.clone(), pending.clone());
-                    settlement.history = Some((job_id, pending));
+                    self.history_cache.put(job_id.clone(), pending);
+                    settlement.history = Some(job_id);
                 }
             }
         }
@@ -219,6 +220,42 @@ pub(crate) fn set_terminal_history(
     }
 }
 
+/// Rewrite the pointer `effects` writes for `run_id` (to step `step`, named
+/// by the step's enqueue in `effects`) with `pending`, without decoding it;
+/// returns the job it names.
+fn write_pointer_history(
+    effects: &mut SettlementEffects,
+    run_id: &RunId,
+    step: u32,
+    pending: &PendingHistory,
+) -> Option<String> {
+    let dedup = step_dedup_key(run_id, step);
+    let job_id = effects
+        .enqueues
+        .iter()
+        .find(|request| request.options.dedup_key.as_deref() == Some(dedup.as_str()))
+        .and_then(|request| request.options.id_override.clone())?;
+    let bytes = effects.kv_writes.get_mut(&step_kv_key(run_id))?;
+    /// The pointer's fields, the history by reference.
+    #[derive(serde::Serialize)]
+    struct PointerOut<'a> {
+        step_number: u32,
+        job_id: &'a str,
+        history: &'a PendingHistory,
+    }
+    let mut encoded = Vec::with_capacity(64 + pending.entries.len());
+    durable::encode_into(
+        &PointerOut {
+            step_number: step,
+            job_id: &job_id,
+            history: pending,
+        },
+        &mut encoded,
+    );
+    *bytes = encoded;
+    Some(job_id)
+}
+
 /// Put `pending` on the pointer `effects` writes for `run_id`; returns the
 /// job it names.
 pub(crate) fn set_pointer_history(
@@ -288,4 +325,43 @@ fn attempt_outcome(
 
 fn millis(duration: std::time::Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use taquba::{EnqueueOptions, EnqueueRequest};
+
+    use super::*;
+
+    #[test]
+    fn a_pointer_rewritten_with_history_decodes_as_a_pointer() {
+        let run_id = RunId::new("r").unwrap();
+        let pointer = DurableCurrentStep {
+            step_number: 4,
+            job_id: "j4".into(),
+            history: None,
+        };
+        let mut effects = SettlementEffects::default()
+            .enqueue(EnqueueRequest {
+                queue: "q".into(),
+                payload: vec![],
+                options: EnqueueOptions::default()
+                    .id_override("j4".to_string())
+                    .dedup_key(step_dedup_key(&run_id, 4)),
+            })
+            .kv_put(step_kv_key(&run_id), durable::encode(&pointer));
+        let mut pending = PendingHistory::default();
+        pending.push(&DurableStepEntry::new(3, "s".into(), Vec::new()));
+        let job = write_pointer_history(&mut effects, &run_id, 4, &pending);
+        assert_eq!(job.as_deref(), Some("j4"));
+        let written: DurableCurrentStep =
+            durable::decode(&effects.kv_writes[&step_kv_key(&run_id)]).unwrap();
+        assert_eq!(
+            written,
+            DurableCurrentStep {
+                history: Some(pending),
+                ..pointer
+            }
+        );
+    }
 }

@@ -15,7 +15,6 @@ use tracing::{debug, warn};
 
 use crate::coordination::group::Membership;
 use crate::error::{Error, Result};
-use crate::history::record::PendingHistory;
 use crate::hooks::guard;
 use crate::hooks::terminal::TerminalHook;
 use crate::model::RunEnd;
@@ -64,9 +63,9 @@ pub(crate) struct Settlement {
     pub(crate) ended: Option<(RunId, RunEnd)>,
     /// The trigger of the next step, when the settlement continues the run.
     pub(crate) continued: Option<Trigger>,
-    /// The history entries the committed pointer carries, with the job it
-    /// names: kept in memory for that job's settlement.
-    pub(crate) history: Option<(String, PendingHistory)>,
+    /// The job the pointer this settlement writes names, when the history
+    /// entries that pointer carries are in the runtime's history cache.
+    pub(crate) history: Option<String>,
 }
 
 impl Settlement {

@@ -269,10 +269,19 @@ async fn settle<R, H>(
                 // The next step was already pending (a stale job of an
                 // earlier attempt): point the run at it, with the history
                 // the pointer carries.
-                let pending = history.map(|(job_id, pending)| {
-                    core.history_cache.take(&job_id);
-                    pending
-                });
+                // The entries the committed pointer carries: kept in memory,
+                // else read back from it.
+                let mut pending = history.and_then(|job_id| core.history_cache.take(&job_id));
+                if pending.is_none() {
+                    pending = durable::kv_record::<DurableCurrentStep>(
+                        queue.view(),
+                        &step_kv_key(&run_id),
+                    )
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|pointer| pointer.history);
+                }
                 let pointer = DurableCurrentStep {
                     step_number,
                     job_id: existing.clone(),
