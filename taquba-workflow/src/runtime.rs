@@ -13,12 +13,14 @@ use taquba::{Clock, Queue, WorkerHandle};
 use crate::coordination::group::RunGroup;
 use crate::coordination::signal::SignalOutcome;
 use crate::error::Result;
+use crate::history::DEFAULT_HISTORY_LIMIT;
+use crate::history::naming::{Naming, runner_label};
 use crate::hooks::guard::{self, default_hook_timeout};
 use crate::hooks::terminal::TerminalHook;
 use crate::model::RunOutcome;
 use crate::model::{RunEnd, RunSpec, RunStatus, SubmitOutcome};
 use crate::run::commit::detached;
-use crate::run::core::{RuntimeCore, Settings};
+use crate::run::core::{OpsSettings, RuntimeCore, Settings};
 use crate::runner::StepRunner;
 use crate::store::keys::RunId;
 use crate::view::WorkflowView;
@@ -29,6 +31,8 @@ pub(crate) const DEFAULT_QUEUE_NAME: &str = "workflow-steps";
 pub(crate) const DEFAULT_MAX_CONCURRENT_STEPS: usize = 8;
 /// The default poll interval of the worker loop.
 pub(crate) const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// The default retention of inbox command records.
+pub(crate) const DEFAULT_COMMAND_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// The handle of a spawned worker loop; [`WorkerHandle::shutdown`] stops
 /// claiming, drains the steps in flight and returns the loop's result.
@@ -88,6 +92,9 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
             step_output_replay: false,
             clock: None,
             hook_timeout: None,
+            history_limit: DEFAULT_HISTORY_LIMIT,
+            command_retention: DEFAULT_COMMAND_RETENTION,
+            naming: Naming::default(),
         }
     }
 
@@ -231,6 +238,71 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     pub async fn cancel(&self, run_id: &RunId) -> Result<bool> {
         let (core, run_id) = (self.inner.core.clone(), run_id.clone());
         detached(async move { core.cancel(&run_id).await }).await
+    }
+
+    /// [`cancel`](Self::cancel), recording `reason` with the request: it is
+    /// reported by [`WorkflowView::run`] (`cancel_reason`) and in the
+    /// cancelled step's history ([`WorkflowView::steps`]). The run's
+    /// [`RunOutcome::error`](crate::RunOutcome::error) stays `None`, as for
+    /// every cancellation from outside. A reason given to a run whose
+    /// cancellation was already requested is not recorded.
+    ///
+    /// # Errors
+    /// As [`cancel`](Self::cancel).
+    pub async fn cancel_with_reason(
+        &self,
+        run_id: &RunId,
+        reason: impl Into<String>,
+    ) -> Result<bool> {
+        let request = crate::run::cancel::CancelRequest {
+            reason: Some(crate::history::cut(&reason.into())),
+            ..Default::default()
+        };
+        Ok(self
+            .inner
+            .core
+            .cancel_as(run_id, request)
+            .await?
+            .unwrap_or(false))
+    }
+
+    /// Resume `run_id`, which failed because its step job was
+    /// dead-lettered: its final step is enqueued again (the dead job's
+    /// payload, headers, priority and attempt limit, fresh attempts) and
+    /// the run is active again under its id, its history continuing with a
+    /// `Requeued` marker, in one transaction. The dead job stays in the
+    /// dead letters. Returns the run and its new step job.
+    ///
+    /// # Errors
+    /// [`Error::CommandRefused`](crate::Error::CommandRefused) naming the
+    /// run when it is active, unknown, succeeded, was cancelled, failed by
+    /// a runner's `Fail` verdict, or its dead job was removed by the
+    /// queue's dead retention; storage errors.
+    pub async fn requeue(&self, run_id: &RunId) -> Result<SubmitOutcome> {
+        let (_, job_id) = self
+            .inner
+            .core
+            .requeue_recorded(run_id, |_, _| taquba::SettlementEffects::default())
+            .await?;
+        Ok(SubmitOutcome {
+            run_id: run_id.clone(),
+            newly_submitted: true,
+            job_id,
+        })
+    }
+
+    /// Apply the commands waiting in this runtime's inbox
+    /// ([`Inbox`](crate::Inbox)) now, as the worker's maintenance does
+    /// every [`poll_interval`](crate::WorkflowRuntimeBuilder::poll_interval):
+    /// at most 64 per call, in id order. For a tool that opened a store no
+    /// process owns (after checking that no writer is active) and applies
+    /// commands without running steps. Returns how many commands were
+    /// handled (applied, rejected, or found applied before).
+    ///
+    /// # Errors
+    /// Storage errors (commands not reached are left for the next call).
+    pub async fn apply_inbox(&self) -> Result<usize> {
+        self.inner.core.apply_inbox().await
     }
 
     /// The run group `id` of this runtime (nothing is written until it is
@@ -379,6 +451,9 @@ pub struct WorkflowRuntimeBuilder<R, H> {
     step_output_replay: bool,
     clock: Option<Arc<dyn Clock>>,
     hook_timeout: Option<Duration>,
+    history_limit: u32,
+    command_retention: Duration,
+    naming: Naming,
 }
 
 impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
@@ -465,6 +540,35 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
         self
     }
 
+    /// Keep at least the last `entries` entries of each run's history
+    /// (default [`DEFAULT_HISTORY_LIMIT`], 100; one entry per settled step,
+    /// with its attempts); 0 turns the history off. Every settlement
+    /// records its entry in the transaction that commits it
+    /// ([`WorkflowView::steps`] reads them): the entries ride on the
+    /// run's current-step pointer, which the settlement writes anyway, and
+    /// move to a record of their own every 8 entries (deleting the oldest
+    /// one beyond the limit), so the history is kept in steps of 8 entries.
+    pub fn history_limit(mut self, entries: u32) -> Self {
+        self.history_limit = entries;
+        self
+    }
+
+    /// Keep the record of each applied or rejected inbox command
+    /// ([`Inbox`](crate::Inbox), [`WorkflowView::command`]) this long after
+    /// it was recorded (default 7 days); then the maintenance sweep removes
+    /// it.
+    pub fn command_retention(mut self, retention: Duration) -> Self {
+        self.command_retention = retention;
+        self
+    }
+
+    /// How payloads name their workflow and step (job runners read job
+    /// inputs).
+    pub(crate) fn naming(mut self, naming: Naming) -> Self {
+        self.naming = naming;
+        self
+    }
+
     /// Build the runtime. Nothing is written until the first submission or
     /// the first worker loop.
     ///
@@ -505,6 +609,12 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
             group_retention: self.group_retention,
             step_output_replay: self.step_output_replay,
             observes: Arc::new(move |outcome: &RunOutcome| guard::observes(&*observer, outcome)),
+            ops: OpsSettings {
+                history_limit: self.history_limit,
+                runner_label: runner_label::<R>(),
+                naming: self.naming,
+                command_retention: self.command_retention,
+            },
         });
         WorkflowRuntime {
             inner: Arc::new(RuntimeInner {

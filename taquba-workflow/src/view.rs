@@ -2,6 +2,11 @@
 //! committed outcomes), usable from the runtime's process or, over a
 //! `taquba::QueueReader`, from any other.
 
+mod ops;
+pub(crate) mod types;
+
+pub(crate) use self::ops::DurableRuntimeInfo;
+
 use taquba::{JobRecord, JobStatus, QueueView};
 
 use crate::error::{Error, Result};
@@ -14,7 +19,11 @@ use crate::store::keys::{RunId, outcome_kv_key, run_kv_key, step_kv_key};
 use crate::store::memo::{MemoStore, RUN_RESULT_MEMO_KEY};
 
 /// Read-only queries of runs: [`status`](Self::status) and
-/// [`outcome`](Self::outcome). [`WorkflowRuntime::view`](crate::WorkflowRuntime::view)
+/// [`outcome`](Self::outcome), and the operator queries: the
+/// [`runtimes`](Self::runtimes) a store holds, run listings
+/// ([`runs`](Self::runs)), one run described ([`run`](Self::run)), its
+/// step history ([`steps`](Self::steps)), groups ([`groups`](Self::groups),
+/// [`group`](Self::group)) and inbox commands ([`command`](Self::command)). [`WorkflowRuntime::view`](crate::WorkflowRuntime::view)
 /// returns the runtime's; another process builds one with [`new`](Self::new)
 /// from a `taquba::QueueReader`'s view and a [`MemoStore`] at the runtime's
 /// memo prefix. Cheap to clone.
@@ -150,8 +159,9 @@ impl WorkflowView {
 
     /// The outcome in the run result record of `run_id` when the record
     /// belongs to `termination`,
-    /// the terminal record as read: the whole record must match, the input
-    /// hash and group membership of the run included, so a record of an
+    /// the terminal record as read: the whole record but its history entries
+    /// must match, the input hash and group membership of the run included,
+    /// so a record of an
     /// earlier run under the id, of a settlement that did not commit, or of
     /// another run that terminated the same way in the same millisecond is
     /// not reported.
@@ -163,7 +173,7 @@ impl WorkflowView {
         Ok(self
             .run_result(run_id)
             .await?
-            .filter(|record| record.termination == *termination)
+            .filter(|record| record.termination.same_termination(termination))
             .map(|record| record.outcome.into()))
     }
 

@@ -175,7 +175,8 @@ impl GroupStore {
     }
 
     /// Clear the memo entries of the member run `run_id`; the KV keys of its
-    /// terminal record and memo-retention marker, to delete.
+    /// terminal record, memo-retention marker and history records, to
+    /// delete.
     async fn clear_run(&self, run_id: RunId) -> Result<Vec<Vec<u8>>> {
         self.memo_store().clear_memos_for_run(&run_id).await?;
         let outcome_key = outcome_kv_key(&run_id);
@@ -196,6 +197,7 @@ impl GroupStore {
             }
         }
         keys.push(outcome_key);
+        keys.extend(crate::history::read::history_keys(self.queue().view(), &run_id).await?);
         Ok(keys)
     }
 

@@ -1,11 +1,13 @@
 //! Coordination between runs and the outside: durable signals
-//! ([`signal`], and [`signal_run`] addressed to one run's wait) and run
-//! groups ([`group`], submitted in chunks by [`group_submit`], serialised
-//! per group by [`group_locks`], removed by [`group_forget`]).
+//! ([`signal`], [`signal_run`] addressed to one run's wait, and as inbox
+//! commands [`signal_command`]) and run groups ([`group`], submitted in
+//! chunks by [`group_submit`], serialised per group by [`group_locks`],
+//! removed by [`group_forget`]).
 
 pub(crate) mod group;
 pub(crate) mod group_forget;
 pub(crate) mod group_locks;
 pub(crate) mod group_submit;
 pub(crate) mod signal;
+pub(crate) mod signal_command;
 pub(crate) mod signal_run;

@@ -441,7 +441,8 @@ impl JobRunnerBuilder {
         };
         let mut builder =
             WorkflowRuntime::builder(self.queue, self.object_store, dispatch, NoopTerminalHook)
-                .queue_name(self.queue_name);
+                .queue_name(self.queue_name)
+                .naming(crate::history::naming::Naming::Jobs);
         if let Some(prefix) = self.memo_prefix {
             builder = builder.memo_prefix(prefix);
         }
@@ -625,6 +626,13 @@ impl JobRunner {
             group: self.runtime.new_group(),
             job: PhantomData,
         }
+    }
+
+    /// The read-only view of the runner's jobs (each job is a run of one
+    /// step): status, outcomes, listings, history; see
+    /// [`WorkflowView`](crate::WorkflowView).
+    pub fn view(&self) -> &crate::view::WorkflowView {
+        self.runtime.view()
     }
 
     /// Spawn the worker loop; see [`WorkflowRuntime::spawn`].

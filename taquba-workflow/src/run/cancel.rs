@@ -8,11 +8,23 @@ use taquba::{CancelOutcome, JobRecord, JobStatus, SettlementEffects};
 
 use crate::coordination::group::Membership;
 use crate::error::Result;
+use crate::history::record::DurableAttemptOutcome;
 use crate::model::TerminalStatus;
+use crate::run::compose::{is_empty, merge_effects};
 use crate::run::core::RuntimeCore;
 use crate::run::inflight::CancelVerdict;
 use crate::store::durable::{self, DurableCurrentStep, DurableRunRecord};
 use crate::store::keys::{RunId, run_kv_key};
+
+/// A cancellation request: its reason, and effects that commit in the
+/// transaction recording it (an inbox command's record).
+#[derive(Debug, Default)]
+pub(crate) struct CancelRequest {
+    pub(crate) reason: Option<String>,
+    /// Committed with the request; alone when a request was recorded
+    /// before; not at all when the run is not active.
+    pub(crate) with_request: SettlementEffects,
+}
 
 impl RuntimeCore {
     /// Request cancellation of `run_id`; see
@@ -24,21 +36,43 @@ impl RuntimeCore {
     /// reaches the current step (the recording call may have failed after
     /// its write, and a later call completes its work).
     pub(crate) async fn cancel(&self, run_id: &RunId) -> Result<bool> {
-        let Some((record, recorded_here)) = self.record_cancel_request(run_id).await? else {
-            return Ok(false);
-        };
-        let ends_cancelled = self.reach_current_step(run_id, &record).await?;
-        Ok(recorded_here && ends_cancelled)
+        Ok(self
+            .cancel_as(run_id, CancelRequest::default())
+            .await?
+            .unwrap_or(false))
     }
 
-    /// Record the cancellation request on the run record (a compare-and-set,
-    /// so a concurrent termination that deletes the record is noticed):
-    /// the record, and whether this call wrote the request; `None` for a
-    /// run that is not active.
+    /// [`cancel`](Self::cancel) with `request`: `None` when the run is not
+    /// active (nothing was committed), else whether this call's request
+    /// ends it cancelled.
+    pub(crate) async fn cancel_as(
+        &self,
+        run_id: &RunId,
+        request: CancelRequest,
+    ) -> Result<Option<bool>> {
+        let Some((record, recorded_here)) = self.record_cancel_request(run_id, request).await?
+        else {
+            return Ok(None);
+        };
+        let ends_cancelled = self.reach_current_step(run_id, &record).await?;
+        Ok(Some(recorded_here && ends_cancelled))
+    }
+
+    /// Record the cancellation request (with its reason and the effects
+    /// riding on it) on the run record, a compare-and-set so a concurrent
+    /// termination that deletes the record is noticed: the record, and
+    /// whether this call wrote the request; `None` for a run that is not
+    /// active. A request recorded before commits `request.with_request`
+    /// alone.
     async fn record_cancel_request(
         &self,
         run_id: &RunId,
+        request: CancelRequest,
     ) -> Result<Option<(DurableRunRecord, bool)>> {
+        let CancelRequest {
+            reason,
+            with_request,
+        } = request;
         let run_key = run_kv_key(run_id);
         loop {
             let Some(bytes) = self.queue.view().kv_get(&run_key).await? else {
@@ -46,11 +80,16 @@ impl RuntimeCore {
             };
             let mut record: DurableRunRecord = durable::decode(&bytes)?;
             if record.cancel_requested {
+                if !is_empty(&with_request) {
+                    self.commits.commit(with_request).await?;
+                }
                 return Ok(Some((record, false)));
             }
             record.cancel_requested = true;
-            let effects =
+            record.cancel_reason.clone_from(&reason);
+            let mut effects =
                 SettlementEffects::default().kv_put(run_key.clone(), durable::encode(&record));
+            merge_effects(&mut effects, with_request.clone());
             if self
                 .commits
                 .compare_commit(&run_key, Some(&bytes), effects)
@@ -153,7 +192,7 @@ impl RuntimeCore {
                 return self.ended_cancelled(run_id).await;
             };
             let mut record: DurableRunRecord = durable::decode(&bytes)?;
-            if record.incarnation != requested.incarnation {
+            if record.execution != requested.execution {
                 return self.ended_cancelled(run_id).await;
             }
             if record.cancel_delivered_to.as_deref() == Some(job_id) {
@@ -192,7 +231,7 @@ impl RuntimeCore {
             None,
         );
         let membership = Membership::from_headers(&job.headers)?;
-        let termination = self.termination(&outcome, None, &record.input_hash, membership.as_ref());
+        let termination = self.termination(&outcome, None, record, &job.id, membership.as_ref());
         let (mut effects, ended) = self.terminate_effects(
             &outcome,
             termination,
@@ -203,6 +242,8 @@ impl RuntimeCore {
         effects
             .kv_deletes
             .extend(crate::coordination::signal::waiter_cleanup(job));
+        let reason = DurableAttemptOutcome::cancelled(record.cancel_reason.as_deref());
+        self.record_detached(&mut effects, run_id, pointer, job, reason, None);
         let (outcome, _) = self.commits.cancel_with(&job.id, effects, ended).await?;
         Ok(outcome)
     }

@@ -3,15 +3,19 @@
 //! ([`submit`], [`submit_batch`]), processing and settling a claimed step
 //! ([`settle`], with the effects a step stages in [`effects`]), external
 //! cancellation ([`cancel`], racing steps in flight through [`inflight`]),
-//! and waiting for a termination ([`wait`], woken by [`watch`]); the ids
-//! the runtime generates ([`ids`]).
+//! resuming a run whose step was dead-lettered ([`requeue`]), waiting for
+//! a termination ([`wait`], woken by [`watch`]), composing effects that
+//! share one transaction ([`compose`]); the ids the runtime generates
+//! ([`ids`]).
 
 pub(crate) mod cancel;
 pub(crate) mod commit;
+pub(crate) mod compose;
 pub(crate) mod core;
 pub(crate) mod effects;
 pub(crate) mod ids;
 pub(crate) mod inflight;
+pub(crate) mod requeue;
 pub(crate) mod settle;
 pub(crate) mod submit;
 pub(crate) mod submit_batch;

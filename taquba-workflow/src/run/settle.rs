@@ -25,7 +25,7 @@ use crate::run::effects::{EffectsHandle, StagedKv, TerminalEffects};
 use crate::run::inflight::InFlightGuard;
 use crate::runner::{Delivery, Step, StepRunner};
 use crate::runtime::RuntimeInner;
-use crate::store::durable::{self, DurableRunOutcome};
+use crate::store::durable::{self, DurableRunOutcome, DurableRunRecord};
 use crate::store::keys::{HEADER_RUN_ID, HEADER_STEP, HEADER_TERMINAL, RunId};
 use crate::store::kv::KvReadHandle;
 
@@ -61,6 +61,11 @@ pub(crate) struct Settlement {
     /// The run termination this settlement commits, reported to the run's
     /// waiters once it did.
     pub(crate) ended: Option<(RunId, RunEnd)>,
+    /// The trigger of the next step, when the settlement continues the run.
+    pub(crate) continued: Option<Trigger>,
+    /// The job the pointer this settlement writes names, when the history
+    /// entries that pointer carries are in the runtime's history cache.
+    pub(crate) history: Option<String>,
 }
 
 impl Settlement {
@@ -71,6 +76,8 @@ impl Settlement {
             signal_lock: None,
             next_step: None,
             ended: None,
+            continued: None,
+            history: None,
         }
     }
 
@@ -192,12 +199,13 @@ impl RuntimeCore {
         claimed: &ClaimedStep<'_>,
         outcome: RunOutcome,
         error_kind: Option<StepErrorKind>,
-        input_hash: &[u8],
+        run: &DurableRunRecord,
     ) -> Settlement {
         let termination = self.termination(
             &outcome,
             error_kind,
-            input_hash,
+            run,
+            &claimed.job.id,
             claimed.membership.as_ref(),
         );
         if let Err(err) = self.store_run_result(&outcome, &termination).await {
@@ -221,13 +229,14 @@ impl RuntimeCore {
         &self,
         claimed: &ClaimedStep<'_>,
         error: &StepError,
-        input_hash: &[u8],
+        run: &DurableRunRecord,
     ) -> Settlement {
         let outcome = claimed.outcome(TerminalStatus::Failed, None, Some(error.message.clone()));
         let termination = self.termination(
             &outcome,
             Some(error.kind),
-            input_hash,
+            run,
+            &claimed.job.id,
             claimed.membership.as_ref(),
         );
         let recorded = match self.store_run_result(&outcome, &termination).await {
@@ -316,6 +325,29 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
             }
             Err(err) => return Settlement::infrastructure(err),
         };
+        let mut settlement = self
+            .process_recorded_step(claimed, &record, lease, claim_cancel, guard, permit)
+            .await;
+        let name = || self.step_name(claimed);
+        core.record_attempt(claimed, &record, &mut settlement, &name)
+            .await;
+        settlement
+    }
+
+    /// [`process_step`](Self::process_step) once the run record is read.
+    async fn process_recorded_step(
+        &self,
+        claimed: &ClaimedStep<'_>,
+        record: &DurableRunRecord,
+        lease: &LeaseHandle,
+        claim_cancel: tokio_util::sync::CancellationToken,
+        guard: &InFlightGuard,
+        permit: OwnedSemaphorePermit,
+    ) -> Settlement {
+        let core = &self.core;
+        let run_id = &claimed.run_id;
+        let step_number = claimed.step_number;
+        let job = claimed.job;
         let (signal, signal_deletes) =
             match core.resolve_step_signal(job, run_id, step_number).await {
                 Ok(resolved) => resolved,
@@ -329,7 +361,7 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
             let _ = guard.decide();
             let outcome = claimed.outcome(TerminalStatus::Cancelled, None, None);
             let mut settlement = core
-                .terminate_recorded(claimed, outcome, None, &record.input_hash)
+                .terminate_recorded(claimed, outcome, None, record)
                 .await;
             if let SettleKind::Ack(effects) = &mut settlement.kind {
                 effects.kv_deletes.extend(signal_deletes);
@@ -361,7 +393,7 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
             match core
                 .load_step_output(
                     run_id,
-                    record.incarnation.as_deref(),
+                    record.execution.as_deref(),
                     step_number,
                     &job.payload,
                 )
@@ -410,7 +442,7 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
             && let Err(err) = core
                 .store_step_output(
                     run_id,
-                    record.incarnation.as_deref(),
+                    record.execution.as_deref(),
                     step_number,
                     &job.payload,
                     outcome,
@@ -421,10 +453,30 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
             return Settlement::infrastructure(err);
         }
 
+        // A cancellation requested while the step ran: its reason is on the
+        // run record as it is now.
+        let refreshed;
+        let record = match external_cancel {
+            true => match core.view.run_record(run_id).await {
+                Ok(Some(now)) => {
+                    refreshed = now;
+                    &refreshed
+                }
+                _ => record,
+            },
+            false => record,
+        };
         let runner_cancelled = matches!(outcome, Ok(StepOutcome::Cancel { .. }));
+        let trigger = match &outcome {
+            Ok(StepOutcome::Continue { when, .. }) => Some(when.clone()),
+            _ => None,
+        };
         let mut settlement = self
-            .settle_outcome(claimed, outcome, external_cancel, &record.input_hash)
+            .settle_outcome(claimed, outcome, external_cancel, record)
             .await;
+        if settlement.next_step.is_some() {
+            settlement.continued = trigger;
+        }
         // The external-cancel override discards the effects staged for the
         // outcome it replaces; a runner-issued Cancel keeps them.
         let keep_staged = runner_cancelled || !external_cancel;
@@ -455,12 +507,11 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
         claimed: &ClaimedStep<'_>,
         outcome: std::result::Result<StepOutcome, StepError>,
         external_cancel: bool,
-        input_hash: &[u8],
+        run: &DurableRunRecord,
     ) -> Settlement {
         let core = &self.core;
         let terminate = |outcome, kind| async move {
-            core.terminate_recorded(claimed, outcome, kind, input_hash)
-                .await
+            core.terminate_recorded(claimed, outcome, kind, run).await
         };
         match outcome {
             Ok(StepOutcome::Cancel { reason }) => {
@@ -492,14 +543,8 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
                         correlation_key,
                         timeout,
                     } => {
-                        core.advance_on_signal(
-                            claimed,
-                            payload,
-                            &correlation_key,
-                            timeout,
-                            input_hash,
-                        )
-                        .await
+                        core.advance_on_signal(claimed, payload, &correlation_key, timeout, run)
+                            .await
                     }
                 };
                 Settlement {
@@ -522,7 +567,7 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
                 .await
             }
             Err(err) if err.kind == StepErrorKind::Permanent || claimed.job.is_last_attempt() => {
-                core.terminating_failure(claimed, &err, input_hash).await
+                core.terminating_failure(claimed, &err, run).await
             }
             Err(err) => Settlement::of(SettleKind::Retry(err.message)),
         }

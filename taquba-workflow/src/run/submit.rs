@@ -45,16 +45,50 @@ impl RuntimeCore {
         input_hash: Vec<u8>,
         on_terminated: OnTerminated,
     ) -> Result<SubmitOutcome> {
+        self.check_effects(&spec)?;
+        self.submit_checked(spec, input_hash, on_terminated).await
+    }
+
+    /// The submission of an inbox command: `spec` (already validated) with
+    /// `record` (the command's record, under the reserved prefix) committed
+    /// in the submission's transaction; nothing is committed for a
+    /// duplicate (`newly_submitted: false`).
+    pub(crate) async fn submit_recorded(
+        &self,
+        mut spec: RunSpec,
+        record: SettlementEffects,
+    ) -> Result<SubmitOutcome> {
+        self.check_effects(&spec)?;
+        let input_hash = sha256(&spec.input).to_vec();
+        crate::run::compose::merge_effects(&mut spec.effects, record);
+        self.submit_checked(spec, input_hash, OnTerminated::Restart)
+            .await
+    }
+
+    /// Refuse what no caller's submission may carry (see
+    /// [`check_submission`](Self::check_submission) and
+    /// [`check_enqueue`]).
+    fn check_effects(&self, spec: &RunSpec) -> Result<()> {
+        Self::check_submission(&spec.options, &spec.effects)?;
+        for request in &spec.effects.enqueues {
+            check_enqueue(request, Some(&self.queue_name))?;
+        }
+        Ok(())
+    }
+
+    /// [`submit_hashed`](Self::submit_hashed) once `spec` is checked.
+    async fn submit_checked(
+        &self,
+        spec: RunSpec,
+        input_hash: Vec<u8>,
+        on_terminated: OnTerminated,
+    ) -> Result<SubmitOutcome> {
         let RunSpec {
             run_id,
             input,
             options,
             effects: user_effects,
         } = spec;
-        Self::check_submission(&options, &user_effects)?;
-        for request in &user_effects.enqueues {
-            check_enqueue(request, Some(&self.queue_name))?;
-        }
         // A fresh ULID names no recorded run: its first attempt skips the
         // reads (the compare-and-commit below still guards the record).
         let mut fresh_id = run_id.is_none();
@@ -165,12 +199,15 @@ impl RuntimeCore {
         membership: Option<&Membership>,
         user_effects: &SettlementEffects,
     ) -> (SettlementEffects, String) {
-        let record = DurableRunRecord {
+        let mut record = DurableRunRecord {
             input_hash: input_hash.to_vec(),
             submitted_at_ms: self.now_ms(),
             cancel_requested: false,
-            incarnation: Some(ulid::Ulid::new().to_string()),
             cancel_delivered_to: None,
+            execution: None,
+            workflow: self.workflow_name_of(&input),
+            group: membership.map(|m| m.group_id.clone()),
+            cancel_reason: None,
         };
         let reserved_headers = membership
             .map(Membership::reserved_headers)
@@ -188,6 +225,7 @@ impl RuntimeCore {
             },
         );
         let job_id = step.job_id.clone();
+        record.execution = Some(job_id.clone());
         let mut effects = Self::step_effects(run_id, 0, step, SettlementEffects::default())
             .kv_put(run_kv_key(run_id), durable::encode(&record));
         effects
@@ -236,6 +274,7 @@ impl RuntimeCore {
             let pointer = DurableCurrentStep {
                 step_number: 0,
                 job_id: orphan.clone(),
+                history: None,
             };
             self.commits
                 .kv_put(&step_kv_key(&run_id), &durable::encode(&pointer))

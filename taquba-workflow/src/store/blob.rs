@@ -58,6 +58,26 @@ impl ObjectPrefix {
         base.parts().chain(parts).collect()
     }
 
+    /// The object store.
+    pub(crate) fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    /// Whether an object exists at `path`.
+    pub(crate) async fn head(&self, path: &Path) -> Result<bool> {
+        Ok(self.head_meta(path).await?.is_some())
+    }
+
+    /// The metadata of the object at `path`, or `None` when it does not
+    /// exist.
+    pub(crate) async fn head_meta(&self, path: &Path) -> Result<Option<object_store::ObjectMeta>> {
+        match self.store.head(path).await {
+            Ok(meta) => Ok(Some(meta)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(err) => Err(err.into()),
+        }
+    }
+
     /// The object at `path`, or `None` when it does not exist.
     pub(crate) async fn get(&self, path: &Path) -> Result<Option<Bytes>> {
         match self.store.get(path).await {

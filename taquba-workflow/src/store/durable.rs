@@ -10,6 +10,7 @@ use taquba::QueueView;
 use tracing::warn;
 
 use crate::error::Result;
+use crate::history::record::PendingHistory;
 use crate::model::RunTermination;
 use crate::model::StepErrorKind;
 use crate::model::{RunOutcome, TerminalStatus};
@@ -20,6 +21,14 @@ use crate::store::keys::RunId;
 /// unsupported types), so an error here is a programming error.
 pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     rmp_serde::to_vec_named(value).expect("durable records always encode")
+}
+
+/// Encode `value` as [`encode`] does, appending to `buf` (no intermediate
+/// buffer: for records encoded on every settlement).
+pub(crate) fn encode_into<T: Serialize>(value: &T, buf: &mut Vec<u8>) {
+    value
+        .serialize(&mut rmp_serde::Serializer::new(buf).with_struct_map())
+        .expect("durable records always encode");
 }
 
 /// Encode a caller-supplied value, reporting an encoding failure.
@@ -72,18 +81,29 @@ pub(crate) struct DurableRunRecord {
     /// Whether a cancellation has been requested.
     #[serde(default)]
     pub(crate) cancel_requested: bool,
-    /// A ULID new with every submission of the run id, which this run's
-    /// step-output replay records hold, so a later run under the id (a
-    /// re-submission after this one terminated) never replays them. Absent
-    /// in records written before it was kept.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) incarnation: Option<String>,
     /// The step job a cancellation request reached while the step was
     /// running in this process (its token fired, and the request was
     /// answered `Ok(true)`): a dead letter of that job reconciles as
     /// `Cancelled`, since it came after the request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) cancel_delivered_to: Option<String>,
+    /// The identity of this submission of the run id: the id of its step-0
+    /// job, new with every submission. The run's history records are tagged
+    /// with it, and its step-output replay records hold it, so a later run
+    /// under the id (a re-submission after this one terminated) never
+    /// replays them. This field and the ones below are additive (`None` in
+    /// records written before them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) execution: Option<String>,
+    /// The workflow (or job) name, read from the input at submission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) workflow: Option<String>,
+    /// The group the run is a member of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) group: Option<RunId>,
+    /// The reason given to a cancellation request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) cancel_reason: Option<String>,
 }
 
 /// The current-step pointer of an active run, under `workflow/steps/{id}`.
@@ -93,6 +113,11 @@ pub(crate) struct DurableCurrentStep {
     pub(crate) step_number: u32,
     /// The queue job id of that step.
     pub(crate) job_id: String,
+    /// The run's history entries not yet in a chunk (see
+    /// `history::record`); `None` in pointers written before them, with
+    /// history off, and at step 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) history: Option<PendingHistory>,
 }
 
 /// A terminal status as stored.
@@ -163,11 +188,72 @@ pub(crate) struct DurableTermination {
     /// of a terminated job can be told apart from a different payload.
     #[serde(with = "serde_bytes", default)]
     pub(crate) input_hash: Vec<u8>,
+    /// When the terminated run was submitted (queue clock, ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) submitted_at_ms: Option<u64>,
+    /// The queue job of the final step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) job_id: Option<String>,
+    /// The run's last history entries (those not in a chunk).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) history: Option<PendingHistory>,
+    /// The execution tag of the run's history records: the id of the step-0
+    /// job of the submission. This field and the ones below are additive
+    /// (`None` in records written before them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) execution: Option<String>,
+    /// The workflow (or job) name, read from the input at submission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) workflow: Option<String>,
+    /// The group the run is a member of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) group: Option<RunId>,
+    /// The reason given to a cancellation request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) cancel_reason: Option<String>,
     /// The group membership of a group member's run, so a plain submission
     /// under the member's run id is refused; absent for a plain run (and
     /// in records written before it was kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) member: Option<DurableMembership>,
+}
+
+impl DurableTermination {
+    /// Whether `other` records the same termination as `self`, the history
+    /// entries aside: the run result record is written before the
+    /// terminating settlement puts the run's pending history entries on the
+    /// terminal record, so the two differ in exactly that field.
+    pub(crate) fn same_termination(&self, other: &Self) -> bool {
+        let Self {
+            status,
+            error,
+            error_kind,
+            final_step,
+            terminated_at_ms,
+            input_hash,
+            submitted_at_ms,
+            job_id,
+            history: _,
+            execution,
+            workflow,
+            group,
+            cancel_reason,
+            member,
+        } = self;
+        *status == other.status
+            && *error == other.error
+            && *error_kind == other.error_kind
+            && *final_step == other.final_step
+            && *terminated_at_ms == other.terminated_at_ms
+            && *input_hash == other.input_hash
+            && *submitted_at_ms == other.submitted_at_ms
+            && *job_id == other.job_id
+            && *execution == other.execution
+            && *workflow == other.workflow
+            && *group == other.group
+            && *cancel_reason == other.cancel_reason
+            && *member == other.member
+    }
 }
 
 /// A run's membership of a group, as a terminal record keeps it.
@@ -334,7 +420,7 @@ pub(crate) struct DurableStepOutput {
     pub(crate) writes: Vec<DurableKvWrite>,
     pub(crate) deletes: Vec<serde_bytes::ByteBuf>,
     pub(crate) recorded_at_ms: u64,
-    /// The [`DurableRunRecord::incarnation`] of the run that recorded it; a
+    /// The [`DurableRunRecord::execution`] of the run that recorded it; a
     /// run of another incarnation does not replay it. Absent in records
     /// written before it was kept, which only runs whose run record has no
     /// incarnation (submitted before, and still in flight) replay.
@@ -360,8 +446,11 @@ mod tests {
             input_hash: vec![7; 32],
             submitted_at_ms: 5,
             cancel_requested: true,
-            incarnation: Some("01J00000000000000000000000".into()),
             cancel_delivered_to: Some("job-1".into()),
+            execution: Some("01J".into()),
+            workflow: Some("order".into()),
+            group: Some(RunId::new("g").unwrap()),
+            cancel_reason: Some("why".into()),
         };
         let back: DurableRunRecord = decode(&encode(&record)).unwrap();
         assert_eq!(back, record);
@@ -385,7 +474,8 @@ mod tests {
         });
         let record: DurableRunRecord = decode(&old).unwrap();
         assert!(!record.cancel_requested);
-        assert_eq!(record.incarnation, None);
         assert_eq!(record.cancel_delivered_to, None);
+        assert!(record.execution.is_none() && record.workflow.is_none());
+        assert!(record.group.is_none() && record.cancel_reason.is_none());
     }
 }

@@ -3,8 +3,8 @@
 //! every outcome a runner returns is recorded, with the KV effects it
 //! staged, before the settlement; a step delivered again with the same
 //! payload replays the record instead of calling the runner. A record
-//! belongs to one run: it holds the run's incarnation (a ULID new with each
-//! submission, on its run record), and a record of another incarnation is
+//! belongs to one run: it holds the run's execution (the id of the step-0
+//! job of its submission, on its run record), and a record of another is
 //! not replayed, so a run id submitted again after its run ended runs its
 //! steps afresh. Records are keyed by run id, step and the payload's
 //! SHA-256 (as the seeds key them); the new run's record replaces the

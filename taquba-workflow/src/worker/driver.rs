@@ -228,6 +228,8 @@ async fn settle(core: &RuntimeCore, queue: &Queue, claim: &Claim, settlement: Se
         signal_lock,
         next_step,
         ended,
+        continued: _,
+        history,
     } = settlement;
     let result = match kind {
         SettleKind::Ack(effects) => core
@@ -275,16 +277,38 @@ async fn settle(core: &RuntimeCore, queue: &Queue, claim: &Claim, settlement: Se
                 (next_step, results.first())
             {
                 // The next step was already pending (a stale job of an
-                // earlier attempt): point the run at it.
+                // earlier attempt): point the run at it, with the history
+                // the pointer carries.
+                // The entries the committed pointer carries: kept in memory,
+                // else read back from it.
+                let mut pending = history.and_then(|job_id| core.history_cache.take(&job_id));
+                if pending.is_none() {
+                    pending = durable::kv_record::<DurableCurrentStep>(
+                        queue.view(),
+                        &step_kv_key(&run_id),
+                    )
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|pointer| pointer.history);
+                }
                 let pointer = DurableCurrentStep {
                     step_number,
                     job_id: existing.clone(),
+                    history: pending.clone(),
                 };
-                if let Err(err) = queue
+                match queue
                     .kv_put(&step_kv_key(&run_id), &durable::encode(&pointer))
                     .await
                 {
-                    warn!(run_id = %run_id, "failed to adopt the pending next step: {err}");
+                    Ok(()) => {
+                        if let Some(pending) = pending {
+                            core.history_cache.put(existing.clone(), pending);
+                        }
+                    }
+                    Err(err) => {
+                        warn!(run_id = %run_id, "failed to adopt the pending next step: {err}");
+                    }
                 }
             }
         }

@@ -11,6 +11,7 @@ use tracing::{debug, warn};
 use crate::coordination::group::Membership;
 use crate::coordination::group_forget::Swept;
 use crate::error::Result;
+use crate::history::record::DurableAttemptOutcome;
 use crate::model::TerminalStatus;
 use crate::run::core::RuntimeCore;
 use crate::store::durable::{self, DurableCurrentStep, DurableRunRecord, DurableTermination};
@@ -40,6 +41,7 @@ impl RuntimeCore {
             self.note_error(&err);
             warn!(queue = %self.queue_name, "dead-letter reconciliation failed: {err}");
         }
+        self.maintain_operator_surface().await;
         if let Err(err) = self.sweep_once().await {
             self.note_error(&err);
             warn!(queue = %self.queue_name, "retention sweep failed: {err}");
@@ -151,7 +153,8 @@ impl RuntimeCore {
 
     /// Clear the state of the run whose terminal marker, written when it
     /// terminated at `at_ms`, expired: its memo entries (run result and
-    /// replay records included) and its terminal record. Left alone, with
+    /// replay records included), its terminal record and its history
+    /// records. Left alone, with
     /// only the marker removed: the state of a run id that is active again
     /// under a new submission, and of one whose terminal record is of a
     /// later termination (a run submitted again after this one ended, and
@@ -192,15 +195,26 @@ impl RuntimeCore {
             warn!(run_id = %run_id, "retention sweep deferred: {err}");
             return Expired::Keep;
         }
+        // The run's history goes with its terminal record.
+        let history = match crate::history::read::history_keys(self.queue.view(), &run_id).await {
+            Ok(keys) => keys,
+            Err(err) => {
+                warn!(run_id = %run_id, "retention sweep deferred: {err}");
+                return Expired::Keep;
+            }
+        };
         match outcome {
             // Deleted only if unchanged: a termination committed since is
             // a later run's.
             Some(bytes) => Expired::DeleteIf {
                 key: outcome_key.clone(),
                 expected: Some(bytes.to_vec()),
-                effects: SettlementEffects::default().kv_delete(outcome_key),
+                // `kv_deletes` sets the list, so it comes first.
+                effects: SettlementEffects::default()
+                    .kv_deletes(history)
+                    .kv_delete(outcome_key),
             },
-            None => Expired::Delete(SettlementEffects::default()),
+            None => Expired::Delete(SettlementEffects::default().kv_deletes(history)),
         }
     }
 
@@ -304,7 +318,7 @@ pub(crate) async fn reconcile_job(core: &RuntimeCore, job: &JobRecord) -> Result
             )
         };
         let membership = Membership::from_headers(&job.headers)?;
-        let termination = core.termination(&outcome, None, &record.input_hash, membership.as_ref());
+        let termination = core.termination(&outcome, None, &record, &job.id, membership.as_ref());
         let (mut effects, ended) = core.terminate_effects(
             &outcome,
             termination,
@@ -315,6 +329,11 @@ pub(crate) async fn reconcile_job(core: &RuntimeCore, job: &JobRecord) -> Result
         effects
             .kv_deletes
             .extend(crate::coordination::signal::waiter_cleanup(job));
+        let entry = match &outcome.error {
+            Some(error) => DurableAttemptOutcome::dead_lettered(error),
+            None => DurableAttemptOutcome::cancelled(record.cancel_reason.as_deref()),
+        };
+        core.record_detached(&mut effects, &run_id, &pointer, job, entry, job.claimed_at);
         // The pointer can leave a dead job only by the run's termination,
         // which deletes the run record too: the guard on the record stops a
         // concurrent settlement or reconciliation as well.

@@ -1,0 +1,367 @@
+//! Recording an attempt: the history entry of a settlement, derived from
+//! what the settlement commits, appended to the run's pending entries and
+//! written into the record the settlement writes anyway (the next step's
+//! pointer, or the terminal record), with a chunk when the pending entries
+//! fill one.
+
+use taquba::{JobRecord, SettlementEffects};
+use tracing::warn;
+
+use crate::error::{Error, Result};
+use crate::history::record::{
+    DurableAttempt, DurableAttemptOutcome, DurableStepEntry, PendingHistory, earlier_attempts,
+};
+use crate::hooks::terminal::TerminalHook;
+use crate::model::{StepErrorKind, TerminalStatus, Trigger};
+use crate::run::compose::merge_effects;
+use crate::run::core::RuntimeCore;
+use crate::run::settle::{ClaimedStep, SettleKind, Settlement};
+use crate::runner::StepRunner;
+use crate::runtime::RuntimeInner;
+use crate::store::durable::{
+    self, DurableCurrentStep, DurableErrorKind, DurableRunRecord, DurableTermination,
+};
+use crate::store::keys::{HEADER_REQUEUED, RunId, outcome_kv_key, step_dedup_key, step_kv_key};
+
+impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
+    /// The name of the claimed step: the runner's, else the payload's
+    /// (`#[workflow]` step, job name), else the runner's label.
+    pub(crate) fn step_name(&self, claimed: &ClaimedStep<'_>) -> String {
+        let payload = &claimed.job.payload;
+        self.runner
+            .step_name(claimed.step_number, payload)
+            .or_else(|| self.core.ops.naming.step_of(payload))
+            .unwrap_or_else(|| self.core.ops.runner_label.clone())
+    }
+}
+
+/// Where a settlement's entry is written.
+enum Target {
+    /// The terminal record of the run it ends.
+    Terminal,
+    /// The pointer to the run's next step.
+    Pointer,
+}
+
+impl RuntimeCore {
+    /// Add the history entry of `settlement` (the settlement of `claimed`,
+    /// a step of the run whose record is `run`) to what it commits. A retry
+    /// adds nothing (the queue's attempt history records it, and the step's
+    /// entry takes it in when the step settles), nor does a dead letter that
+    /// ends no run (reconciliation records it). When the entries pending
+    /// since the last chunk cannot be read, the settlement becomes a retry:
+    /// committing it would drop them.
+    pub(crate) async fn record_attempt(
+        &self,
+        claimed: &ClaimedStep<'_>,
+        run: &DurableRunRecord,
+        settlement: &mut Settlement,
+        name: &(dyn Fn() -> String + Sync),
+    ) {
+        if self.ops.history_limit == 0 {
+            return;
+        }
+        let Some(outcome) = attempt_outcome(settlement, run) else {
+            return;
+        };
+        let run_id = &claimed.run_id;
+        let Some(target) = target_of(settlement) else {
+            return;
+        };
+        let job = claimed.job;
+        let mut pending = match self.pending_history(run_id, claimed).await {
+            Ok(pending) => pending,
+            Err(err) => {
+                warn!(run_id = %run_id, job_id = %job.id, "the run's history cannot be read; the step is retried: {err}");
+                *settlement = Settlement::of(SettleKind::Retry(format!(
+                    "the run's history cannot be read: {err}"
+                )));
+                return;
+            }
+        };
+        // The job's earlier attempts (retries, lost leases) are in the
+        // queue's attempt history, committed with each.
+        let mut attempts = Vec::new();
+        if job.attempts > 1 {
+            match self.queue.view().attempt_history(&job.id).await {
+                Ok(entries) => attempts = earlier_attempts(&entries, job.attempts),
+                Err(err) => {
+                    warn!(run_id = %run_id, job_id = %job.id, "earlier attempts left out of the history: {err}");
+                }
+            }
+        }
+        attempts.push(DurableAttempt {
+            attempt: job.attempts,
+            claimed_at_ms: job.claimed_at,
+            settled_at_ms: self.now_ms(),
+            outcome,
+        });
+        pending.push(&DurableStepEntry::new(
+            claimed.step_number,
+            crate::history::cut_to(&name(), crate::history::naming::MAX_NAME_LEN),
+            attempts,
+        ));
+        let effects = match &mut settlement.kind {
+            SettleKind::Ack(effects) | SettleKind::Fail { effects, .. } => effects,
+            SettleKind::Retry(_) => return,
+        };
+        match target {
+            Target::Terminal => set_terminal_history(effects, run_id, pending),
+            Target::Pointer => {
+                let chunk =
+                    pending.flush_if_full(run_id, run.execution.as_deref(), self.ops.history_limit);
+                merge_effects(effects, chunk);
+                let next = claimed.step_number.saturating_add(1);
+                if let Some(job_id) = write_pointer_history(effects, run_id, next, &pending) {
+                    // Kept before the commit: the next step can be claimed
+                    // as soon as it commits, and its job exists only if the
+                    // pointer holding these entries committed.
+                    self.history_cache.put(job_id.clone(), pending);
+                    settlement.history = Some(job_id);
+                }
+            }
+        }
+    }
+
+    /// The entries pending on the pointer naming the claimed job (from the
+    /// cache, or read back; none for a step 0 the submission's pointer
+    /// names).
+    async fn pending_history(
+        &self,
+        run_id: &RunId,
+        claimed: &ClaimedStep<'_>,
+    ) -> Result<PendingHistory> {
+        let job = claimed.job;
+        if let Some(pending) = self.history_cache.take(&job.id) {
+            return Ok(pending);
+        }
+        if claimed.step_number == 0 && !job.headers.contains_key(HEADER_REQUEUED) {
+            return Ok(PendingHistory::default());
+        }
+        let pointer = match self.queue.view().kv_get(&step_kv_key(run_id)).await {
+            Ok(bytes) => bytes.and_then(|bytes| {
+                durable::decode_or_absent::<DurableCurrentStep>(&bytes, "step pointer", run_id)
+            }),
+            Err(err) => return Err(Error::from(err)),
+        };
+        Ok(pointer
+            .filter(|pointer| pointer.job_id == job.id)
+            .and_then(|pointer| pointer.history)
+            .unwrap_or_default())
+    }
+
+    /// The history effects of step `step` of the run whose pointer is
+    /// `pointer` (naming `job`) ending outside the worker with `outcome` (a
+    /// cancelled waiting step, a dead letter reconciled): the entry is
+    /// appended to the pending ones in the terminal record `effects`
+    /// writes.
+    pub(crate) fn record_detached(
+        &self,
+        effects: &mut SettlementEffects,
+        run_id: &RunId,
+        pointer: &DurableCurrentStep,
+        job: &JobRecord,
+        outcome: DurableAttemptOutcome,
+        claimed_at_ms: Option<u64>,
+    ) {
+        // The cached copy of this pointer is of no more use.
+        let cached = self.history_cache.take(&job.id);
+        if self.ops.history_limit == 0 {
+            return;
+        }
+        let mut pending = pointer.history.clone().or(cached).unwrap_or_default();
+        pending.push(&DurableStepEntry::new(
+            pointer.step_number,
+            self.detached_step_name(job),
+            vec![DurableAttempt {
+                attempt: job.attempts,
+                claimed_at_ms,
+                settled_at_ms: self.now_ms(),
+                outcome,
+            }],
+        ));
+        set_terminal_history(effects, run_id, pending);
+    }
+
+    /// The name of `job`'s step read outside a runner: the payload's, else
+    /// the runner's label.
+    pub(crate) fn detached_step_name(&self, job: &JobRecord) -> String {
+        let name = self
+            .ops
+            .naming
+            .step_of(&job.payload)
+            .unwrap_or_else(|| self.ops.runner_label.clone());
+        crate::history::cut_to(&name, crate::history::naming::MAX_NAME_LEN)
+    }
+}
+
+/// Where the entry of `settlement` goes: the terminal record of the run it
+/// ends, or the pointer to the step it enqueues.
+fn target_of(settlement: &Settlement) -> Option<Target> {
+    match (&settlement.kind, &settlement.ended, &settlement.next_step) {
+        (SettleKind::Retry(_), _, _) => None,
+        (_, Some(_), _) => Some(Target::Terminal),
+        (SettleKind::Ack(_), None, Some(_)) => Some(Target::Pointer),
+        _ => None,
+    }
+}
+
+/// Put `pending` on the terminal record `effects` writes for `run_id`.
+pub(crate) fn set_terminal_history(
+    effects: &mut SettlementEffects,
+    run_id: &RunId,
+    pending: PendingHistory,
+) {
+    if let Some(bytes) = effects.kv_writes.get_mut(&outcome_kv_key(run_id))
+        && let Ok(mut termination) = durable::decode::<DurableTermination>(bytes)
+    {
+        termination.history = Some(pending);
+        *bytes = durable::encode(&termination);
+    }
+}
+
+/// Rewrite the pointer `effects` writes for `run_id` (to step `step`, named
+/// by the step's enqueue in `effects`) with `pending`, without decoding it;
+/// returns the job it names.
+fn write_pointer_history(
+    effects: &mut SettlementEffects,
+    run_id: &RunId,
+    step: u32,
+    pending: &PendingHistory,
+) -> Option<String> {
+    let dedup = step_dedup_key(run_id, step);
+    let job_id = effects
+        .enqueues
+        .iter()
+        .find(|request| request.options.dedup_key.as_deref() == Some(dedup.as_str()))
+        .and_then(|request| request.options.id_override.clone())?;
+    let bytes = effects.kv_writes.get_mut(&step_kv_key(run_id))?;
+    /// The pointer's fields, the history by reference.
+    #[derive(serde::Serialize)]
+    struct PointerOut<'a> {
+        step_number: u32,
+        job_id: &'a str,
+        history: &'a PendingHistory,
+    }
+    let mut encoded = Vec::with_capacity(64 + pending.entries.len());
+    durable::encode_into(
+        &PointerOut {
+            step_number: step,
+            job_id: &job_id,
+            history: pending,
+        },
+        &mut encoded,
+    );
+    *bytes = encoded;
+    Some(job_id)
+}
+
+/// Put `pending` on the pointer `effects` writes for `run_id`; returns the
+/// job it names.
+pub(crate) fn set_pointer_history(
+    effects: &mut SettlementEffects,
+    run_id: &RunId,
+    pending: PendingHistory,
+) -> Option<String> {
+    let bytes = effects.kv_writes.get_mut(&step_kv_key(run_id))?;
+    let mut pointer = durable::decode::<DurableCurrentStep>(bytes).ok()?;
+    let mut encoded = Vec::with_capacity(64 + pending.entries.len());
+    pointer.history = Some(pending);
+    durable::encode_into(&pointer, &mut encoded);
+    *bytes = encoded;
+    Some(pointer.job_id)
+}
+
+/// What `settlement` commits, as a history outcome.
+fn attempt_outcome(
+    settlement: &Settlement,
+    run: &DurableRunRecord,
+) -> Option<DurableAttemptOutcome> {
+    if let Some((run_id, end)) = &settlement.ended {
+        let termination = &end.termination;
+        let error = termination.error.as_deref().unwrap_or_default();
+        // The reason of a cancellation from outside, from the terminal
+        // record the settlement commits (the request may be newer than the
+        // run record the step was claimed with).
+        let committed_reason = match &settlement.kind {
+            SettleKind::Ack(effects) | SettleKind::Fail { effects, .. } => effects
+                .kv_writes
+                .get(&outcome_kv_key(run_id))
+                .and_then(|bytes| durable::decode::<DurableTermination>(bytes).ok())
+                .and_then(|t| t.cancel_reason),
+            SettleKind::Retry(_) => None,
+        };
+        return Some(match termination.status {
+            TerminalStatus::Succeeded => DurableAttemptOutcome::Succeeded,
+            TerminalStatus::Failed => DurableAttemptOutcome::failed(
+                DurableErrorKind::from(termination.error_kind.unwrap_or(StepErrorKind::Permanent)),
+                error,
+            ),
+            // A runner's reason, else the reason given from outside.
+            TerminalStatus::Cancelled => DurableAttemptOutcome::cancelled(
+                termination
+                    .error
+                    .as_deref()
+                    .or(committed_reason.as_deref())
+                    .or(run.cancel_reason.as_deref()),
+            ),
+        });
+    }
+    match &settlement.kind {
+        SettleKind::Ack(_) => settlement.continued.as_ref().map(|trigger| match trigger {
+            Trigger::Immediate => DurableAttemptOutcome::continued(None, None),
+            Trigger::After(delay) => DurableAttemptOutcome::continued(Some(millis(*delay)), None),
+            Trigger::OnSignal {
+                correlation_key,
+                timeout,
+            } => DurableAttemptOutcome::continued(
+                None,
+                Some((correlation_key.as_str(), millis(*timeout))),
+            ),
+        }),
+        SettleKind::Retry(_) | SettleKind::Fail { .. } => None,
+    }
+}
+
+fn millis(duration: std::time::Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use taquba::{EnqueueOptions, EnqueueRequest};
+
+    use super::*;
+
+    #[test]
+    fn a_pointer_rewritten_with_history_decodes_as_a_pointer() {
+        let run_id = RunId::new("r").unwrap();
+        let pointer = DurableCurrentStep {
+            step_number: 4,
+            job_id: "j4".into(),
+            history: None,
+        };
+        let mut effects = SettlementEffects::default()
+            .enqueue(EnqueueRequest {
+                queue: "q".into(),
+                payload: vec![],
+                options: EnqueueOptions::default()
+                    .id_override("j4".to_string())
+                    .dedup_key(step_dedup_key(&run_id, 4)),
+            })
+            .kv_put(step_kv_key(&run_id), durable::encode(&pointer));
+        let mut pending = PendingHistory::default();
+        pending.push(&DurableStepEntry::new(3, "s".into(), Vec::new()));
+        let job = write_pointer_history(&mut effects, &run_id, 4, &pending);
+        assert_eq!(job.as_deref(), Some("j4"));
+        let written: DurableCurrentStep =
+            durable::decode(&effects.kv_writes[&step_kv_key(&run_id)]).unwrap();
+        assert_eq!(
+            written,
+            DurableCurrentStep {
+                history: Some(pending),
+                ..pointer
+            }
+        );
+    }
+}

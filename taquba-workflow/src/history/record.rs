@@ -1,0 +1,478 @@
+//! The stored history: an append-only log of entries per run, one entry
+//! per settlement (a step with the attempts it settled), written without a
+//! read and without a key of its own on the common path.
+//!
+//! The entries since the last chunk ride on records the settlement writes
+//! anyway: the run's current-step pointer (`workflow/steps/{run_id}`,
+//! rewritten by every continuing settlement) carries them as
+//! [`PendingHistory`], and the terminal record takes the last ones when the
+//! run ends. Every [`CHUNK_ENTRIES`] entries the pending ones move to a
+//! chunk record, `workflow/history/{run_id}/{chunk:010}`, in the same
+//! transaction; writing chunk `c` deletes chunk `c - chunks_kept`, so a
+//! run keeps at least its last `history_limit` entries. An extra KV key per
+//! settlement would cost the store a conflict check per concurrent
+//! transaction; this layout adds one key every [`CHUNK_ENTRIES`] steps.
+//!
+//! A run id can run again after it terminated (a group member retried, a
+//! run resubmitted); chunks carry the `execution` tag of the run (the id of
+//! its step-0 job, recorded in the run record), and a reader keeps only the
+//! current execution's.
+
+use serde::{Deserialize, Serialize};
+use serde_bytes::ByteBuf;
+use taquba::SettlementEffects;
+
+use crate::history::{AttemptOutcome, SignalWaitSpec, StepAttempt, cut};
+use crate::store::durable::{self, DurableErrorKind};
+use crate::store::keys::{RunId, history_kv_key};
+
+/// Entries a chunk record holds: the pending entries move to a chunk once
+/// there are this many.
+pub(crate) const CHUNK_ENTRIES: u32 = 8;
+
+/// The entries of a run not yet in a chunk, with the run's chunk count.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PendingHistory {
+    /// The encoded entries, concatenated (each a self-delimiting
+    /// MessagePack value), oldest first.
+    #[serde(default)]
+    pub(crate) entries: ByteBuf,
+    /// How many entries `entries` holds.
+    #[serde(default)]
+    pub(crate) count: u32,
+    /// Chunks written so far: the number of the next one.
+    #[serde(default)]
+    pub(crate) chunks: u32,
+}
+
+/// A chunk record: [`CHUNK_ENTRIES`] entries of one execution.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DurableHistoryChunk {
+    #[serde(default)]
+    pub(crate) execution: Option<String>,
+    pub(crate) entries: ByteBuf,
+    pub(crate) count: u32,
+}
+
+/// One entry: a settlement of a step (or an ending of it from outside),
+/// with the attempts it settled.
+///
+/// Entries are the one record written on every settlement, and a pending
+/// entry is rewritten with the pointer until its chunk is written, so
+/// their field names are one or two letters (still named, so fields can
+/// be added): an entry of a step continuing at once is about 50 bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DurableStepEntry {
+    #[serde(rename = "s")]
+    pub(crate) step: u32,
+    #[serde(rename = "n")]
+    pub(crate) name: String,
+    #[serde(rename = "a")]
+    pub(crate) attempts: Vec<DurableAttempt>,
+    /// Earlier attempts of the step left out (at most
+    /// `MAX_ATTEMPTS_PER_STEP` are kept, so an entry stays far below the KV
+    /// value cap).
+    #[serde(rename = "x", default, skip_serializing_if = "is_zero")]
+    pub(crate) attempts_dropped: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+impl DurableStepEntry {
+    /// An entry of `step` named `name` with `attempts`, keeping the last
+    /// [`MAX_ATTEMPTS_PER_STEP`](crate::history::MAX_ATTEMPTS_PER_STEP).
+    pub(crate) fn new(step: u32, name: String, mut attempts: Vec<DurableAttempt>) -> Self {
+        let excess = attempts
+            .len()
+            .saturating_sub(crate::history::MAX_ATTEMPTS_PER_STEP);
+        attempts.drain(..excess);
+        Self {
+            step,
+            name,
+            attempts,
+            attempts_dropped: u32::try_from(excess).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+/// One settled attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "AttemptWire", from = "AttemptWire")]
+pub(crate) struct DurableAttempt {
+    pub(crate) attempt: u32,
+    pub(crate) claimed_at_ms: Option<u64>,
+    pub(crate) settled_at_ms: u64,
+    pub(crate) outcome: DurableAttemptOutcome,
+}
+
+/// A [`DurableAttempt`] as stored: the settlement time as an offset from
+/// the claim time when there is one (a few bytes instead of nine).
+#[derive(Serialize, Deserialize)]
+struct AttemptWire {
+    a: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    c: Option<u64>,
+    /// Settled at: ms after `c`, or ms since the UNIX epoch without `c`.
+    t: u64,
+    o: DurableAttemptOutcome,
+}
+
+impl From<DurableAttempt> for AttemptWire {
+    fn from(attempt: DurableAttempt) -> Self {
+        let t = match attempt.claimed_at_ms {
+            Some(claimed) => attempt.settled_at_ms.saturating_sub(claimed),
+            None => attempt.settled_at_ms,
+        };
+        Self {
+            a: attempt.attempt,
+            c: attempt.claimed_at_ms,
+            t,
+            o: attempt.outcome,
+        }
+    }
+}
+
+impl From<AttemptWire> for DurableAttempt {
+    fn from(wire: AttemptWire) -> Self {
+        Self {
+            attempt: wire.a,
+            claimed_at_ms: wire.c,
+            settled_at_ms: wire
+                .c
+                .map_or(wire.t, |claimed| claimed.saturating_add(wire.t)),
+            outcome: wire.o,
+        }
+    }
+}
+
+/// An attempt's outcome as stored (tag `k`, short field names as for
+/// [`DurableStepEntry`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "k", rename_all = "snake_case")]
+pub(crate) enum DurableAttemptOutcome {
+    Continued {
+        #[serde(rename = "d", default, skip_serializing_if = "Option::is_none")]
+        delay_ms: Option<u64>,
+        #[serde(rename = "s", default, skip_serializing_if = "Option::is_none")]
+        signal: Option<DurableSignalWait>,
+    },
+    Retried {
+        #[serde(rename = "e")]
+        error: String,
+    },
+    Succeeded,
+    Failed {
+        #[serde(rename = "ek")]
+        error_kind: DurableErrorKind,
+        #[serde(rename = "e")]
+        error: String,
+    },
+    Cancelled {
+        #[serde(rename = "r", default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    DeadLettered {
+        #[serde(rename = "e")]
+        error: String,
+    },
+    LeaseExpired,
+    Interrupted,
+    Requeued,
+}
+
+/// A signal wait as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DurableSignalWait {
+    #[serde(rename = "key")]
+    pub(crate) correlation_key: String,
+    #[serde(rename = "ms")]
+    pub(crate) timeout_ms: u64,
+}
+
+impl DurableAttemptOutcome {
+    /// A continuation after `delay_ms` (`None`: at once) or on `signal`
+    /// (its key and timeout in ms).
+    pub(crate) fn continued(delay_ms: Option<u64>, signal: Option<(&str, u64)>) -> Self {
+        Self::Continued {
+            delay_ms,
+            signal: signal.map(|(key, timeout_ms)| DurableSignalWait {
+                correlation_key: cut(key),
+                timeout_ms,
+            }),
+        }
+    }
+
+    pub(crate) fn retried(error: &str) -> Self {
+        Self::Retried { error: cut(error) }
+    }
+
+    pub(crate) fn failed(kind: DurableErrorKind, error: &str) -> Self {
+        Self::Failed {
+            error_kind: kind,
+            error: cut(error),
+        }
+    }
+
+    pub(crate) fn cancelled(reason: Option<&str>) -> Self {
+        Self::Cancelled {
+            reason: reason.map(cut),
+        }
+    }
+
+    pub(crate) fn dead_lettered(error: &str) -> Self {
+        Self::DeadLettered { error: cut(error) }
+    }
+}
+
+impl From<DurableAttemptOutcome> for AttemptOutcome {
+    fn from(outcome: DurableAttemptOutcome) -> Self {
+        match outcome {
+            DurableAttemptOutcome::Continued { delay_ms, signal } => AttemptOutcome::Continued {
+                delay_ms,
+                signal: signal.map(|s| SignalWaitSpec {
+                    correlation_key: s.correlation_key,
+                    timeout_ms: s.timeout_ms,
+                }),
+            },
+            DurableAttemptOutcome::Retried { error } => AttemptOutcome::Retried { error },
+            DurableAttemptOutcome::Succeeded => AttemptOutcome::Succeeded,
+            DurableAttemptOutcome::Failed { error_kind, error } => AttemptOutcome::Failed {
+                kind: error_kind.into(),
+                error,
+            },
+            DurableAttemptOutcome::Cancelled { reason } => AttemptOutcome::Cancelled { reason },
+            DurableAttemptOutcome::DeadLettered { error } => AttemptOutcome::DeadLettered { error },
+            DurableAttemptOutcome::LeaseExpired => AttemptOutcome::LeaseExpired,
+            DurableAttemptOutcome::Interrupted => AttemptOutcome::Interrupted,
+            DurableAttemptOutcome::Requeued => AttemptOutcome::Requeued,
+        }
+    }
+}
+
+impl From<DurableAttempt> for StepAttempt {
+    fn from(attempt: DurableAttempt) -> Self {
+        StepAttempt {
+            attempt: attempt.attempt,
+            claimed_at_ms: attempt.claimed_at_ms,
+            settled_at_ms: attempt.settled_at_ms,
+            outcome: attempt.outcome.into(),
+        }
+    }
+}
+
+/// The attempts of a step job before its current one, from the queue's own
+/// attempt history of the job (`taquba::QueueView::attempt_history`, each
+/// entry committed with the transition it records): the retries, expired
+/// leases and interrupted claims since its last requeue marker, before
+/// attempt `current`.
+pub(crate) fn earlier_attempts(
+    entries: &[taquba::JobAttempt],
+    current: u32,
+) -> Vec<DurableAttempt> {
+    let since = entries
+        .iter()
+        .rposition(|e| e.outcome == taquba::AttemptOutcome::Requeued)
+        .map_or(0, |marker| marker + 1);
+    entries[since..]
+        .iter()
+        .filter(|e| e.attempt < current)
+        .filter_map(|e| {
+            let outcome = match e.outcome {
+                taquba::AttemptOutcome::Retried => {
+                    DurableAttemptOutcome::retried(e.error.as_deref().unwrap_or_default())
+                }
+                taquba::AttemptOutcome::LeaseExpired => DurableAttemptOutcome::LeaseExpired,
+                taquba::AttemptOutcome::Interrupted => DurableAttemptOutcome::Interrupted,
+                _ => return None,
+            };
+            Some(DurableAttempt {
+                attempt: e.attempt,
+                claimed_at_ms: e.claimed_at,
+                settled_at_ms: e.recorded_at,
+                outcome,
+            })
+        })
+        .collect()
+}
+
+/// Decode concatenated entries; decoding stops at the first that does not
+/// decode (a record of a future format is read up to it).
+pub(crate) fn decode_entries(mut bytes: &[u8]) -> Vec<DurableStepEntry> {
+    let mut entries = Vec::new();
+    while !bytes.is_empty() {
+        let mut de = rmp_serde::Deserializer::new(&mut bytes);
+        match DurableStepEntry::deserialize(&mut de) {
+            Ok(entry) => entries.push(entry),
+            Err(err) => {
+                tracing::warn!("a history entry does not decode; the rest is skipped: {err}");
+                break;
+            }
+        }
+    }
+    entries
+}
+
+impl PendingHistory {
+    /// Append `entry`.
+    pub(crate) fn push(&mut self, entry: &DurableStepEntry) {
+        durable::encode_into(entry, &mut self.entries);
+        self.count = self.count.saturating_add(1);
+    }
+
+    /// When the pending entries fill a chunk: the effects that write it as
+    /// chunk `self.chunks` of `run_id`'s `execution` (deleting the chunk
+    /// that falls out of the last `limit` entries), leaving none pending.
+    pub(crate) fn flush_if_full(
+        &mut self,
+        run_id: &RunId,
+        execution: Option<&str>,
+        limit: u32,
+    ) -> SettlementEffects {
+        if self.count < CHUNK_ENTRIES {
+            return SettlementEffects::default();
+        }
+        let chunk = DurableHistoryChunk {
+            execution: execution.map(str::to_string),
+            entries: std::mem::take(&mut self.entries),
+            count: std::mem::take(&mut self.count),
+        };
+        let number = self.chunks;
+        self.chunks = self.chunks.saturating_add(1);
+        let mut effects = SettlementEffects::default();
+        let kept = chunks_kept(limit);
+        if let Some(old) = number.checked_sub(kept) {
+            effects = effects.kv_delete(history_kv_key(run_id, old));
+        }
+        effects.kv_put(history_kv_key(run_id, number), durable::encode(&chunk))
+    }
+}
+
+/// Chunks kept so that at least the last `limit` entries are retained.
+pub(crate) fn chunks_kept(limit: u32) -> u32 {
+    limit.div_ceil(CHUNK_ENTRIES)
+}
+
+/// Decode a chunk record, `None` (logged) when it does not decode.
+pub(crate) fn decode_chunk(bytes: &[u8], run_id: &RunId) -> Option<DurableHistoryChunk> {
+    durable::decode_or_absent(bytes, "history chunk", run_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(step: u32) -> DurableStepEntry {
+        DurableStepEntry::new(
+            step,
+            "charge".into(),
+            vec![
+                DurableAttempt {
+                    attempt: 1,
+                    claimed_at_ms: Some(10),
+                    settled_at_ms: 12,
+                    outcome: DurableAttemptOutcome::retried("503"),
+                },
+                DurableAttempt {
+                    attempt: 2,
+                    claimed_at_ms: Some(20),
+                    settled_at_ms: 21,
+                    outcome: DurableAttemptOutcome::continued(None, Some(("k", 5))),
+                },
+            ],
+        )
+    }
+
+    #[test]
+    fn an_entry_keeps_the_last_attempts() {
+        let attempts = (1..=40)
+            .map(|attempt| DurableAttempt {
+                attempt,
+                claimed_at_ms: None,
+                settled_at_ms: 0,
+                outcome: DurableAttemptOutcome::retried(&"e".repeat(2000)),
+            })
+            .collect();
+        let entry = DurableStepEntry::new(0, "s".into(), attempts);
+        assert_eq!(entry.attempts.len(), crate::history::MAX_ATTEMPTS_PER_STEP);
+        assert_eq!(entry.attempts[0].attempt, 25);
+        assert_eq!(entry.attempts_dropped, 24);
+        let mut pending = PendingHistory::default();
+        for _ in 0..CHUNK_ENTRIES {
+            pending.push(&entry);
+        }
+        assert!(
+            durable::encode(&pending).len() < taquba::MAX_KV_VALUE_SIZE,
+            "a full chunk of the largest entries fits a KV value"
+        );
+    }
+
+    #[test]
+    fn pending_entries_round_trip_and_fill_chunks() {
+        let run = RunId::new("r").unwrap();
+        let mut pending = PendingHistory::default();
+        for step in 0..CHUNK_ENTRIES - 1 {
+            pending.push(&entry(step));
+            assert!(
+                pending
+                    .flush_if_full(&run, Some("e"), 100)
+                    .kv_writes
+                    .is_empty()
+            );
+        }
+        let decoded = decode_entries(&pending.entries);
+        assert_eq!(decoded.len(), (CHUNK_ENTRIES - 1) as usize);
+        assert_eq!(decoded[3], entry(3));
+        pending.push(&entry(CHUNK_ENTRIES - 1));
+        let effects = pending.flush_if_full(&run, Some("e"), 100);
+        assert_eq!(pending.count, 0);
+        assert_eq!(pending.chunks, 1);
+        let chunk_bytes = &effects.kv_writes[&history_kv_key(&run, 0)];
+        let chunk = decode_chunk(chunk_bytes, &run).unwrap();
+        assert_eq!(chunk.execution.as_deref(), Some("e"));
+        assert_eq!(decode_entries(&chunk.entries).len(), CHUNK_ENTRIES as usize);
+        assert!(effects.kv_deletes.is_empty());
+    }
+
+    #[test]
+    fn writing_a_chunk_deletes_the_one_that_falls_out_of_the_limit() {
+        let run = RunId::new("r").unwrap();
+        let kept = chunks_kept(20);
+        assert_eq!(kept, 3);
+        let mut pending = PendingHistory {
+            chunks: kept,
+            ..Default::default()
+        };
+        for step in 0..CHUNK_ENTRIES {
+            pending.push(&entry(step));
+        }
+        let effects = pending.flush_if_full(&run, None, 20);
+        assert_eq!(effects.kv_deletes, vec![history_kv_key(&run, 0)]);
+    }
+
+    #[test]
+    fn an_entry_of_a_plain_step_is_small() {
+        let entry = DurableStepEntry::new(
+            41,
+            "FnRunner".into(),
+            vec![DurableAttempt {
+                attempt: 1,
+                claimed_at_ms: Some(1_700_000_000_000),
+                settled_at_ms: 1_700_000_000_003,
+                outcome: DurableAttemptOutcome::continued(None, None),
+            }],
+        );
+        let bytes = durable::encode(&entry);
+        assert!(bytes.len() <= 56, "{} bytes", bytes.len());
+        assert_eq!(decode_entries(&bytes), vec![entry]);
+    }
+
+    #[test]
+    fn a_damaged_tail_keeps_the_entries_before_it() {
+        let mut pending = PendingHistory::default();
+        pending.push(&entry(0));
+        pending.entries.extend_from_slice(b"\xc1\xc1");
+        assert_eq!(decode_entries(&pending.entries), vec![entry(0)]);
+    }
+}
