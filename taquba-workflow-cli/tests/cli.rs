@@ -1,0 +1,294 @@
+//! The `taquba-workflow` binary against stores written by a real
+//! `#[workflow]` runtime: live (the owner runs in this test process, the
+//! CLI is a second process reading the same directory) and offline (a
+//! copy of a store no process owns).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Owner, cli, copy_dir, json, run, stderr, stdout, time_filters};
+use predicates::prelude::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_store_is_described_from_another_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let owner = Owner::open(dir.path()).await;
+    let done = owner.start("done-1", 3, "ok", &[("tenant", "acme")]).await;
+    owner.wait(&done).await;
+    let failed = owner.start("failed-1", 4, "fail", &[]).await;
+    owner.wait(&failed).await;
+    owner.start("waiting-1", 7, "signal", &[]).await;
+
+    let described = run(cli(dir.path(), &["runs", "describe", "done-1"])).await;
+    let text = stdout(&described.success());
+    insta::with_settings!({ filters => time_filters() }, {
+        insta::assert_snapshot!("describe_succeeded", text);
+    });
+
+    let described = run(cli(
+        dir.path(),
+        &["runs", "describe", "waiting-1", "-o", "json"],
+    ))
+    .await;
+    let value = json(&described.success());
+    assert_eq!(value["state"], "pending");
+    assert_eq!(value["current_step"], 1);
+    assert!(value["termination"].is_null());
+
+    // A failed run's result is printed, and the exit code says it failed.
+    let result = run(cli(dir.path(), &["runs", "result", "failed-1"])).await;
+    let result = result.code(1);
+    assert!(stdout(&result).contains("asked to fail with n=4"));
+    assert!(
+        stderr(&result).contains("run failed-1 failed"),
+        "{}",
+        stderr(&result)
+    );
+
+    // An active run has no result yet.
+    run(cli(dir.path(), &["runs", "result", "waiting-1"]))
+        .await
+        .code(1)
+        .stderr(
+            predicate::str::contains("waiting-1 is pending at step 1")
+                .and(predicate::str::contains("--wait")),
+        );
+
+    owner.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn result_wait_follows_a_live_run_to_its_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let owner = Owner::open(dir.path()).await;
+    let id = owner.start("approval-1", 5, "signal", &[]).await;
+    let waiting = tokio::spawn(run(cli(
+        dir.path(),
+        &[
+            "runs",
+            "result",
+            "approval-1",
+            "--wait",
+            "--timeout",
+            "60s",
+            "-o",
+            "json",
+        ],
+    )));
+    // The CLI is polling; the run ends only after the signal.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(!waiting.is_finished());
+    owner
+        .runtime
+        .signal_value("approve:5", "ship it")
+        .await
+        .unwrap();
+    owner.wait(&id).await;
+    let value = json(&waiting.await.unwrap().success());
+    assert_eq!(value["termination"]["status"], "succeeded");
+    assert_eq!(
+        value["outcome"]["result"]["value"],
+        serde_json::json!({ "total": 5, "note": "ship it" })
+    );
+
+    // A bounded wait on a run that stays active gives up, naming it.
+    owner.start("forever-1", 9, "timer", &[]).await;
+    run(cli(
+        dir.path(),
+        &["runs", "result", "forever-1", "--wait", "--timeout", "1s"],
+    ))
+    .await
+    .code(1)
+    .stderr(predicate::str::contains(
+        "run forever-1 is still pending at step 1 after 1s",
+    ));
+    owner.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_info_reports_counts_dead_letters_and_sizes() {
+    let dir = tempfile::tempdir().unwrap();
+    let owner = Owner::open(dir.path()).await;
+    let ok = owner.start("ok-1", 2, "ok", &[]).await;
+    owner.wait(&ok).await;
+    let flaky = owner.start("flaky-1", 1, "flaky", &[]).await;
+    let end = owner.wait(&flaky).await;
+    assert_eq!(end.termination.status.as_str(), "failed");
+    owner.start("timer-1", 1, "timer", &[]).await;
+
+    let info = run(cli(dir.path(), &["store", "info", "-o", "json"])).await;
+    let value = json(&info.success());
+    assert_eq!(value["db"], common::DB);
+    let queue = value["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["queue"] == "workflow-steps")
+        .expect("the runtime's queue is listed")
+        .clone();
+    assert_eq!(queue["dead"], 1);
+    assert_eq!(queue["scheduled"], 1);
+    let dead = &value["dead_letters"][0];
+    assert_eq!(dead["run_id"], "flaky-1");
+    assert_eq!(dead["attempts"], common::MAX_ATTEMPTS);
+    assert!(
+        dead["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("flaky dependency (n=1)")
+    );
+    let prefixes: Vec<&str> = value["prefixes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["prefix"].as_str().unwrap())
+        .collect();
+    assert!(prefixes.contains(&common::DB), "{prefixes:?}");
+    assert!(prefixes.contains(&"workflow-steps-memo"), "{prefixes:?}");
+    assert!(value["total_bytes"].as_u64().unwrap() > 0);
+    assert!(value["writer"]["epoch"].as_u64().unwrap() >= 1);
+
+    let text = stdout(&run(cli(dir.path(), &["store", "info"])).await.success());
+    assert!(text.contains("Dead letters"), "{text}");
+    assert!(text.contains("(run flaky-1) after 2/2 attempts"), "{text}");
+    owner.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copied_store_is_inspected_with_no_process_owning_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    let owner = Owner::open(&live).await;
+    let done = owner.start("copied-1", 2, "ok", &[]).await;
+    owner.wait(&done).await;
+    owner.start("copied-2", 3, "timer", &[]).await;
+    owner.stop().await;
+    let copy = dir.path().join("copy");
+    copy_dir(&live, &copy);
+    std::fs::remove_dir_all(&live).unwrap();
+
+    let value = json(
+        &run(cli(&copy, &["runs", "result", "copied-1", "-o", "json"]))
+            .await
+            .success(),
+    );
+    assert_eq!(
+        value["outcome"]["result"]["value"],
+        serde_json::json!({ "total": 3, "note": null })
+    );
+    let value = json(
+        &run(cli(&copy, &["runs", "describe", "copied-2", "-o", "json"]))
+            .await
+            .success(),
+    );
+    assert_eq!(value["state"], "pending");
+
+    // Reading wrote nothing: the copy is byte for byte what it was.
+    let before = tree(&copy);
+    run(cli(&copy, &["store", "info"])).await.success();
+    assert_eq!(tree(&copy), before);
+}
+
+/// Every file under `dir` with its size, sorted.
+fn tree(dir: &std::path::Path) -> Vec<(String, u64)> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let entry = entry.unwrap();
+            if entry.file_type().unwrap().is_dir() {
+                stack.push(entry.path());
+            } else {
+                files.push((
+                    entry.path().display().to_string(),
+                    entry.metadata().unwrap().len(),
+                ));
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_path_is_discovered_or_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    run(cli(dir.path(), &["store", "info"]))
+        .await
+        .code(2)
+        .stderr(predicate::str::contains("no queue found"));
+
+    // Two queues in one store: the error lists them and asks for --db.
+    let owner = Owner::open(dir.path()).await;
+    owner.stop().await;
+    let other = taquba::Queue::open(
+        std::sync::Arc::new(
+            taquba::object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap(),
+        ),
+        "other-db",
+    )
+    .await
+    .unwrap();
+    other.close().await.unwrap();
+    run(cli(dir.path(), &["store", "info"]))
+        .await
+        .code(2)
+        .stderr(predicate::str::contains(
+            "holds several queues (demo, other-db): pass --db",
+        ));
+    let value = json(
+        &run(cli(
+            dir.path(),
+            &["--db", "other-db", "store", "info", "-o", "json"],
+        ))
+        .await
+        .success(),
+    );
+    assert_eq!(value["db"], "other-db");
+    run(cli(dir.path(), &["--db", "missing", "store", "info"]))
+        .await
+        .code(1)
+        .stderr(predicate::str::contains("\"missing\""));
+}
+
+#[test]
+fn usage_errors_exit_2_and_failures_exit_1_naming_the_value() {
+    let dir = tempfile::tempdir().unwrap();
+    cli(dir.path(), &["runs", "describe", "a/b"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("a/b"));
+    cli(dir.path(), &["runs", "list", "--since", "soon"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("soon"));
+    let missing = dir.path().join("nowhere");
+    cli(&missing, &["store", "info"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains(missing.display().to_string()));
+    assert!(!missing.exists(), "a read never creates a store");
+    assert_cmd::Command::cargo_bin("taquba-workflow")
+        .unwrap()
+        .env_remove("TAQUBA_WORKFLOW_STORE")
+        .args(["store", "info"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--store"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_run_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let owner = Owner::open(dir.path()).await;
+    let done = owner.start("known-1", 1, "ok", &[]).await;
+    owner.wait(&done).await;
+    for command in ["describe", "result"] {
+        run(cli(dir.path(), &["runs", command, "unknown-7"]))
+            .await
+            .code(1)
+            .stderr(predicate::str::contains("run unknown-7 not found"));
+    }
+    owner.stop().await;
+}
