@@ -95,6 +95,15 @@ pub enum Error {
     /// No group with this id has a manifest.
     #[error("group `{0}` not found")]
     GroupNotFound(RunId),
+    /// An inbox command (or its object) is invalid; the message names the
+    /// field and the value.
+    #[error("invalid command: {0}")]
+    InvalidCommand(String),
+    /// An inbox command cannot be applied to the state it finds (the
+    /// message names the run and what is in the way), for example a
+    /// requeue of a run that did not fail by a dead letter.
+    #[error("command refused: {0}")]
+    CommandRefused(String),
 }
 
 impl Error {

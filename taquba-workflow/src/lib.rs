@@ -82,7 +82,9 @@
 
 mod coordination;
 mod error;
+mod history;
 mod hooks;
+mod inbox;
 pub mod jobs;
 mod model;
 mod run;
@@ -99,9 +101,17 @@ pub mod workflows;
 pub use coordination::group::{GroupMember, GroupStatus, MemberResult, RunGroup};
 pub use coordination::signal::SignalOutcome;
 pub use error::{Error, Result};
+pub use history::{
+    AttemptOutcome, DEFAULT_HISTORY_LIMIT, MAX_ATTEMPTS_PER_STEP, MAX_HISTORY_TEXT_LEN, RunHistory,
+    SignalWaitSpec, StepAttempt, StepHistory,
+};
 pub use hooks::terminal::{NoopTerminalHook, TerminalHook};
 #[cfg(feature = "webhooks")]
 pub use hooks::webhook::{CALLBACK_URL_HEADER, DEFAULT_WEBHOOK_QUEUE, WebhookTerminalHook};
+pub use inbox::{
+    Command, CommandAnswer, CommandId, CommandState, Inbox, MAX_COMMAND_SIZE, MAX_COMMAND_TEXT_LEN,
+    SubmitCommand,
+};
 pub use model::{
     RunEnd, RunOptions, RunOutcome, RunSpec, RunState, RunStatus, RunTermination, StepError,
     StepErrorKind, StepOutcome, SubmitOutcome, TerminalStatus, Trigger,
@@ -120,6 +130,10 @@ pub use store::memo::{Memo, MemoStore};
 #[cfg(feature = "webhooks")]
 pub use taquba_webhooks;
 pub use view::WorkflowView;
+pub use view::types::{
+    DEFAULT_PAGE_LIMIT, GroupPage, MAX_PAGE_LIMIT, RunDetails, RunFilter, RunPage, RunSummary,
+    RuntimeInfo, SignalWait, StatusFilter,
+};
 
 #[cfg(feature = "macros")]
 pub use taquba_workflow_macros::{job, workflow};

@@ -40,6 +40,18 @@ pub trait StepRunner: Send + Sync {
     /// up to its attempt limit, then dead-letters it and fails the run;
     /// [`StepError::permanent`] dead-letters at once and fails the run.
     fn run_step(&self, step: &Step) -> impl Future<Output = Result<StepOutcome, StepError>> + Send;
+
+    /// The name of `step` in its run's history
+    /// ([`WorkflowView::steps`](crate::WorkflowView::steps)), asked once per
+    /// step (when its first attempt settles), from its payload. The default
+    /// names nothing: the runtime then reads the name of a `#[workflow]`
+    /// step or a job from the payload, and otherwise uses the runner's type
+    /// name (its last path segment). Keep it cheap and stable: a step must
+    /// get the same name on every delivery. At most 256 bytes are kept.
+    fn step_name(&self, step: &Step) -> Option<String> {
+        let _ = step;
+        None
+    }
 }
 
 /// One delivery of a step job: who it belongs to and the handles a runner

@@ -13,11 +13,13 @@ use taquba::{Clock, Queue, WorkerHandle};
 use crate::coordination::group::RunGroup;
 use crate::coordination::signal::SignalOutcome;
 use crate::error::Result;
+use crate::history::DEFAULT_HISTORY_LIMIT;
+use crate::history::naming::{Naming, runner_label};
 use crate::hooks::guard::{self, default_hook_timeout};
 use crate::hooks::terminal::TerminalHook;
 use crate::model::RunOutcome;
 use crate::model::{RunEnd, RunSpec, RunStatus, SubmitOutcome};
-use crate::run::core::{RuntimeCore, Settings};
+use crate::run::core::{OpsSettings, RuntimeCore, Settings};
 use crate::runner::StepRunner;
 use crate::store::keys::RunId;
 use crate::view::WorkflowView;
@@ -28,6 +30,8 @@ pub(crate) const DEFAULT_QUEUE_NAME: &str = "workflow-steps";
 pub(crate) const DEFAULT_MAX_CONCURRENT_STEPS: usize = 8;
 /// The default poll interval of the worker loop.
 pub(crate) const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// The default retention of inbox command records.
+pub(crate) const DEFAULT_COMMAND_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// The handle of a spawned worker loop; [`WorkerHandle::shutdown`] stops
 /// claiming, drains the steps in flight and returns the loop's result.
@@ -87,6 +91,9 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
             step_output_replay: false,
             clock: None,
             hook_timeout: None,
+            history_limit: DEFAULT_HISTORY_LIMIT,
+            command_retention: DEFAULT_COMMAND_RETENTION,
+            naming: Naming::default(),
         }
     }
 
@@ -180,6 +187,32 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
         self.inner.core.cancel(run_id).await
     }
 
+    /// [`cancel`](Self::cancel), recording `reason` with the request: it is
+    /// reported by [`WorkflowView::run`] (`cancel_reason`) and in the
+    /// cancelled step's history ([`WorkflowView::steps`]). The run's
+    /// [`RunOutcome::error`](crate::RunOutcome::error) stays `None`, as for
+    /// every cancellation from outside. A reason given to a run whose
+    /// cancellation was already requested is not recorded.
+    ///
+    /// # Errors
+    /// As [`cancel`](Self::cancel).
+    pub async fn cancel_with_reason(
+        &self,
+        run_id: &RunId,
+        reason: impl Into<String>,
+    ) -> Result<bool> {
+        let request = crate::run::cancel::CancelRequest {
+            reason: Some(crate::history::cut(&reason.into())),
+            ..Default::default()
+        };
+        Ok(self
+            .inner
+            .core
+            .cancel_as(run_id, request)
+            .await?
+            .unwrap_or(false))
+    }
+
     /// The run group `id` of this runtime (nothing is written until it is
     /// submitted).
     pub fn group(&self, id: RunId) -> RunGroup {
@@ -263,6 +296,9 @@ pub struct WorkflowRuntimeBuilder<R, H> {
     step_output_replay: bool,
     clock: Option<Arc<dyn Clock>>,
     hook_timeout: Option<Duration>,
+    history_limit: u32,
+    command_retention: Duration,
+    naming: Naming,
 }
 
 impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
@@ -343,6 +379,33 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
         self
     }
 
+    /// Keep the history of each run's last `steps` steps (default
+    /// [`DEFAULT_HISTORY_LIMIT`], 100); 0 turns the history off. Every
+    /// settlement records its attempt in the run's history in the same
+    /// transaction ([`WorkflowView::steps`] reads it): one KV write of a
+    /// few hundred bytes per settlement, plus a delete of the step that
+    /// falls out of the window.
+    pub fn history_limit(mut self, steps: u32) -> Self {
+        self.history_limit = steps;
+        self
+    }
+
+    /// Keep the record of each applied or rejected inbox command
+    /// ([`Inbox`](crate::Inbox), [`WorkflowView::command`]) this long after
+    /// it was recorded (default 7 days); then the maintenance sweep removes
+    /// it.
+    pub fn command_retention(mut self, retention: Duration) -> Self {
+        self.command_retention = retention;
+        self
+    }
+
+    /// How payloads name their workflow and step (job runners read job
+    /// inputs).
+    pub(crate) fn naming(mut self, naming: Naming) -> Self {
+        self.naming = naming;
+        self
+    }
+
     /// Build the runtime. Nothing is written until the first submission or
     /// the first worker loop.
     pub fn build(self) -> WorkflowRuntime<R, H>
@@ -370,6 +433,12 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
             group_retention: self.group_retention,
             step_output_replay: self.step_output_replay,
             observes: Arc::new(move |outcome: &RunOutcome| guard::observes(&*observer, outcome)),
+            ops: OpsSettings {
+                history_limit: self.history_limit,
+                runner_label: runner_label::<R>(),
+                naming: self.naming,
+                command_retention: self.command_retention,
+            },
         });
         WorkflowRuntime {
             inner: Arc::new(RuntimeInner {

@@ -2,6 +2,11 @@
 //! committed outcomes), usable from the runtime's process or, over a
 //! `taquba::QueueReader`, from any other.
 
+mod ops;
+pub(crate) mod types;
+
+pub(crate) use ops::DurableRuntimeInfo;
+
 use taquba::{JobRecord, JobStatus, QueueView};
 
 use crate::error::{Error, Result};
@@ -21,7 +26,11 @@ pub(crate) struct RunResult {
 }
 
 /// Read-only queries of runs: [`status`](Self::status) and
-/// [`outcome`](Self::outcome). [`WorkflowRuntime::view`](crate::WorkflowRuntime::view)
+/// [`outcome`](Self::outcome), and the operator queries: the
+/// [`runtimes`](Self::runtimes) a store holds, run listings
+/// ([`runs`](Self::runs)), one run described ([`run`](Self::run)), its
+/// step history ([`steps`](Self::steps)), groups ([`groups`](Self::groups),
+/// [`group`](Self::group)) and inbox commands ([`command`](Self::command)). [`WorkflowRuntime::view`](crate::WorkflowRuntime::view)
 /// returns the runtime's; another process builds one with [`new`](Self::new)
 /// from a `taquba::QueueReader`'s view and a [`MemoStore`] at the runtime's
 /// memo prefix. Cheap to clone.

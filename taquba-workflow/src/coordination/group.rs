@@ -11,7 +11,7 @@ use futures_util::stream::{self, Stream, StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use taquba::object_store::ObjectStore;
 use taquba::object_store::path::Path;
-use taquba::{Queue, SettlementEffects};
+use taquba::{Queue, QueueView, SettlementEffects};
 use tracing::warn;
 
 use crate::coordination::group_submit::{self, SUBMIT_CONCURRENCY};
@@ -139,6 +139,60 @@ impl MemberState {
     }
 }
 
+/// Every member record of `group_id` in key order, read through `view` (a
+/// writer's or a reader's); an undecodable record is skipped.
+pub(crate) async fn members_in(view: &QueueView, group_id: &RunId) -> Result<Vec<MemberState>> {
+    let prefix = group_members_kv_prefix(group_id);
+    let mut entries = std::pin::pin!(view.kv_entries(&prefix, .., PAGE));
+    let mut members = Vec::new();
+    while let Some((kv_key, value)) = entries.try_next().await? {
+        let suffix = &kv_key[prefix.len()..];
+        let whose = format!("{group_id}/{}", String::from_utf8_lossy(suffix));
+        let Some(record) =
+            durable::decode_or_absent::<DurableMember>(&value, "group member record", &whose)
+        else {
+            continue;
+        };
+        let key = match (suffix.first(), &record.key) {
+            (Some(&DIGESTED_MEMBER_KEY), Some(key)) => key.clone(),
+            (Some(&DIGESTED_MEMBER_KEY), None) => {
+                warn!(group_id = %group_id, "digested member record without its key; skipped");
+                continue;
+            }
+            _ => String::from_utf8_lossy(suffix).into_owned(),
+        };
+        members.push(MemberState { key, record });
+    }
+    Ok(members)
+}
+
+/// The path of `group_id`'s manifest under the memo prefix `objects`.
+pub(crate) fn manifest_path(objects: &ObjectPrefix, group_id: &RunId) -> Path {
+    objects.path(&["groups", group_id, "manifest"])
+}
+
+/// The counts of a group of `total` manifest members from its member
+/// records.
+pub(crate) fn group_status(group_id: &RunId, total: usize, members: &[MemberState]) -> GroupStatus {
+    let mut status = GroupStatus {
+        group_id: group_id.clone(),
+        total,
+        pending: 0,
+        succeeded: 0,
+        failed: 0,
+        cancelled: 0,
+    };
+    for member in members {
+        match member.status() {
+            None => status.pending += 1,
+            Some(TerminalStatus::Succeeded) => status.succeeded += 1,
+            Some(TerminalStatus::Failed) => status.failed += 1,
+            Some(TerminalStatus::Cancelled) => status.cancelled += 1,
+        }
+    }
+    status
+}
+
 /// The durable state of groups: manifests at
 /// `{memo_prefix}/groups/{group_id}/manifest`, member records under
 /// `workflow/groups/{group_id}/`, the submission counter at
@@ -165,7 +219,7 @@ impl GroupStore {
     }
 
     fn manifest_path(&self, group_id: &RunId) -> Path {
-        self.objects.path(&["groups", group_id, "manifest"])
+        manifest_path(&self.objects, group_id)
     }
 
     pub(crate) async fn read_manifest(&self, group_id: &RunId) -> Result<Option<Manifest>> {
@@ -217,29 +271,7 @@ impl GroupStore {
     /// Every member record of `group_id` in key order; an undecodable record
     /// is skipped.
     pub(crate) async fn members(&self, group_id: &RunId) -> Result<Vec<MemberState>> {
-        let prefix = group_members_kv_prefix(group_id);
-        let view = self.queue.view();
-        let mut entries = std::pin::pin!(view.kv_entries(&prefix, .., PAGE));
-        let mut members = Vec::new();
-        while let Some((kv_key, value)) = entries.try_next().await? {
-            let suffix = &kv_key[prefix.len()..];
-            let whose = format!("{group_id}/{}", String::from_utf8_lossy(suffix));
-            let Some(record) =
-                durable::decode_or_absent::<DurableMember>(&value, "group member record", &whose)
-            else {
-                continue;
-            };
-            let key = match (suffix.first(), &record.key) {
-                (Some(&DIGESTED_MEMBER_KEY), Some(key)) => key.clone(),
-                (Some(&DIGESTED_MEMBER_KEY), None) => {
-                    warn!(group_id = %group_id, "digested member record without its key; skipped");
-                    continue;
-                }
-                _ => String::from_utf8_lossy(suffix).into_owned(),
-            };
-            members.push(MemberState { key, record });
-        }
-        Ok(members)
+        members_in(self.queue.view(), group_id).await
     }
 
     /// Remove a group's state: the memo entries and terminal records of its
@@ -509,23 +541,8 @@ impl RunGroup {
     /// [`Error::GroupNotFound`] for a group never submitted; storage errors.
     pub async fn status(&self) -> Result<GroupStatus> {
         let manifest = self.manifest().await?;
-        let mut status = GroupStatus {
-            group_id: self.id.clone(),
-            total: manifest.members.len(),
-            pending: 0,
-            succeeded: 0,
-            failed: 0,
-            cancelled: 0,
-        };
-        for member in self.members().await? {
-            match member.status() {
-                None => status.pending += 1,
-                Some(TerminalStatus::Succeeded) => status.succeeded += 1,
-                Some(TerminalStatus::Failed) => status.failed += 1,
-                Some(TerminalStatus::Cancelled) => status.cancelled += 1,
-            }
-        }
-        Ok(status)
+        let members = self.members().await?;
+        Ok(group_status(&self.id, manifest.members.len(), &members))
     }
 
     /// Cancel every active member as

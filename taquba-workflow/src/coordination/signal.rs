@@ -18,7 +18,7 @@ use crate::model::StepErrorKind;
 use crate::model::TerminalStatus;
 use crate::run::core::{RuntimeCore, StepEnqueueOpts};
 use crate::run::settle::{ClaimedStep, SettleKind, Settlement};
-use crate::store::durable::{self, DurableWaiter};
+use crate::store::durable::{self, DurableRunRecord, DurableWaiter};
 use crate::store::keys::{
     HEADER_SIGNAL_DELIVERED, HEADER_SIGNAL_WAIT, RunId, sha256, signal_buffer_kv_key,
     signal_delivered_kv_key, signal_waiter_kv_key,
@@ -184,11 +184,11 @@ impl RuntimeCore {
         payload: Vec<u8>,
         correlation_key: &str,
         timeout: Duration,
-        input_hash: &[u8],
+        run: &DurableRunRecord,
     ) -> Settlement {
         let lock = self.signal_locks.lock(correlation_key).await;
         match self
-            .signal_settlement(claimed, payload, correlation_key, timeout, input_hash)
+            .signal_settlement(claimed, payload, correlation_key, timeout, run)
             .await
         {
             Ok(mut settlement) => {
@@ -215,7 +215,7 @@ impl RuntimeCore {
         payload: Vec<u8>,
         correlation_key: &str,
         timeout: Duration,
-        input_hash: &[u8],
+        run: &DurableRunRecord,
     ) -> Result<Settlement> {
         let run_id = &claimed.run_id;
         let next = claimed.step_number + 1;
@@ -240,8 +240,12 @@ impl RuntimeCore {
                 headers: claimed.headers.clone(),
                 final_step: claimed.step_number,
             };
-            let termination =
-                self.termination(&outcome, Some(StepErrorKind::Permanent), input_hash);
+            let termination = self.termination(
+                &outcome,
+                Some(StepErrorKind::Permanent),
+                run,
+                &claimed.job.id,
+            );
             self.store_run_result(&outcome, &termination).await?;
             let (effects, ended) = self.terminate_effects(
                 &outcome,

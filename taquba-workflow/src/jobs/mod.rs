@@ -432,7 +432,8 @@ impl JobRunnerBuilder {
         };
         let mut builder =
             WorkflowRuntime::builder(self.queue, self.object_store, dispatch, NoopTerminalHook)
-                .queue_name(self.queue_name);
+                .queue_name(self.queue_name)
+                .naming(crate::history::naming::Naming::Jobs);
         if let Some(prefix) = self.memo_prefix {
             builder = builder.memo_prefix(prefix);
         }

@@ -7,29 +7,62 @@ use taquba::{CancelOutcome, JobRecord, JobStatus, SettlementEffects};
 use crate::coordination::group::Membership;
 use crate::error::Result;
 use crate::model::TerminalStatus;
+use crate::run::compose::{is_empty, merge_effects};
 use crate::run::core::RuntimeCore;
 use crate::run::inflight::CancelVerdict;
 use crate::store::durable::{self, DurableCurrentStep, DurableRunRecord};
 use crate::store::keys::{RunId, run_kv_key};
 
+/// A cancellation request: its reason, and effects that commit in the
+/// transaction recording it (an inbox command's record).
+#[derive(Debug, Default)]
+pub(crate) struct CancelRequest {
+    pub(crate) reason: Option<String>,
+    /// Committed with the request; alone when a request was recorded
+    /// before; not at all when the run is not active.
+    pub(crate) with_request: SettlementEffects,
+}
+
 impl RuntimeCore {
     /// Request cancellation of `run_id`; see
     /// [`WorkflowRuntime::cancel`](crate::WorkflowRuntime::cancel).
     pub(crate) async fn cancel(&self, run_id: &RunId) -> Result<bool> {
+        Ok(self
+            .cancel_as(run_id, CancelRequest::default())
+            .await?
+            .unwrap_or(false))
+    }
+
+    /// [`cancel`](Self::cancel) with `request`: `None` when the run is not
+    /// active (nothing was committed), else whether it ends cancelled.
+    pub(crate) async fn cancel_as(
+        &self,
+        run_id: &RunId,
+        request: CancelRequest,
+    ) -> Result<Option<bool>> {
         let run_key = run_kv_key(run_id);
+        let CancelRequest {
+            reason,
+            with_request,
+        } = request;
         // 1. Record the request durably (compare-and-set on the record, so
         //    a concurrent termination that deletes it is noticed).
         let record = loop {
             let Some(bytes) = self.queue.view().kv_get(&run_key).await? else {
-                return Ok(false);
+                return Ok(None);
             };
             let mut record: DurableRunRecord = durable::decode(&bytes)?;
             if record.cancel_requested {
+                if !is_empty(&with_request) {
+                    self.queue.commit_effects(with_request).await?;
+                }
                 break record;
             }
             record.cancel_requested = true;
-            let effects =
+            record.cancel_reason.clone_from(&reason);
+            let mut effects =
                 SettlementEffects::default().kv_put(run_key.clone(), durable::encode(&record));
+            merge_effects(&mut effects, with_request.clone());
             if self
                 .queue
                 .kv_compare_commit(&run_key, Some(&bytes), effects)
@@ -44,7 +77,7 @@ impl RuntimeCore {
             let Some((pointer, job)) = self.view.current_job(run_id).await? else {
                 // Terminated meanwhile: the request won only if the run
                 // ended cancelled.
-                return self.ended_cancelled(run_id).await;
+                return self.ended_cancelled(run_id).await.map(Some);
             };
             match job.status {
                 JobStatus::Pending | JobStatus::Scheduled => {
@@ -52,14 +85,14 @@ impl RuntimeCore {
                         .cancel_removing(run_id, &pointer, &job, &record)
                         .await?
                     {
-                        CancelOutcome::Removed => return Ok(true),
+                        CancelOutcome::Removed => return Ok(Some(true)),
                         // Claimed or settled meanwhile: look again.
                         CancelOutcome::Requested | CancelOutcome::NotFound => continue,
                     }
                 }
                 JobStatus::Claimed => {
                     match self.inflight.request_cancel(run_id) {
-                        CancelVerdict::Requested => return Ok(true),
+                        CancelVerdict::Requested => return Ok(Some(true)),
                         CancelVerdict::NotInFlight => {
                             // Claimed but not running in this runtime: not
                             // registered yet (its record read sees the
@@ -75,7 +108,7 @@ impl RuntimeCore {
                             {
                                 // Re-queued since the read: removed with the
                                 // run's termination.
-                                CancelOutcome::Removed => return Ok(true),
+                                CancelOutcome::Removed => return Ok(Some(true)),
                                 CancelOutcome::Requested => {
                                     self.queue.wait_for_completion(&job.id).await?;
                                     continue;
@@ -99,7 +132,7 @@ impl RuntimeCore {
                     // reconciliation, which honours the request.
                     if job.status == JobStatus::Dead {
                         crate::worker::sweep::reconcile_job(self, &job).await?;
-                        return self.ended_cancelled(run_id).await;
+                        return self.ended_cancelled(run_id).await.map(Some);
                     }
                     continue;
                 }
@@ -125,7 +158,7 @@ impl RuntimeCore {
             TerminalStatus::Cancelled,
             None,
         );
-        let termination = self.termination(&outcome, None, &record.input_hash);
+        let termination = self.termination(&outcome, None, record, &job.id);
         let membership = Membership::from_headers(&job.headers)?;
         let (mut effects, ended) = self.terminate_effects(
             &outcome,

@@ -25,11 +25,13 @@ use crate::run::inflight::InFlightRegistry;
 use crate::run::submit_batch::SubmitBatcher;
 use crate::run::watch::{RunWatchers, store_closed_token};
 use crate::store::durable::{
-    self, DurableCurrentStep, DurableRunOutcome, DurableRunResult, DurableTermination,
+    self, DurableCurrentStep, DurableRunOutcome, DurableRunRecord, DurableRunResult,
+    DurableTermination,
 };
 use crate::store::keys::{
-    GROUP_TERMINALS_PREFIX, HEADER_RUN_ID, HEADER_STEP, HEADER_TERMINAL, RESERVED_HEADER_PREFIX,
-    RunId, TERMINALS_PREFIX, outcome_kv_key, run_kv_key, step_dedup_key, step_kv_key,
+    COMMAND_EXPIRY_PREFIX, GROUP_TERMINALS_PREFIX, HEADER_RUN_ID, HEADER_STEP, HEADER_TERMINAL,
+    RESERVED_HEADER_PREFIX, RunId, TERMINALS_PREFIX, outcome_kv_key, run_kv_key, step_dedup_key,
+    step_kv_key,
 };
 use crate::store::memo::{MemoStore, RUN_RESULT_MEMO_KEY};
 use crate::view::WorkflowView;
@@ -51,6 +53,22 @@ pub(crate) struct Settings {
     pub(crate) group_retention: Option<Duration>,
     pub(crate) step_output_replay: bool,
     pub(crate) observes: Observes,
+    /// The operator surface: history, naming, commands.
+    pub(crate) ops: OpsSettings,
+}
+
+/// The settings of the operator surface (run history, step names, inbox
+/// commands), kept together so the engine's other settings stay apart.
+#[derive(Debug, Clone)]
+pub(crate) struct OpsSettings {
+    /// Steps of history kept per run; 0 turns history off.
+    pub(crate) history_limit: u32,
+    /// The name of a step no runner or payload names: the runner's type.
+    pub(crate) runner_label: String,
+    /// How step and workflow names are read from payloads.
+    pub(crate) naming: crate::history::naming::Naming,
+    /// How long a command record is kept after it was recorded.
+    pub(crate) command_retention: Duration,
 }
 
 /// The engine of one runtime.
@@ -70,6 +88,13 @@ pub(crate) struct RuntimeCore {
     pub(crate) terminals: ExpiryIndex,
     /// Group terminal markers (group retention).
     pub(crate) group_terminals: ExpiryIndex,
+    /// Operator-surface settings.
+    pub(crate) ops: OpsSettings,
+    /// Command record expiry entries (command retention).
+    pub(crate) command_expiry: ExpiryIndex,
+    /// Whether this runtime's descriptor was recorded since it was built.
+    pub(crate) descriptor_recorded: std::sync::atomic::AtomicBool,
+    pub(crate) memo_prefix: String,
     pub(crate) inflight: Arc<InFlightRegistry>,
     /// Waiters on run terminations in this process.
     pub(crate) run_watchers: RunWatchers,
@@ -125,6 +150,7 @@ impl RuntimeCore {
     pub(crate) fn new(settings: Settings) -> Self {
         let memo_store =
             MemoStore::new(settings.object_store.clone(), settings.memo_prefix.clone());
+        let memo_prefix = settings.memo_prefix.clone();
         let view = WorkflowView::new(settings.queue.view().clone(), memo_store.clone());
         let run_watchers = RunWatchers::for_queue(&settings.queue);
         let store_closed = store_closed_token(&settings.queue);
@@ -149,6 +175,10 @@ impl RuntimeCore {
             step_output_replay: settings.step_output_replay,
             terminals: ExpiryIndex::new(TERMINALS_PREFIX.as_bytes().to_vec()),
             group_terminals: ExpiryIndex::new(GROUP_TERMINALS_PREFIX.as_bytes().to_vec()),
+            ops: settings.ops,
+            command_expiry: ExpiryIndex::new(COMMAND_EXPIRY_PREFIX.as_bytes().to_vec()),
+            descriptor_recorded: std::sync::atomic::AtomicBool::new(false),
+            memo_prefix,
             inflight: Arc::default(),
             run_watchers,
             submit_batcher,
@@ -246,12 +276,14 @@ impl RuntimeCore {
             .enqueue(step.request)
             .kv_put(step_kv_key(run_id), durable::encode(&pointer))
     }
-    /// The terminal record of a termination happening now.
+    /// The terminal record of a termination happening now of the run whose
+    /// record is `run`, at its step job `job_id`.
     pub(crate) fn termination(
         &self,
         outcome: &RunOutcome,
         error_kind: Option<StepErrorKind>,
-        input_hash: &[u8],
+        run: &DurableRunRecord,
+        job_id: &str,
     ) -> DurableTermination {
         DurableTermination {
             status: outcome.status.into(),
@@ -259,7 +291,13 @@ impl RuntimeCore {
             error_kind: error_kind.map(Into::into),
             final_step: outcome.final_step,
             terminated_at_ms: self.now_ms(),
-            input_hash: input_hash.to_vec(),
+            input_hash: run.input_hash.clone(),
+            submitted_at_ms: Some(run.submitted_at_ms),
+            job_id: Some(job_id.to_string()),
+            execution: run.execution.clone(),
+            workflow: run.workflow.clone(),
+            group: run.group.clone(),
+            cancel_reason: run.cancel_reason.clone(),
         }
     }
 

@@ -2,9 +2,11 @@
 //! ([`submit`], [`submit_batch`]), processing and settling a claimed step
 //! ([`settle`], with the effects a step stages in [`effects`]), external
 //! cancellation ([`cancel`], racing steps in flight through [`inflight`]),
-//! and waiting for a termination ([`wait`], woken by [`watch`]).
+//! waiting for a termination ([`wait`], woken by [`watch`]), and composing
+//! effects that share one transaction ([`compose`]).
 
 pub(crate) mod cancel;
+pub(crate) mod compose;
 pub(crate) mod core;
 pub(crate) mod effects;
 pub(crate) mod inflight;

@@ -25,7 +25,7 @@ use crate::run::effects::{EffectsHandle, StagedKv, TerminalEffects};
 use crate::run::inflight::InFlightGuard;
 use crate::runner::{Delivery, Step, StepRunner};
 use crate::runtime::RuntimeInner;
-use crate::store::durable::{self, DurableRunOutcome};
+use crate::store::durable::{self, DurableRunOutcome, DurableRunRecord};
 use crate::store::keys::{HEADER_RUN_ID, HEADER_STEP, HEADER_TERMINAL, RunId};
 use crate::store::kv::KvReadHandle;
 
@@ -192,9 +192,9 @@ impl RuntimeCore {
         claimed: &ClaimedStep<'_>,
         outcome: RunOutcome,
         error_kind: Option<StepErrorKind>,
-        input_hash: &[u8],
+        run: &DurableRunRecord,
     ) -> Settlement {
-        let termination = self.termination(&outcome, error_kind, input_hash);
+        let termination = self.termination(&outcome, error_kind, run, &claimed.job.id);
         if let Err(err) = self.store_run_result(&outcome, &termination).await {
             return Settlement::infrastructure(err);
         }
@@ -216,10 +216,10 @@ impl RuntimeCore {
         &self,
         claimed: &ClaimedStep<'_>,
         error: &StepError,
-        input_hash: &[u8],
+        run: &DurableRunRecord,
     ) -> Settlement {
         let outcome = claimed.outcome(TerminalStatus::Failed, None, Some(error.message.clone()));
-        let termination = self.termination(&outcome, Some(error.kind), input_hash);
+        let termination = self.termination(&outcome, Some(error.kind), run, &claimed.job.id);
         let recorded = match self.store_run_result(&outcome, &termination).await {
             Ok(()) => true,
             Err(err) => {
@@ -319,7 +319,7 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
             let _ = guard.decide();
             let outcome = claimed.outcome(TerminalStatus::Cancelled, None, None);
             let mut settlement = core
-                .terminate_recorded(claimed, outcome, None, &record.input_hash)
+                .terminate_recorded(claimed, outcome, None, &record)
                 .await;
             if let SettleKind::Ack(effects) = &mut settlement.kind {
                 effects.kv_deletes.extend(signal_deletes);
@@ -401,7 +401,7 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
 
         let runner_cancelled = matches!(outcome, Ok(StepOutcome::Cancel { .. }));
         let mut settlement = self
-            .settle_outcome(claimed, outcome, external_cancel, &record.input_hash)
+            .settle_outcome(claimed, outcome, external_cancel, &record)
             .await;
         // The external-cancel override discards the effects staged for the
         // outcome it replaces; a runner-issued Cancel keeps them.
@@ -433,12 +433,11 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
         claimed: &ClaimedStep<'_>,
         outcome: std::result::Result<StepOutcome, StepError>,
         external_cancel: bool,
-        input_hash: &[u8],
+        run: &DurableRunRecord,
     ) -> Settlement {
         let core = &self.core;
         let terminate = |outcome, kind| async move {
-            core.terminate_recorded(claimed, outcome, kind, input_hash)
-                .await
+            core.terminate_recorded(claimed, outcome, kind, run).await
         };
         match outcome {
             Ok(StepOutcome::Cancel { reason }) => {
@@ -470,14 +469,8 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
                         correlation_key,
                         timeout,
                     } => {
-                        core.advance_on_signal(
-                            claimed,
-                            payload,
-                            &correlation_key,
-                            timeout,
-                            input_hash,
-                        )
-                        .await
+                        core.advance_on_signal(claimed, payload, &correlation_key, timeout, run)
+                            .await
                     }
                 };
                 Settlement {
@@ -500,7 +493,7 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
                 .await
             }
             Err(err) if err.kind == StepErrorKind::Permanent || claimed.job.is_last_attempt() => {
-                core.terminating_failure(claimed, &err, input_hash).await
+                core.terminating_failure(claimed, &err, run).await
             }
             Err(err) => Settlement::of(SettleKind::Retry(err.message)),
         }

@@ -175,10 +175,14 @@ impl RuntimeCore {
         membership: Option<&Membership>,
         user_effects: &SettlementEffects,
     ) -> (SettlementEffects, String) {
-        let record = DurableRunRecord {
+        let mut record = DurableRunRecord {
             input_hash: input_hash.to_vec(),
             submitted_at_ms: self.now_ms(),
             cancel_requested: false,
+            execution: None,
+            workflow: self.workflow_name_of(&input),
+            group: membership.map(|m| m.group_id.clone()),
+            cancel_reason: None,
         };
         let reserved_headers = membership
             .map(Membership::reserved_headers)
@@ -196,6 +200,7 @@ impl RuntimeCore {
             },
         );
         let job_id = step.job_id.clone();
+        record.execution = Some(job_id.clone());
         let mut effects = Self::step_effects(run_id, 0, step, SettlementEffects::default())
             .kv_put(run_kv_key(run_id), durable::encode(&record));
         effects

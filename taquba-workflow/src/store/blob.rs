@@ -58,6 +58,20 @@ impl ObjectPrefix {
         base.parts().chain(parts).collect()
     }
 
+    /// The object store.
+    pub(crate) fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    /// Whether an object exists at `path`.
+    pub(crate) async fn head(&self, path: &Path) -> Result<bool> {
+        match self.store.head(path).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(err) => Err(err.into()),
+        }
+    }
+
     /// The object at `path`, or `None` when it does not exist.
     pub(crate) async fn get(&self, path: &Path) -> Result<Option<Bytes>> {
         match self.store.get(path).await {

@@ -72,6 +72,20 @@ pub(crate) struct DurableRunRecord {
     /// Whether a cancellation has been requested.
     #[serde(default)]
     pub(crate) cancel_requested: bool,
+    /// The execution tag of the run's history records: the id of the step-0
+    /// job of the submission. This field and the ones below are additive
+    /// (`None` in records written before them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) execution: Option<String>,
+    /// The workflow (or job) name, read from the input at submission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) workflow: Option<String>,
+    /// The group the run is a member of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) group: Option<RunId>,
+    /// The reason given to a cancellation request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) cancel_reason: Option<String>,
 }
 
 /// The current-step pointer of an active run, under `workflow/steps/{id}`.
@@ -151,6 +165,26 @@ pub(crate) struct DurableTermination {
     /// of a terminated job can be told apart from a different payload.
     #[serde(with = "serde_bytes", default)]
     pub(crate) input_hash: Vec<u8>,
+    /// When the terminated run was submitted (queue clock, ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) submitted_at_ms: Option<u64>,
+    /// The queue job of the final step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) job_id: Option<String>,
+    /// The execution tag of the run's history records: the id of the step-0
+    /// job of the submission. This field and the ones below are additive
+    /// (`None` in records written before them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) execution: Option<String>,
+    /// The workflow (or job) name, read from the input at submission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) workflow: Option<String>,
+    /// The group the run is a member of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) group: Option<RunId>,
+    /// The reason given to a cancellation request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) cancel_reason: Option<String>,
 }
 
 impl From<DurableTermination> for RunTermination {
@@ -310,6 +344,10 @@ mod tests {
             input_hash: vec![7; 32],
             submitted_at_ms: 5,
             cancel_requested: true,
+            execution: Some("01J".into()),
+            workflow: Some("order".into()),
+            group: Some(RunId::new("g").unwrap()),
+            cancel_reason: Some("why".into()),
         };
         let back: DurableRunRecord = decode(&encode(&record)).unwrap();
         assert_eq!(back, record);
@@ -333,5 +371,7 @@ mod tests {
         });
         let record: DurableRunRecord = decode(&old).unwrap();
         assert!(!record.cancel_requested);
+        assert!(record.execution.is_none() && record.workflow.is_none());
+        assert!(record.group.is_none() && record.cancel_reason.is_none());
     }
 }

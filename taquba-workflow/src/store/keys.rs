@@ -217,6 +217,40 @@ pub(crate) fn outcome_kv_key(run_id: &RunId) -> Vec<u8> {
     kv_key(&["outcomes", run_id])
 }
 
+/// The prefix of the run records of active runs.
+pub(crate) const RUNS_PREFIX: &str = "workflow/runs/";
+/// The prefix of the terminal records of terminated runs.
+pub(crate) const OUTCOMES_PREFIX: &str = "workflow/outcomes/";
+/// The prefix of the groups' submission counters: one key per group ever
+/// submitted.
+pub(crate) const GROUP_SUBMISSIONS_PREFIX: &str = "workflow/group-submissions/";
+/// The expiry index of command records (command retention).
+pub(crate) const COMMAND_EXPIRY_PREFIX: &str = "workflow/command-expiry/";
+
+/// The prefix of the history records of `run_id`.
+pub(crate) fn history_kv_prefix(run_id: &RunId) -> Vec<u8> {
+    kv_key(&["history", run_id, ""])
+}
+
+/// The history record of step `step` of `run_id`; zero-padded so a scan of
+/// the run's prefix is in step order.
+pub(crate) fn history_kv_key(run_id: &RunId, step: u32) -> Vec<u8> {
+    kv_key(&["history", run_id, &format!("{step:010}")])
+}
+
+/// The record of inbox command `id` (a ULID).
+pub(crate) fn command_kv_key(id: &str) -> Vec<u8> {
+    kv_key(&["commands", id])
+}
+
+/// The descriptor of the runtime whose queue is `queue_name`.
+pub(crate) fn runtime_kv_key(queue_name: &str) -> Vec<u8> {
+    kv_key(&["runtimes", queue_name])
+}
+
+/// The prefix of the runtime descriptors.
+pub(crate) const RUNTIMES_PREFIX: &str = "workflow/runtimes/";
+
 /// The expiry index of run terminal markers (memo retention).
 pub(crate) const TERMINALS_PREFIX: &str = "workflow/terminals/";
 /// The expiry index of group terminal markers (group retention).
@@ -352,11 +386,20 @@ mod tests {
             group_member_kv_key(&id, "m"),
             group_submissions_kv_key(&id),
             group_manifest_claim_kv_key(&id),
+            history_kv_key(&id, 7),
+            command_kv_key("01ARZ3NDEKTSV4RRFFQ69G5FAV"),
+            runtime_kv_key("q"),
         ] {
             assert!(key.starts_with(RESERVED_KV_PREFIX.as_bytes()));
         }
         assert_eq!(run_kv_key(&id), b"workflow/runs/r1");
         assert!(!group_submissions_kv_key(&id).starts_with(&group_members_kv_prefix(&id)));
         assert!(TERMINALS_PREFIX.starts_with(RESERVED_KV_PREFIX));
+        assert!(history_kv_key(&id, 7).starts_with(&history_kv_prefix(&id)));
+        assert_eq!(history_kv_key(&id, 7), b"workflow/history/r1/0000000007");
+        assert!(run_kv_key(&id).starts_with(RUNS_PREFIX.as_bytes()));
+        assert!(outcome_kv_key(&id).starts_with(OUTCOMES_PREFIX.as_bytes()));
+        assert!(group_submissions_kv_key(&id).starts_with(GROUP_SUBMISSIONS_PREFIX.as_bytes()));
+        assert!(runtime_kv_key("q").starts_with(RUNTIMES_PREFIX.as_bytes()));
     }
 }

@@ -247,7 +247,7 @@ pub(crate) async fn reconcile_job(core: &RuntimeCore, job: &JobRecord) -> Result
         )
     };
     let outcome = RuntimeCore::detached_outcome(&run_id, job, step_number, status, error);
-    let termination = core.termination(&outcome, None, &record.input_hash);
+    let termination = core.termination(&outcome, None, &record, &job.id);
     let membership = Membership::from_headers(&job.headers)?;
     let (mut effects, ended) = core.terminate_effects(
         &outcome,

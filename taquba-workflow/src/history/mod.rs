@@ -1,0 +1,182 @@
+//! Run history: one compact record per step of a run, written by the
+//! settlement of each of its attempts in the same transaction, so the
+//! history says exactly what the store committed. The public shapes a
+//! reader gets ([`RunHistory`], [`StepHistory`], [`StepAttempt`],
+//! [`AttemptOutcome`]) are here; the stored records and the effects that
+//! write them are in `record`, the read in `read`.
+
+pub(crate) mod naming;
+pub(crate) mod read;
+pub(crate) mod record;
+
+use crate::model::StepErrorKind;
+use crate::store::keys::RunId;
+
+/// The number of most recent steps whose history a run keeps by default
+/// ([`WorkflowRuntimeBuilder::history_limit`](crate::WorkflowRuntimeBuilder::history_limit)).
+pub const DEFAULT_HISTORY_LIMIT: u32 = 100;
+/// The longest error message, reason or signal key a history entry keeps,
+/// in bytes: a longer one is cut at a character boundary at most this long
+/// and ends with `…` (U+2026).
+pub const MAX_HISTORY_TEXT_LEN: usize = 1024;
+/// The most attempts one step's record keeps: the earliest are dropped
+/// first and counted in [`StepHistory::attempts_dropped`].
+pub const MAX_ATTEMPTS_PER_STEP: usize = 16;
+
+/// The recorded history of one run, from
+/// [`WorkflowView::steps`](crate::WorkflowView::steps): the retained steps
+/// in step order, and counters that say what is not retained.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RunHistory {
+    /// The run.
+    pub run_id: RunId,
+    /// The retained steps, in step order. A step appears once it settled at
+    /// least once (or was ended from outside: a cancellation of a waiting
+    /// step, a dead letter reconciled outside the worker); the current step
+    /// of an active run before its first settlement has no entry.
+    pub steps: Vec<StepHistory>,
+    /// Steps the run has taken so far: its current (or final) step number
+    /// plus one.
+    pub steps_taken: u32,
+    /// Steps before the first retained one (dropped to keep the last
+    /// `history_limit` steps, or taken while history was off).
+    pub steps_dropped: u32,
+}
+
+/// The history of one step of a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StepHistory {
+    /// The step number (0 for the run's first step).
+    pub step: u32,
+    /// The step's name: the `#[step]` fn of a `#[workflow]` run, the job's
+    /// [`NAME`](crate::jobs::Job::NAME) for a job, what
+    /// [`StepRunner::step_name`](crate::StepRunner::step_name) returned, or
+    /// else the runner's type name (its last path segment).
+    pub name: String,
+    /// The settled attempts, oldest first (at most
+    /// [`MAX_ATTEMPTS_PER_STEP`]). An attempt whose lease expired without a
+    /// settlement leaves no entry: the attempt numbers then skip it.
+    pub attempts: Vec<StepAttempt>,
+    /// Earlier attempts of this step not kept in `attempts`.
+    pub attempts_dropped: u32,
+}
+
+/// One settled attempt of a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StepAttempt {
+    /// The attempt number (1 for the first delivery; 0 for a step ended
+    /// from outside before it was ever delivered).
+    pub attempt: u32,
+    /// When the attempt was claimed, ms since the UNIX epoch (queue clock);
+    /// `None` for an entry of a step that was not running (a cancelled
+    /// waiting step, a requeue).
+    pub claimed_at_ms: Option<u64>,
+    /// When its settlement committed, ms since the UNIX epoch (runtime
+    /// clock).
+    pub settled_at_ms: u64,
+    /// What happened.
+    pub outcome: AttemptOutcome,
+}
+
+/// What one attempt of a step led to. (Not `taquba::AttemptOutcome`, the
+/// queue's view of a job's delivery.)
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AttemptOutcome {
+    /// The run continued with its next step: at once (`delay_ms` and
+    /// `signal` both `None`), after a durable timer, or on a signal.
+    Continued {
+        /// The timer's delay, ms.
+        delay_ms: Option<u64>,
+        /// The signal the next step waits for.
+        signal: Option<SignalWaitSpec>,
+    },
+    /// A transient error: the step is retried with the queue's backoff.
+    Retried {
+        /// The error (cut to [`MAX_HISTORY_TEXT_LEN`]).
+        error: String,
+    },
+    /// The run succeeded.
+    Succeeded,
+    /// The run failed at this attempt: a runner `Fail` verdict (kind
+    /// `Permanent`), or a step error that ended it (a permanent one, or a
+    /// transient one on the last attempt), whose step job was dead-lettered
+    /// in the same transaction.
+    Failed {
+        /// How the error was classified.
+        kind: StepErrorKind,
+        /// The error (cut to [`MAX_HISTORY_TEXT_LEN`]).
+        error: String,
+    },
+    /// The run was cancelled: by the runner (`reason` is its reason) or from
+    /// outside (`reason` is the one given to the cancellation, if any).
+    Cancelled {
+        /// Why (cut to [`MAX_HISTORY_TEXT_LEN`]).
+        reason: Option<String>,
+    },
+    /// The step job was dead-lettered outside the worker (a lease that
+    /// expired past the last attempt, a store reopened after a crash) and
+    /// the run was failed by reconciliation.
+    DeadLettered {
+        /// The job's last error (cut to [`MAX_HISTORY_TEXT_LEN`]).
+        error: String,
+    },
+    /// The dead-lettered step was requeued by an operator
+    /// ([`Command::Requeue`](crate::Command::Requeue)): a marker, not an
+    /// attempt; the attempts after it count from 1 again.
+    Requeued,
+}
+
+/// The signal a step continued on ([`Trigger::OnSignal`](crate::Trigger::OnSignal)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SignalWaitSpec {
+    /// The correlation key (cut to [`MAX_HISTORY_TEXT_LEN`]).
+    pub correlation_key: String,
+    /// How long the next step waits before it runs without a signal, ms.
+    pub timeout_ms: u64,
+}
+
+/// `text` cut to at most [`MAX_HISTORY_TEXT_LEN`] bytes at a character
+/// boundary, ending with `…` when cut.
+pub(crate) fn cut(text: &str) -> String {
+    cut_to(text, MAX_HISTORY_TEXT_LEN)
+}
+
+/// `text` cut to at most `max` bytes (`max` ≥ 3) at a character boundary,
+/// ending with `…` when cut.
+pub(crate) fn cut_to(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    const ELLIPSIS: &str = "…";
+    let mut end = max.saturating_sub(ELLIPSIS.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut cut = String::with_capacity(end + ELLIPSIS.len());
+    cut.push_str(&text[..end]);
+    cut.push_str(ELLIPSIS);
+    cut
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_text_is_cut_at_a_char_boundary_with_an_ellipsis() {
+        assert_eq!(cut("short"), "short");
+        let exact = "x".repeat(MAX_HISTORY_TEXT_LEN);
+        assert_eq!(cut(&exact), exact);
+        let long = "é".repeat(MAX_HISTORY_TEXT_LEN);
+        let cut = cut(&long);
+        assert!(cut.len() <= MAX_HISTORY_TEXT_LEN, "{}", cut.len());
+        assert!(cut.ends_with('…'));
+        assert!(cut.trim_end_matches('…').chars().all(|c| c == 'é'));
+        assert_eq!(cut_to("abcdef", 5), "ab…");
+    }
+}

@@ -1,0 +1,591 @@
+//! The operator queries of [`WorkflowView`]: the runtimes a store holds,
+//! run listings, one run described, a run's step history, groups, and the
+//! state of inbox commands. Every query reads through the view's
+//! `QueueView`, so it works over a writer's `Queue::view` and over a
+//! `taquba::QueueReader` in another process alike.
+
+use std::cmp::Ordering;
+use std::ops::Bound;
+
+use futures_util::{Stream, StreamExt, TryStreamExt};
+use taquba::{JobRecord, JobStatus, QueueView};
+
+use crate::coordination::group::{self, GroupStatus, Manifest};
+use crate::error::Result;
+use crate::history::naming::step_of_named_run;
+use crate::history::{RunHistory, read};
+use crate::inbox::record::DurableCommandRecord;
+use crate::inbox::{CommandId, CommandState, command_path};
+use crate::model::{RunState, RunTermination};
+use crate::run::core::user_headers;
+use crate::store::durable::{self, DurableCurrentStep, DurableRunRecord, DurableTermination};
+use crate::store::keys::{
+    GROUP_SUBMISSIONS_PREFIX, HEADER_GROUP, HEADER_GROUP_KEY, HEADER_SIGNAL_WAIT, OUTCOMES_PREFIX,
+    RUNS_PREFIX, RUNTIMES_PREFIX, RunId, command_kv_key, step_kv_key,
+};
+use crate::view::WorkflowView;
+use crate::view::types::{
+    GroupPage, MAX_PAGE_LIMIT, RunDetails, RunFilter, RunPage, RunSummary, RuntimeInfo, SignalWait,
+    StatusFilter,
+};
+
+/// Records read per page of a listing's scan.
+const SCAN_PAGE: usize = 256;
+
+/// The descriptor of a runtime, under `workflow/runtimes/{queue_name}`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct DurableRuntimeInfo {
+    pub(crate) queue_name: String,
+    pub(crate) memo_prefix: String,
+    pub(crate) format: u32,
+    pub(crate) crate_version: String,
+    pub(crate) started_at_ms: u64,
+}
+
+impl From<DurableRuntimeInfo> for RuntimeInfo {
+    fn from(record: DurableRuntimeInfo) -> Self {
+        RuntimeInfo {
+            queue_name: record.queue_name,
+            memo_prefix: record.memo_prefix,
+            format: record.format,
+            crate_version: record.crate_version,
+            started_at_ms: record.started_at_ms,
+        }
+    }
+}
+
+/// A row of a listing's scan: an active run's record or a terminated run's.
+enum Row {
+    Active(DurableRunRecord),
+    Terminated(DurableTermination),
+}
+
+impl Row {
+    fn workflow(&self) -> Option<&str> {
+        match self {
+            Row::Active(record) => record.workflow.as_deref(),
+            Row::Terminated(record) => record.workflow.as_deref(),
+        }
+    }
+
+    fn group(&self) -> Option<&RunId> {
+        match self {
+            Row::Active(record) => record.group.as_ref(),
+            Row::Terminated(record) => record.group.as_ref(),
+        }
+    }
+
+    fn submitted_at_ms(&self) -> Option<u64> {
+        match self {
+            Row::Active(record) => Some(record.submitted_at_ms),
+            Row::Terminated(record) => record.submitted_at_ms,
+        }
+    }
+
+    fn matches(&self, filter: &RunFilter) -> bool {
+        filter
+            .workflow
+            .as_deref()
+            .is_none_or(|name| self.workflow() == Some(name))
+            && filter
+                .group
+                .as_ref()
+                .is_none_or(|group| self.group() == Some(group))
+            && filter
+                .submitted_since_ms
+                .is_none_or(|since| self.submitted_at_ms().is_some_and(|at| at >= since))
+    }
+}
+
+/// The rows under `prefix` after `after`, in run-id order; a key or record
+/// that does not decode is skipped.
+fn rows<'a>(
+    view: &'a QueueView,
+    prefix: &'static str,
+    after: Option<&RunId>,
+    active: bool,
+) -> impl Stream<Item = Result<(RunId, Row)>> + 'a {
+    let start = match after {
+        Some(after) => {
+            let mut key = prefix.as_bytes().to_vec();
+            key.extend_from_slice(after.as_bytes());
+            Bound::Excluded(key)
+        }
+        None => Bound::Unbounded,
+    };
+    let range = (start, Bound::<Vec<u8>>::Unbounded);
+    view.kv_entries(prefix.as_bytes(), range, SCAN_PAGE)
+        .map_err(crate::error::Error::from)
+        .try_filter_map(move |(key, value)| async move {
+            let Some(run_id) = std::str::from_utf8(&key[prefix.len()..])
+                .ok()
+                .and_then(|id| RunId::new(id).ok())
+            else {
+                return Ok(None);
+            };
+            let row = if active {
+                durable::decode_or_absent::<DurableRunRecord>(&value, "run record", &run_id)
+                    .map(Row::Active)
+            } else {
+                durable::decode_or_absent::<DurableTermination>(&value, "terminal record", &run_id)
+                    .map(Row::Terminated)
+            };
+            Ok(row.map(|row| (run_id, row)))
+        })
+}
+
+impl WorkflowView {
+    /// The runtimes recorded in the store `queue` reads (a writer's
+    /// [`taquba::Queue::view`] or a reader's
+    /// [`taquba::QueueReader::view`]), in queue-name order: each runtime's
+    /// worker records its queue name, memo prefix, version and start time
+    /// when it starts. With one, a tool needs only the store to open a
+    /// view of it: `WorkflowView::new(queue, MemoStore::new(store,
+    /// info.memo_prefix))`.
+    ///
+    /// # Errors
+    /// Storage errors (a descriptor that does not decode is skipped).
+    pub async fn runtimes(queue: &QueueView) -> Result<Vec<RuntimeInfo>> {
+        let entries: Vec<_> = queue
+            .kv_entries(RUNTIMES_PREFIX.as_bytes(), .., SCAN_PAGE)
+            .try_collect()
+            .await?;
+        Ok(entries
+            .into_iter()
+            .filter_map(|(key, value)| {
+                let whose = String::from_utf8_lossy(&key).into_owned();
+                durable::decode_or_absent::<DurableRuntimeInfo>(
+                    &value,
+                    "runtime descriptor",
+                    &whose,
+                )
+            })
+            .map(Into::into)
+            .collect())
+    }
+
+    /// The queue view this view reads through (for the queue's own
+    /// queries: [`QueueView::stats`], dead jobs, attempt histories).
+    pub fn queue(&self) -> &QueueView {
+        &self.queue
+    }
+
+    /// One page of runs matching `filter`, in run-id order. Active runs come
+    /// from their run records (`workflow/runs/`), terminated ones from their
+    /// terminal records (`workflow/outcomes/`); a run id active again after
+    /// it terminated is listed once, as active. The filters on workflow,
+    /// group and submission time apply to what the records say; a page
+    /// reads on until it holds `filter.limit` runs and knows whether one
+    /// more follows, so a selective filter over a large store scans it.
+    /// Each listed active run costs two more point reads (its pointer and
+    /// step job), each terminated one one (its final step's history).
+    ///
+    /// # Errors
+    /// Storage errors (a record that does not decode is skipped).
+    pub async fn runs(&self, filter: &RunFilter) -> Result<RunPage> {
+        let limit = filter.limit.clamp(1, MAX_PAGE_LIMIT);
+        let after = filter.after.as_ref();
+        let want_active = filter.status != StatusFilter::Terminated;
+        let want_terminated = filter.status != StatusFilter::Active;
+        let active = rows(&self.queue, RUNS_PREFIX, after, true);
+        let terminated = rows(&self.queue, OUTCOMES_PREFIX, after, false);
+        let mut active =
+            std::pin::pin!(active.take_while(move |_| std::future::ready(want_active)));
+        let mut terminated =
+            std::pin::pin!(terminated.take_while(move |_| std::future::ready(want_terminated)));
+        let mut next_active = active.try_next().await?;
+        let mut next_terminated = terminated.try_next().await?;
+        let mut runs = Vec::new();
+        loop {
+            let (run_id, row) = match (next_active.take(), next_terminated.take()) {
+                (None, None) => break,
+                (Some(a), None) => {
+                    next_active = active.try_next().await?;
+                    a
+                }
+                (None, Some(t)) => {
+                    next_terminated = terminated.try_next().await?;
+                    t
+                }
+                (Some(a), Some(t)) => match a.0.cmp(&t.0) {
+                    Ordering::Less => {
+                        next_terminated = Some(t);
+                        next_active = active.try_next().await?;
+                        a
+                    }
+                    Ordering::Greater => {
+                        next_active = Some(a);
+                        next_terminated = terminated.try_next().await?;
+                        t
+                    }
+                    // Active again after it terminated: listed as active.
+                    Ordering::Equal => {
+                        next_active = active.try_next().await?;
+                        next_terminated = terminated.try_next().await?;
+                        a
+                    }
+                },
+            };
+            if !row.matches(filter) {
+                continue;
+            }
+            if runs.len() == limit {
+                let next = runs.last().map(|run: &RunSummary| run.run_id.clone());
+                return Ok(RunPage { runs, next });
+            }
+            if let Some(summary) = self.summary(run_id, row).await? {
+                runs.push(summary);
+            }
+        }
+        Ok(RunPage { runs, next: None })
+    }
+
+    async fn summary(&self, run_id: RunId, row: Row) -> Result<Option<RunSummary>> {
+        match row {
+            Row::Active(record) => {
+                let Some((pointer, job)) = self.current_job(&run_id).await? else {
+                    // Terminated since the scan read its record.
+                    return match self.terminal_record(&run_id).await? {
+                        Some(termination) => {
+                            self.terminated_summary(run_id, termination).await.map(Some)
+                        }
+                        None => Ok(None),
+                    };
+                };
+                let step_name = match &record.workflow {
+                    Some(_) => inline_step_name(&job),
+                    None => None,
+                };
+                let step_name = match step_name {
+                    Some(name) => Some(name),
+                    None => {
+                        self.step_name_of(&run_id, pointer.step_number, record.execution.as_deref())
+                            .await?
+                    }
+                };
+                Ok(Some(RunSummary {
+                    state: active_state(&record, &job),
+                    run_id,
+                    workflow: record.workflow,
+                    group: record.group,
+                    current_step: pointer.step_number,
+                    step_name,
+                    attempts: job.attempts,
+                    submitted_at_ms: Some(record.submitted_at_ms),
+                    ended_at_ms: None,
+                }))
+            }
+            Row::Terminated(termination) => {
+                self.terminated_summary(run_id, termination).await.map(Some)
+            }
+        }
+    }
+
+    async fn terminated_summary(
+        &self,
+        run_id: RunId,
+        termination: DurableTermination,
+    ) -> Result<RunSummary> {
+        let last = read::step_record(
+            &self.queue,
+            &run_id,
+            termination.final_step,
+            termination.execution.as_deref(),
+        )
+        .await?;
+        Ok(RunSummary {
+            run_id,
+            workflow: termination.workflow.clone(),
+            group: termination.group.clone(),
+            current_step: termination.final_step,
+            step_name: last.as_ref().map(|record| record.name.clone()),
+            attempts: last
+                .as_ref()
+                .and_then(|record| record.attempts.last())
+                .map_or(0, |attempt| attempt.attempt),
+            submitted_at_ms: termination.submitted_at_ms,
+            ended_at_ms: Some(termination.terminated_at_ms),
+            state: RunState::Terminated(termination.into()),
+        })
+    }
+
+    /// The name recorded in the history of step `step` of the execution.
+    async fn step_name_of(
+        &self,
+        run_id: &RunId,
+        step: u32,
+        execution: Option<&str>,
+    ) -> Result<Option<String>> {
+        Ok(read::step_record(&self.queue, run_id, step, execution)
+            .await?
+            .map(|record| record.name))
+    }
+
+    /// `run_id` described: where it is, its current step with its name and
+    /// attempts, when that step becomes claimable, the signal it waits for,
+    /// the last error, its headers, when it was submitted and ended. `None`
+    /// for a run never submitted or whose records retention removed.
+    ///
+    /// # Errors
+    /// Storage and decoding errors; [`Error::InconsistentRunState`](crate::Error::InconsistentRunState)
+    /// when the pointer names a job that does not exist on two reads.
+    pub async fn run(&self, run_id: &RunId) -> Result<Option<RunDetails>> {
+        if let Some(record) = self.run_record(run_id).await?
+            && let Some((pointer, job)) = self.current_job(run_id).await?
+        {
+            return self
+                .active_details(run_id, record, pointer, job)
+                .await
+                .map(Some);
+        }
+        let Some(termination) = self.terminal_record(run_id).await? else {
+            return Ok(None);
+        };
+        self.terminated_details(run_id, termination).await.map(Some)
+    }
+
+    async fn active_details(
+        &self,
+        run_id: &RunId,
+        record: DurableRunRecord,
+        pointer: DurableCurrentStep,
+        job: JobRecord,
+    ) -> Result<RunDetails> {
+        let mut step_name = self
+            .step_name_of(run_id, pointer.step_number, record.execution.as_deref())
+            .await?;
+        if step_name.is_none() && record.workflow.is_some() {
+            step_name = match inline_step_name(&job) {
+                Some(name) => Some(name),
+                // An offloaded payload is fetched for its name.
+                None if job.payload_ref.is_some() => self
+                    .queue
+                    .get_job(&job.id)
+                    .await?
+                    .and_then(|job| step_of_named_run(&job.payload)),
+                None => None,
+            };
+        }
+        let scheduled_at_ms = match job.status {
+            JobStatus::Scheduled => job.run_at,
+            _ => None,
+        };
+        let waiting_for_signal = job.headers.get(HEADER_SIGNAL_WAIT).and_then(|key| {
+            (job.status == JobStatus::Scheduled && job.woken_at.is_none()).then(|| SignalWait {
+                correlation_key: key.clone(),
+                timeout_at_ms: job.run_at,
+            })
+        });
+        Ok(RunDetails {
+            run_id: run_id.clone(),
+            state: active_state(&record, &job),
+            workflow: record.workflow,
+            group: record.group.or_else(|| {
+                job.headers
+                    .get(HEADER_GROUP)
+                    .and_then(|g| RunId::new(g.as_str()).ok())
+            }),
+            group_key: job.headers.get(HEADER_GROUP_KEY).cloned(),
+            current_step: pointer.step_number,
+            step_name,
+            job_id: Some(job.id.clone()),
+            attempts: job.attempts,
+            max_attempts: job.max_attempts,
+            scheduled_at_ms,
+            waiting_for_signal,
+            last_error: job.last_error.clone(),
+            headers: user_headers(&job.headers),
+            submitted_at_ms: Some(record.submitted_at_ms),
+            ended_at_ms: None,
+            cancel_requested: record.cancel_requested,
+            cancel_reason: record.cancel_reason,
+        })
+    }
+
+    async fn terminated_details(
+        &self,
+        run_id: &RunId,
+        termination: DurableTermination,
+    ) -> Result<RunDetails> {
+        let last = read::step_record(
+            &self.queue,
+            run_id,
+            termination.final_step,
+            termination.execution.as_deref(),
+        )
+        .await?;
+        let public: RunTermination = termination.clone().into();
+        let outcome = self
+            .run_result_of(run_id, &public)
+            .await?
+            .map(|result| result.outcome);
+        Ok(RunDetails {
+            run_id: run_id.clone(),
+            workflow: termination.workflow,
+            group: termination.group,
+            group_key: None,
+            current_step: termination.final_step,
+            step_name: last.as_ref().map(|record| record.name.clone()),
+            job_id: termination.job_id,
+            attempts: last
+                .as_ref()
+                .and_then(|record| record.attempts.last())
+                .map_or(0, |attempt| attempt.attempt),
+            max_attempts: 0,
+            scheduled_at_ms: None,
+            waiting_for_signal: None,
+            last_error: public.error.clone(),
+            headers: outcome.map(|outcome| outcome.headers).unwrap_or_default(),
+            submitted_at_ms: termination.submitted_at_ms,
+            ended_at_ms: Some(termination.terminated_at_ms),
+            cancel_requested: termination.cancel_reason.is_some(),
+            cancel_reason: termination.cancel_reason,
+            state: RunState::Terminated(public),
+        })
+    }
+
+    /// The step history of `run_id` (its current execution): one entry per
+    /// step that settled, each with its settled attempts, for the last
+    /// [`history_limit`](crate::WorkflowRuntimeBuilder::history_limit)
+    /// steps. `None` for a run never submitted or whose records retention
+    /// removed.
+    ///
+    /// # Errors
+    /// Storage and decoding errors.
+    pub async fn steps(&self, run_id: &RunId) -> Result<Option<RunHistory>> {
+        if let Some(record) = self.run_record(run_id).await? {
+            let current =
+                durable::kv_record::<DurableCurrentStep>(&self.queue, &step_kv_key(run_id))
+                    .await?
+                    .map_or(0, |pointer| pointer.step_number);
+            return read::run_history(&self.queue, run_id, record.execution.as_deref(), current)
+                .await
+                .map(Some);
+        }
+        let Some(termination) = self.terminal_record(run_id).await? else {
+            return Ok(None);
+        };
+        read::run_history(
+            &self.queue,
+            run_id,
+            termination.execution.as_deref(),
+            termination.final_step,
+        )
+        .await
+        .map(Some)
+    }
+
+    /// One page of the run groups in the store, in group-id order, each with
+    /// its member counts (from its manifest and member records), starting
+    /// after the group `after`, at most `limit` (clamped to
+    /// `1..=`[`MAX_PAGE_LIMIT`]). A group whose manifest is gone (forgotten
+    /// while listed) is skipped.
+    ///
+    /// # Errors
+    /// Storage and decoding errors.
+    pub async fn groups(&self, after: Option<&RunId>, limit: usize) -> Result<GroupPage> {
+        let limit = limit.clamp(1, MAX_PAGE_LIMIT);
+        let start = match after {
+            Some(after) => {
+                let mut key = GROUP_SUBMISSIONS_PREFIX.as_bytes().to_vec();
+                key.extend_from_slice(after.as_bytes());
+                Bound::Excluded(key)
+            }
+            None => Bound::Unbounded,
+        };
+        let mut ids = std::pin::pin!(
+            self.queue
+                .kv_entries(
+                    GROUP_SUBMISSIONS_PREFIX.as_bytes(),
+                    (start, Bound::<Vec<u8>>::Unbounded),
+                    SCAN_PAGE
+                )
+                .map_ok(|(key, _)| key)
+        );
+        let mut groups = Vec::new();
+        while let Some(key) = ids.try_next().await? {
+            let Some(group_id) = std::str::from_utf8(&key[GROUP_SUBMISSIONS_PREFIX.len()..])
+                .ok()
+                .and_then(|id| RunId::new(id).ok())
+            else {
+                continue;
+            };
+            if groups.len() == limit {
+                let next = groups.last().map(|g: &GroupStatus| g.group_id.clone());
+                return Ok(GroupPage { groups, next });
+            }
+            if let Some(status) = self.group(&group_id).await? {
+                groups.push(status);
+            }
+        }
+        Ok(GroupPage { groups, next: None })
+    }
+
+    /// The member counts of group `group_id`, as
+    /// [`RunGroup::status`](crate::RunGroup::status) reports them; `None`
+    /// for a group never submitted (or forgotten).
+    ///
+    /// # Errors
+    /// Storage and decoding errors.
+    pub async fn group(&self, group_id: &RunId) -> Result<Option<GroupStatus>> {
+        let objects = self.memos.objects();
+        let Some(bytes) = objects
+            .get(&group::manifest_path(objects, group_id))
+            .await?
+        else {
+            return Ok(None);
+        };
+        let manifest: Manifest = durable::decode(&bytes)?;
+        let members = group::members_in(&self.queue, group_id).await?;
+        Ok(Some(group::group_status(
+            group_id,
+            manifest.members.len(),
+            &members,
+        )))
+    }
+
+    /// The state of inbox command `id`
+    /// ([`Inbox::send`](crate::Inbox::send)): its record when the owner
+    /// recorded one, else [`CommandState::Pending`] while its object is in
+    /// the inbox, else [`CommandState::Unknown`].
+    ///
+    /// # Errors
+    /// Storage and decoding errors.
+    pub async fn command(&self, id: &CommandId) -> Result<CommandState> {
+        let key = command_kv_key(&id.to_string());
+        if let Some(record) = durable::kv_record::<DurableCommandRecord>(&self.queue, &key).await? {
+            return Ok(record.into());
+        }
+        let objects = self.memos.objects();
+        if objects.head(&command_path(objects, id)).await? {
+            return Ok(CommandState::Pending);
+        }
+        // Applied between the two reads: the record is committed before the
+        // object is deleted.
+        Ok(
+            match durable::kv_record::<DurableCommandRecord>(&self.queue, &key).await? {
+                Some(record) => record.into(),
+                None => CommandState::Unknown,
+            },
+        )
+    }
+}
+
+/// The state of an active run from its record and current step job.
+fn active_state(record: &DurableRunRecord, job: &JobRecord) -> RunState {
+    if record.cancel_requested {
+        RunState::Cancelling
+    } else if job.status == JobStatus::Claimed {
+        RunState::Running
+    } else {
+        RunState::Pending
+    }
+}
+
+/// The step name of a named run's job from its inline payload.
+fn inline_step_name(job: &JobRecord) -> Option<String> {
+    if job.payload_ref.is_some() {
+        return None;
+    }
+    step_of_named_run(&job.payload)
+}

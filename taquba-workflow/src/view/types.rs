@@ -1,0 +1,243 @@
+//! The shapes the operator queries of [`WorkflowView`](crate::WorkflowView)
+//! return and take: run listings ([`RunFilter`], [`RunPage`],
+//! [`RunSummary`]), one run described ([`RunDetails`]), group listings
+//! ([`GroupPage`]) and the runtimes recorded in a store
+//! ([`RuntimeInfo`]). Plain data.
+
+use std::collections::HashMap;
+
+use crate::coordination::group::GroupStatus;
+use crate::model::RunState;
+use crate::store::keys::RunId;
+
+/// The default page size of [`RunFilter`] and
+/// [`WorkflowView::groups`](crate::WorkflowView::groups).
+pub const DEFAULT_PAGE_LIMIT: usize = 100;
+/// The largest page a listing returns; a larger `limit` is lowered to it.
+pub const MAX_PAGE_LIMIT: usize = 1000;
+
+/// Which runs a listing returns, by where they are in their life.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum StatusFilter {
+    /// Runs not terminated yet (pending, running or cancelling).
+    Active,
+    /// Terminated runs whose terminal record retention has not removed.
+    Terminated,
+    /// Both, merged in run-id order.
+    #[default]
+    All,
+}
+
+/// What [`WorkflowView::runs`](crate::WorkflowView::runs) lists. Build it
+/// with [`RunFilter::default`] (every run, [`DEFAULT_PAGE_LIMIT`] per page)
+/// and the setters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RunFilter {
+    /// Active, terminated or all runs.
+    pub status: StatusFilter,
+    /// Only runs of this workflow: a `#[workflow]`'s name, or a job's
+    /// [`NAME`](crate::jobs::Job::NAME).
+    pub workflow: Option<String>,
+    /// Only members of this run group.
+    pub group: Option<RunId>,
+    /// Only runs submitted at or after this time, ms since the UNIX epoch
+    /// (queue clock). A terminated run recorded before the runtime stored
+    /// submission times never matches.
+    pub submitted_since_ms: Option<u64>,
+    /// The page cursor: list runs whose id sorts after this one
+    /// ([`RunPage::next`] of the page before).
+    pub after: Option<RunId>,
+    /// The most runs on the page (at least 1, at most [`MAX_PAGE_LIMIT`]).
+    pub limit: usize,
+}
+
+impl Default for RunFilter {
+    fn default() -> Self {
+        Self {
+            status: StatusFilter::All,
+            workflow: None,
+            group: None,
+            submitted_since_ms: None,
+            after: None,
+            limit: DEFAULT_PAGE_LIMIT,
+        }
+    }
+}
+
+impl RunFilter {
+    /// Every run, [`DEFAULT_PAGE_LIMIT`] per page.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Only runs in `status`.
+    pub fn status(mut self, status: StatusFilter) -> Self {
+        self.status = status;
+        self
+    }
+
+    /// Only runs of the workflow (or job) `name`.
+    pub fn workflow(mut self, name: impl Into<String>) -> Self {
+        self.workflow = Some(name.into());
+        self
+    }
+
+    /// Only members of `group`.
+    pub fn group(mut self, group: RunId) -> Self {
+        self.group = Some(group);
+        self
+    }
+
+    /// Only runs submitted at or after `ms` (ms since the UNIX epoch).
+    pub fn submitted_since_ms(mut self, ms: u64) -> Self {
+        self.submitted_since_ms = Some(ms);
+        self
+    }
+
+    /// The page after the run `run_id`.
+    pub fn after(mut self, run_id: RunId) -> Self {
+        self.after = Some(run_id);
+        self
+    }
+
+    /// At most `limit` runs per page (clamped to `1..=`[`MAX_PAGE_LIMIT`]).
+    pub fn limit(mut self, limit: usize) -> Self {
+        self.limit = limit;
+        self
+    }
+}
+
+/// One page of a run listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RunPage {
+    /// The runs, in run-id order (generated ids are ULIDs, so for them this
+    /// is submission order).
+    pub runs: Vec<RunSummary>,
+    /// The cursor of the next page ([`RunFilter::after`]); `None` when this
+    /// page is the last.
+    pub next: Option<RunId>,
+}
+
+/// A run as a listing shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RunSummary {
+    /// The run.
+    pub run_id: RunId,
+    /// Where it is: pending, running, cancelling or terminated (with how).
+    pub state: RunState,
+    /// The workflow (or job) name; `None` for a run of a hand-written
+    /// runner, or recorded before the runtime stored names.
+    pub workflow: Option<String>,
+    /// The group the run is a member of.
+    pub group: Option<RunId>,
+    /// The current step (the final step of a terminated run).
+    pub current_step: u32,
+    /// That step's name, when known (see
+    /// [`StepHistory::name`](crate::StepHistory::name)).
+    pub step_name: Option<String>,
+    /// Attempts consumed by that step (0 while it waits for its first
+    /// delivery; for a terminated run, from its history, 0 when none is
+    /// retained).
+    pub attempts: u32,
+    /// When the run was submitted, ms since the UNIX epoch (queue clock);
+    /// `None` for a terminated run recorded before the runtime stored it.
+    pub submitted_at_ms: Option<u64>,
+    /// When it terminated, ms since the UNIX epoch; `None` while active.
+    pub ended_at_ms: Option<u64>,
+}
+
+/// The signal a waiting step waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SignalWait {
+    /// The correlation key a signal must be sent under.
+    pub correlation_key: String,
+    /// When the wait times out and the step runs without a signal, ms since
+    /// the UNIX epoch (runtime clock).
+    pub timeout_at_ms: Option<u64>,
+}
+
+/// One run described, from
+/// [`WorkflowView::run`](crate::WorkflowView::run).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RunDetails {
+    /// The run.
+    pub run_id: RunId,
+    /// Where it is (for a terminated run, the termination with its status,
+    /// error and final step).
+    pub state: RunState,
+    /// The workflow (or job) name, when known.
+    pub workflow: Option<String>,
+    /// The group the run is a member of.
+    pub group: Option<RunId>,
+    /// Its member key in that group (known while the run is active).
+    pub group_key: Option<String>,
+    /// The current step (the final step of a terminated run).
+    pub current_step: u32,
+    /// That step's name, when known.
+    pub step_name: Option<String>,
+    /// The queue job of the current step (an active run's; for a terminated
+    /// run, the job of its final step when recorded).
+    pub job_id: Option<String>,
+    /// Attempts the current step consumed.
+    pub attempts: u32,
+    /// The current step's attempt limit (0 when unknown: a terminated run).
+    pub max_attempts: u32,
+    /// When a pending step becomes claimable (a timer, a retry backoff, a
+    /// signal wait's timeout), ms since the UNIX epoch; `None` when it is
+    /// claimable now, running, or the run terminated.
+    pub scheduled_at_ms: Option<u64>,
+    /// The signal the current step waits for.
+    pub waiting_for_signal: Option<SignalWait>,
+    /// The current step job's last error (a retried attempt's), or the
+    /// termination's error.
+    pub last_error: Option<String>,
+    /// The submitter's headers (without the reserved `workflow.` ones); for
+    /// a terminated run, from its recorded outcome (empty when none).
+    pub headers: HashMap<String, String>,
+    /// When the run was submitted, ms since the UNIX epoch (queue clock).
+    pub submitted_at_ms: Option<u64>,
+    /// When it terminated, ms since the UNIX epoch.
+    pub ended_at_ms: Option<u64>,
+    /// Whether a cancellation was requested.
+    pub cancel_requested: bool,
+    /// The reason given to that cancellation, if any.
+    pub cancel_reason: Option<String>,
+}
+
+/// One page of a group listing, from
+/// [`WorkflowView::groups`](crate::WorkflowView::groups).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GroupPage {
+    /// The groups in group-id order, with their member counts.
+    pub groups: Vec<GroupStatus>,
+    /// The cursor of the next page; `None` when this page is the last.
+    pub next: Option<RunId>,
+}
+
+/// A runtime recorded in a store, from
+/// [`WorkflowView::runtimes`](crate::WorkflowView::runtimes): what a tool
+/// needs to open a [`WorkflowView`](crate::WorkflowView) of it with no
+/// other configuration. Each runtime's worker records its own when it
+/// starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RuntimeInfo {
+    /// The runtime's queue name
+    /// ([`WorkflowRuntimeBuilder::queue_name`](crate::WorkflowRuntimeBuilder::queue_name)).
+    pub queue_name: String,
+    /// Its memo prefix in the object store (build the view's
+    /// [`MemoStore`](crate::MemoStore) and an [`Inbox`](crate::Inbox) at it).
+    pub memo_prefix: String,
+    /// The version of the runtime's store layout (currently 1).
+    pub format: u32,
+    /// The `taquba-workflow` version of the worker that recorded it.
+    pub crate_version: String,
+    /// When that worker started, ms since the UNIX epoch (runtime clock).
+    pub started_at_ms: u64,
+}
