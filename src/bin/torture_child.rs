@@ -498,11 +498,15 @@ async fn check(cli: &Cli, batches: usize, timeout: Duration) -> Result<Summary, 
     let settle_deadline = cleanup_started + Duration::from_secs(60).max(RETENTION * 10);
     loop {
         let objects: Vec<_> = store.list(Some(&memo_prefix)).collect().await;
-        let reserved = queue
+        let mut reserved = queue
             .view()
             .kv_scan(b"workflow/", .., 1000)
             .await
             .map_err(|e| e.to_string())?;
+        // The runtime's descriptor (one per runtime, for tools) stays.
+        reserved
+            .entries
+            .retain(|(key, _)| !key.starts_with(b"workflow/runtimes/"));
         let mut statuses = 0;
         for run_id in &all {
             if runtime

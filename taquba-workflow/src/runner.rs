@@ -41,15 +41,15 @@ pub trait StepRunner: Send + Sync {
     /// [`StepError::permanent`] dead-letters at once and fails the run.
     fn run_step(&self, step: &Step) -> impl Future<Output = Result<StepOutcome, StepError>> + Send;
 
-    /// The name of `step` in its run's history
+    /// The name of step `step_number` with `payload` in its run's history
     /// ([`WorkflowView::steps`](crate::WorkflowView::steps)), asked once per
-    /// step (when its first attempt settles), from its payload. The default
-    /// names nothing: the runtime then reads the name of a `#[workflow]`
-    /// step or a job from the payload, and otherwise uses the runner's type
-    /// name (its last path segment). Keep it cheap and stable: a step must
-    /// get the same name on every delivery. At most 256 bytes are kept.
-    fn step_name(&self, step: &Step) -> Option<String> {
-        let _ = step;
+    /// step (when its first attempt settles). The default names nothing:
+    /// the runtime then reads the name of a `#[workflow]` step or a job from
+    /// the payload, and otherwise uses the runner's type name (its last
+    /// path segment). Keep it cheap and stable: a step must get the same
+    /// name on every delivery. At most 256 bytes are kept.
+    fn step_name(&self, step_number: u32, payload: &[u8]) -> Option<String> {
+        let _ = (step_number, payload);
         None
     }
 }

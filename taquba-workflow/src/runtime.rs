@@ -213,6 +213,45 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
             .unwrap_or(false))
     }
 
+    /// Resume `run_id`, which failed because its step job was
+    /// dead-lettered: its final step is enqueued again (the dead job's
+    /// payload, headers, priority and attempt limit, fresh attempts) and
+    /// the run is active again under its id, its history continuing with a
+    /// `Requeued` marker, in one transaction. The dead job stays in the
+    /// dead letters. Returns the run and its new step job.
+    ///
+    /// # Errors
+    /// [`Error::CommandRefused`](crate::Error::CommandRefused) naming the
+    /// run when it is active, unknown, succeeded, was cancelled, failed by
+    /// a runner's `Fail` verdict, or its dead job was removed by the
+    /// queue's dead retention; storage errors.
+    pub async fn requeue(&self, run_id: &RunId) -> Result<SubmitOutcome> {
+        let (_, job_id) = self
+            .inner
+            .core
+            .requeue_recorded(run_id, |_, _| taquba::SettlementEffects::default())
+            .await?;
+        Ok(SubmitOutcome {
+            run_id: run_id.clone(),
+            newly_submitted: true,
+            job_id,
+        })
+    }
+
+    /// Apply the commands waiting in this runtime's inbox
+    /// ([`Inbox`](crate::Inbox)) now, as the worker's maintenance does
+    /// every [`poll_interval`](crate::WorkflowRuntimeBuilder::poll_interval):
+    /// at most 64 per call, in id order. For a tool that opened a store no
+    /// process owns (after checking that no writer is active) and applies
+    /// commands without running steps. Returns how many commands were
+    /// handled (applied, rejected, or found applied before).
+    ///
+    /// # Errors
+    /// Storage errors (commands not reached are left for the next call).
+    pub async fn apply_inbox(&self) -> Result<usize> {
+        self.inner.core.apply_inbox().await
+    }
+
     /// The run group `id` of this runtime (nothing is written until it is
     /// submitted).
     pub fn group(&self, id: RunId) -> RunGroup {

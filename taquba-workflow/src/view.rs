@@ -5,7 +5,7 @@
 mod ops;
 pub(crate) mod types;
 
-pub(crate) use ops::DurableRuntimeInfo;
+pub(crate) use self::ops::DurableRuntimeInfo;
 
 use taquba::{JobRecord, JobStatus, QueueView};
 

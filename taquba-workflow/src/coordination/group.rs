@@ -274,8 +274,9 @@ impl GroupStore {
         members_in(self.queue.view(), group_id).await
     }
 
-    /// Remove a group's state: the memo entries and terminal records of its
-    /// manifest's members, its member records and its manifest.
+    /// Remove a group's state: the memo entries, terminal records and
+    /// history records of its manifest's members, its member records and
+    /// its manifest.
     pub(crate) async fn forget(&self, group_id: &RunId) -> Result<()> {
         let mut keys = Vec::new();
         if let Some(manifest) = self.read_manifest(group_id).await? {
@@ -292,7 +293,8 @@ impl GroupStore {
                 .await?;
             for run_id in &run_ids {
                 keys.push(outcome_kv_key(run_id));
-                if keys.len() == PAGE {
+                keys.extend(crate::history::read::history_keys(self.queue.view(), run_id).await?);
+                if keys.len() >= PAGE {
                     self.delete_keys(std::mem::take(&mut keys)).await?;
                 }
             }

@@ -66,7 +66,10 @@ pub(crate) fn waiter_cleanup(job: &JobRecord) -> Vec<Vec<u8>> {
     if let Some(key) = job.headers.get(HEADER_SIGNAL_WAIT) {
         keys.push(signal_waiter_kv_key(key));
     }
-    if job.headers.contains_key(HEADER_SIGNAL_DELIVERED)
+    // A waiting step holds a delivered signal once an inbox signal reached
+    // it (see `signal_command`).
+    if (job.headers.contains_key(HEADER_SIGNAL_DELIVERED)
+        || job.headers.contains_key(HEADER_SIGNAL_WAIT))
         && let (Some(run_id), Some(step)) = (
             job.headers.get(crate::store::keys::HEADER_RUN_ID),
             job.headers.get(crate::store::keys::HEADER_STEP),
@@ -161,6 +164,11 @@ impl RuntimeCore {
         let Some(correlation_key) = job.headers.get(HEADER_SIGNAL_WAIT) else {
             return Ok((None, Vec::new()));
         };
+        // A signal delivered from the inbox is stored for the step.
+        let delivered_key = signal_delivered_kv_key(run_id, step_number);
+        if let Some(signal) = self.queue.view().kv_get(&delivered_key).await? {
+            return Ok((Some(signal.to_vec()), vec![delivered_key]));
+        }
         let signal = job.woken_at.and(job.wake_payload.clone());
         let waiter_key = signal_waiter_kv_key(correlation_key);
         let mut deletes = Vec::new();
@@ -168,6 +176,26 @@ impl RuntimeCore {
             && durable::decode_or_absent::<DurableWaiter>(&bytes, "signal waiter", correlation_key)
                 .is_none_or(|w| w.run_id == *run_id && w.step_number == step_number)
         {
+            if signal.is_none() {
+                // A timeout: claim it by removing the waiter, so an inbox
+                // delivery guarded on the waiter cannot give this step a
+                // signal after it observed none. Lost to such a delivery,
+                // the step takes the signal it delivered.
+                let claimed = self
+                    .queue
+                    .kv_compare_commit(
+                        &waiter_key,
+                        Some(&bytes),
+                        SettlementEffects::default().kv_delete(waiter_key.clone()),
+                    )
+                    .await?;
+                if claimed.is_none()
+                    && let Some(signal) = self.queue.view().kv_get(&delivered_key).await?
+                {
+                    return Ok((Some(signal.to_vec()), vec![delivered_key]));
+                }
+                return Ok((None, deletes));
+            }
             deletes.push(waiter_key);
         }
         Ok((signal, deletes))

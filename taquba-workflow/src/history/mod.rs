@@ -3,8 +3,10 @@
 //! history says exactly what the store committed. The public shapes a
 //! reader gets ([`RunHistory`], [`StepHistory`], [`StepAttempt`],
 //! [`AttemptOutcome`]) are here; the stored records and the effects that
-//! write them are in `record`, the read in `read`.
+//! write them are in `record`, the worker's entries in `attempt`, names in
+//! `naming`, the read in `read`.
 
+pub(crate) mod attempt;
 pub(crate) mod naming;
 pub(crate) mod read;
 pub(crate) mod record;

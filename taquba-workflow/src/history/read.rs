@@ -69,3 +69,14 @@ pub(crate) async fn step_record(
         })
         .filter(|record| record.execution.as_deref() == execution))
 }
+
+/// The keys of every history record of `run_id` (all executions), for the
+/// sweeps that remove a run.
+pub(crate) async fn history_keys(view: &QueueView, run_id: &RunId) -> Result<Vec<Vec<u8>>> {
+    let prefix = history_kv_prefix(run_id);
+    Ok(view
+        .kv_entries(&prefix, .., PAGE)
+        .map_ok(|(key, _)| key)
+        .try_collect()
+        .await?)
+}

@@ -169,7 +169,7 @@ pub(crate) struct Entry<'a> {
     /// The run's execution tag (its run record's).
     pub(crate) execution: Option<&'a str>,
     /// The step's name, computed only when the record is new.
-    pub(crate) name: &'a dyn Fn() -> String,
+    pub(crate) name: &'a (dyn Fn() -> String + Sync),
     pub(crate) attempt: DurableAttempt,
 }
 

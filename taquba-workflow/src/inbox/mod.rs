@@ -23,6 +23,7 @@
 //! commands: the inbox has no authentication of its own, so grant write
 //! access to the bucket (or directory) only to those who may steer its runs.
 
+pub(crate) mod apply;
 pub(crate) mod record;
 pub(crate) mod wire;
 
@@ -34,7 +35,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use taquba::object_store::path::Path;
-use taquba::object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use taquba::object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
 
 use crate::coordination::signal::SignalOutcome;
 use crate::error::{Error, Result};

@@ -7,6 +7,7 @@ use taquba::{CancelOutcome, JobRecord, JobStatus, SettlementEffects};
 use crate::coordination::group::Membership;
 use crate::error::Result;
 use crate::model::TerminalStatus;
+use crate::history::record::DurableAttemptOutcome;
 use crate::run::compose::{is_empty, merge_effects};
 use crate::run::core::RuntimeCore;
 use crate::run::inflight::CancelVerdict;
@@ -170,6 +171,11 @@ impl RuntimeCore {
         effects
             .kv_deletes
             .extend(crate::coordination::signal::waiter_cleanup(job));
+        let reason = DurableAttemptOutcome::cancelled(record.cancel_reason.as_deref());
+        let history = self
+            .detached_history(run_id, pointer.step_number, job, record, reason, None)
+            .await;
+        merge_effects(&mut effects, history);
         let (outcome, _) = self
             .commit_ending(
                 Some(&ended),

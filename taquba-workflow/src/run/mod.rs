@@ -2,6 +2,7 @@
 //! ([`submit`], [`submit_batch`]), processing and settling a claimed step
 //! ([`settle`], with the effects a step stages in [`effects`]), external
 //! cancellation ([`cancel`], racing steps in flight through [`inflight`]),
+//! resuming a run whose step was dead-lettered ([`requeue`]),
 //! waiting for a termination ([`wait`], woken by [`watch`]), and composing
 //! effects that share one transaction ([`compose`]).
 
@@ -10,6 +11,7 @@ pub(crate) mod compose;
 pub(crate) mod core;
 pub(crate) mod effects;
 pub(crate) mod inflight;
+pub(crate) mod requeue;
 pub(crate) mod settle;
 pub(crate) mod submit;
 pub(crate) mod submit_batch;

@@ -61,6 +61,11 @@ pub(crate) struct Settlement {
     /// The run termination this settlement commits, reported to the run's
     /// waiters once it did.
     pub(crate) ended: Option<(RunId, RunEnd)>,
+    /// The trigger of the next step, when the settlement continues the run.
+    pub(crate) continued: Option<Trigger>,
+    /// The run history entry of this attempt, committed with whichever
+    /// settlement `kind` is.
+    pub(crate) history: SettlementEffects,
 }
 
 impl Settlement {
@@ -71,6 +76,8 @@ impl Settlement {
             signal_lock: None,
             next_step: None,
             ended: None,
+            continued: None,
+            history: SettlementEffects::default(),
         }
     }
 
@@ -306,6 +313,29 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
             }
             Err(err) => return Settlement::infrastructure(err),
         };
+        let mut settlement = self
+            .process_recorded_step(claimed, &record, lease, claim_cancel, guard, permit)
+            .await;
+        let name = || self.step_name(claimed);
+        core.record_attempt(claimed, &record, &mut settlement, &name)
+            .await;
+        settlement
+    }
+
+    /// [`process_step`](Self::process_step) once the run record is read.
+    async fn process_recorded_step(
+        &self,
+        claimed: &ClaimedStep<'_>,
+        record: &DurableRunRecord,
+        lease: &LeaseHandle,
+        claim_cancel: tokio_util::sync::CancellationToken,
+        guard: &InFlightGuard,
+        permit: OwnedSemaphorePermit,
+    ) -> Settlement {
+        let core = &self.core;
+        let run_id = &claimed.run_id;
+        let step_number = claimed.step_number;
+        let job = claimed.job;
         let (signal, signal_deletes) =
             match core.resolve_step_signal(job, run_id, step_number).await {
                 Ok(resolved) => resolved,
@@ -319,7 +349,7 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
             let _ = guard.decide();
             let outcome = claimed.outcome(TerminalStatus::Cancelled, None, None);
             let mut settlement = core
-                .terminate_recorded(claimed, outcome, None, &record)
+                .terminate_recorded(claimed, outcome, None, record)
                 .await;
             if let SettleKind::Ack(effects) = &mut settlement.kind {
                 effects.kv_deletes.extend(signal_deletes);
@@ -400,9 +430,16 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
         }
 
         let runner_cancelled = matches!(outcome, Ok(StepOutcome::Cancel { .. }));
+        let trigger = match &outcome {
+            Ok(StepOutcome::Continue { when, .. }) => Some(when.clone()),
+            _ => None,
+        };
         let mut settlement = self
-            .settle_outcome(claimed, outcome, external_cancel, &record)
+            .settle_outcome(claimed, outcome, external_cancel, record)
             .await;
+        if settlement.next_step.is_some() {
+            settlement.continued = trigger;
+        }
         // The external-cancel override discards the effects staged for the
         // outcome it replaces; a runner-issued Cancel keeps them.
         let keep_staged = runner_cancelled || !external_cancel;

@@ -61,13 +61,41 @@ impl RuntimeCore {
         membership: Option<&Membership>,
         on_terminated: OnTerminated,
     ) -> Result<SubmitOutcome> {
+        Self::check_submission(&spec.options, &spec.effects)?;
+        self.submit_checked(spec, input_hash, membership, on_terminated)
+            .await
+    }
+
+    /// The submission of an inbox command: `spec` (already validated) with
+    /// `record` (the command's record, under the reserved prefix) committed
+    /// in the submission's transaction; nothing is committed for a
+    /// duplicate (`newly_submitted: false`).
+    pub(crate) async fn submit_recorded(
+        &self,
+        mut spec: RunSpec,
+        record: SettlementEffects,
+    ) -> Result<SubmitOutcome> {
+        Self::check_submission(&spec.options, &spec.effects)?;
+        let input_hash = sha256(&spec.input).to_vec();
+        crate::run::compose::merge_effects(&mut spec.effects, record);
+        self.submit_checked(spec, input_hash, None, OnTerminated::Restart)
+            .await
+    }
+
+    /// [`submit_hashed`](Self::submit_hashed) once `spec` is checked.
+    async fn submit_checked(
+        &self,
+        spec: RunSpec,
+        input_hash: Vec<u8>,
+        membership: Option<&Membership>,
+        on_terminated: OnTerminated,
+    ) -> Result<SubmitOutcome> {
         let RunSpec {
             run_id,
             input,
             options,
             effects: user_effects,
         } = spec;
-        Self::check_submission(&options, &user_effects)?;
         // A fresh ULID names no recorded run: its first attempt skips the
         // reads (the compare-and-commit below still guards the record).
         let mut fresh_id = run_id.is_none();

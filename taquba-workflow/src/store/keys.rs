@@ -28,6 +28,9 @@ pub const HEADER_SIGNAL_WAIT: &str = "workflow.signal_wait";
 /// Header on a step that was enqueued with a buffered signal already
 /// consumed for it; its value is the correlation key.
 pub const HEADER_SIGNAL_DELIVERED: &str = "workflow.signal_delivered";
+/// Header on a step job an operator requeued (a dead-lettered step enqueued
+/// again); its value is the requeue count.
+pub(crate) const HEADER_REQUEUED: &str = "workflow.requeued";
 /// Header holding the group id of a group member's step job.
 pub(crate) const HEADER_GROUP: &str = "workflow.group";
 /// Header holding the member key of a group member's step job.

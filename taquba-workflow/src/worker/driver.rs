@@ -19,6 +19,7 @@ use tracing::{debug, warn};
 
 use crate::error::Result;
 use crate::hooks::terminal::TerminalHook;
+use crate::run::compose::{is_empty, merge_effects};
 use crate::run::core::RuntimeCore;
 use crate::run::settle::{SettleKind, Settlement, panic_message};
 use crate::runner::StepRunner;
@@ -219,19 +220,31 @@ async fn settle<R, H>(
         signal_lock,
         next_step,
         ended,
+        continued: _,
+        history,
     } = settlement;
     let core = &inner.core;
+    // The run history entry rides on whichever transaction settles the job.
     let result = match kind {
-        SettleKind::Ack(effects) => core
-            .commit_ending(ended.as_ref(), queue.ack_with(claim, effects), |_| true)
+        SettleKind::Ack(mut effects) => {
+            merge_effects(&mut effects, history);
+            core.commit_ending(ended.as_ref(), queue.ack_with(claim, effects), |_| true)
+                .await
+                .map(Some)
+        }
+        SettleKind::Retry(error) if is_empty(&history) => {
+            queue.nack(claim, &error).await.map(|()| None)
+        }
+        SettleKind::Retry(error) => queue
+            .nack_with(claim, &error, history)
             .await
-            .map(Some),
-        SettleKind::Retry(error) => queue.nack(claim, &error).await.map(|()| None),
+            .map(|_| None),
         SettleKind::Fail {
             error,
             permanent,
-            effects,
+            mut effects,
         } => {
+            merge_effects(&mut effects, history);
             // Counted before the commit, so a look between the commit and
             // the count cannot take it for a foreign dead letter; uncounted
             // when no dead letter happened.

@@ -1,6 +1,8 @@
 //! The worker loop ([`driver`]): claiming, running and settling steps with
 //! bounded concurrency, and the periodic maintenance beside it
-//! ([`sweep`]: dead-letter reconciliation and retention sweeps).
+//! ([`sweep`]: dead-letter reconciliation and retention sweeps; [`operator`]:
+//! the runtime descriptor, inbox commands and their retention).
 
 pub(crate) mod driver;
+pub(crate) mod operator;
 pub(crate) mod sweep;

@@ -9,6 +9,7 @@ use taquba::{Expired, JobRecord, SettlementEffects};
 use tracing::{debug, warn};
 
 use crate::coordination::group::Membership;
+use crate::history::record::DurableAttemptOutcome;
 use crate::error::Result;
 use crate::model::TerminalStatus;
 use crate::run::core::RuntimeCore;
@@ -34,6 +35,7 @@ impl RuntimeCore {
             self.note_error(&err);
             warn!(queue = %self.queue_name, "dead-letter reconciliation failed: {err}");
         }
+        self.maintain_operator_surface().await;
         if let Err(err) = self.sweep_once().await {
             self.note_error(&err);
             warn!(queue = %self.queue_name, "retention sweep failed: {err}");
@@ -139,8 +141,8 @@ impl RuntimeCore {
     }
 
     /// Clear the state of the run whose terminal marker expired: its memo
-    /// entries (run result and replay records included) and its terminal
-    /// record, unless the run id is active again under a new submission,
+    /// entries (run result and replay records included), its terminal
+    /// record and its history records, unless the run id is active again under a new submission,
     /// whose state is left alone.
     async fn expire_run(&self, at_ms: u64, suffix: Vec<u8>) -> Expired {
         let Some(run_id) = std::str::from_utf8(&suffix)
@@ -162,6 +164,15 @@ impl RuntimeCore {
             warn!(run_id = %run_id, "retention sweep deferred: {err}");
             return Expired::Keep;
         }
+        // The run's history goes with its terminal record.
+        let history = match crate::history::read::history_keys(self.queue.view(), &run_id).await
+        {
+            Ok(keys) => keys,
+            Err(err) => {
+                warn!(run_id = %run_id, "retention sweep deferred: {err}");
+                return Expired::Keep;
+            }
+        };
         let outcome_key = outcome_kv_key(&run_id);
         match self.queue.view().kv_get(&outcome_key).await {
             Ok(Some(bytes)) => {
@@ -172,13 +183,16 @@ impl RuntimeCore {
                     Expired::DeleteIf {
                         key: outcome_key.clone(),
                         expected: Some(bytes.to_vec()),
-                        effects: SettlementEffects::default().kv_delete(outcome_key),
+                        // `kv_deletes` sets the list, so it comes first.
+                        effects: SettlementEffects::default()
+                            .kv_deletes(history)
+                            .kv_delete(outcome_key),
                     }
                 } else {
                     Expired::Delete(SettlementEffects::default())
                 }
             }
-            Ok(None) => Expired::Delete(SettlementEffects::default()),
+            Ok(None) => Expired::Delete(SettlementEffects::default().kv_deletes(history)),
             Err(err) => {
                 warn!(run_id = %run_id, "retention sweep deferred: {err}");
                 Expired::Keep
@@ -259,6 +273,14 @@ pub(crate) async fn reconcile_job(core: &RuntimeCore, job: &JobRecord) -> Result
     effects
         .kv_deletes
         .extend(crate::coordination::signal::waiter_cleanup(job));
+    let entry = match &outcome.error {
+        Some(error) => DurableAttemptOutcome::dead_lettered(error),
+        None => DurableAttemptOutcome::cancelled(record.cancel_reason.as_deref()),
+    };
+    let history = core
+        .detached_history(&run_id, step_number, job, &record, entry, job.claimed_at)
+        .await;
+    crate::run::compose::merge_effects(&mut effects, history);
     // Only while the pointer still names this job: a concurrent settlement
     // or reconciliation wins otherwise.
     let committed = core

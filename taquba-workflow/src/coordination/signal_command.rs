@@ -1,0 +1,119 @@
+//! A signal applied for an inbox command: delivered or buffered in one
+//! transaction with the command's record, so it is never applied twice.
+//!
+//! [`WorkflowRuntime::signal`](crate::WorkflowRuntime::signal) wakes a
+//! waiting step (`wake_scheduled`, a queue transition that cannot carry
+//! other effects) and then removes its waiter. Here the delivery itself is
+//! a KV transaction: guarded on the waiter as read, it removes the waiter,
+//! stores the signal as the waiting step's delivered signal (which the
+//! step reads when it runs, as a step enqueued with a buffered signal
+//! does) and writes the command record. The step is then woken, only to
+//! run sooner: if the wake is lost (a crash, a timeout promoting it first)
+//! the step still runs at its timeout and sees the signal. A step that
+//! timed out claims its timeout by removing the waiter before it runs
+//! (see `resolve_step_signal`), so the guarded delivery and the timeout
+//! cannot both win.
+
+use taquba::{JobStatus, SettlementEffects};
+use tracing::{debug, warn};
+
+use crate::coordination::signal::SignalOutcome;
+use crate::error::{Error, Result};
+use crate::run::compose::merge_effects;
+use crate::run::core::RuntimeCore;
+use crate::store::durable::{self, DurableWaiter};
+use crate::store::keys::{
+    RunId, signal_buffer_kv_key, signal_delivered_kv_key, signal_waiter_kv_key,
+};
+
+/// Attempts of a delivery whose guard lost to a concurrent change of the
+/// waiter (a step registering or claiming its timeout) before it gives up.
+const SIGNAL_RACE_RETRIES: usize = 8;
+
+impl RuntimeCore {
+    /// Deliver `payload` under `correlation_key` to the waiting run, or
+    /// buffer it, committing `record(outcome, woken run)` in the same
+    /// transaction. Returns what it did.
+    ///
+    /// # Errors
+    /// `KvValueTooLarge` for a payload over the KV value cap; storage
+    /// errors; [`Error::CommandRefused`] after [`SIGNAL_RACE_RETRIES`]
+    /// lost races (a retry applies it).
+    pub(crate) async fn signal_recorded(
+        &self,
+        correlation_key: &str,
+        payload: Vec<u8>,
+        record: impl Fn(SignalOutcome, Option<&RunId>) -> SettlementEffects,
+    ) -> Result<(SignalOutcome, Option<RunId>)> {
+        crate::run::effects::StagedKv::check_value(&payload)?;
+        let _lock = self.signal_locks.lock(correlation_key).await;
+        let waiter_key = signal_waiter_kv_key(correlation_key);
+        for _ in 0..SIGNAL_RACE_RETRIES {
+            let current = self.queue.view().kv_get(&waiter_key).await?;
+            let waiter = match &current {
+                Some(bytes) => durable::decode_or_absent::<DurableWaiter>(
+                    bytes,
+                    "signal waiter",
+                    &correlation_key,
+                ),
+                None => None,
+            };
+            // Only a wait that has not timed out (its step never ran) takes
+            // the signal.
+            let waiting = match &waiter {
+                Some(waiter) => self
+                    .queue
+                    .view()
+                    .job_record(&waiter.job_id)
+                    .await?
+                    .is_some_and(|job| job.status == JobStatus::Scheduled && job.attempts == 0),
+                None => false,
+            };
+            let (outcome, woken, mut effects) = match waiter {
+                Some(waiter) if waiting => {
+                    let effects = SettlementEffects::default()
+                        .kv_delete(waiter_key.clone())
+                        .kv_put(
+                            signal_delivered_kv_key(&waiter.run_id, waiter.step_number),
+                            payload.clone(),
+                        );
+                    (SignalOutcome::Delivered, Some(waiter), effects)
+                }
+                _ => {
+                    let mut effects = SettlementEffects::default()
+                        .kv_put(signal_buffer_kv_key(correlation_key), payload.clone());
+                    if current.is_some() {
+                        // A stale waiter (timed out, or unreadable): forget it.
+                        effects = effects.kv_delete(waiter_key.clone());
+                    }
+                    (SignalOutcome::Buffered, None, effects)
+                }
+            };
+            let woken_run = woken.as_ref().map(|w| w.run_id.clone());
+            merge_effects(&mut effects, record(outcome, woken_run.as_ref()));
+            if self
+                .queue
+                .kv_compare_commit(&waiter_key, current.as_deref(), effects)
+                .await?
+                .is_none()
+            {
+                continue;
+            }
+            if let Some(waiter) = woken {
+                // Sooner than its timeout; the signal is already its own.
+                if let Err(err) = self
+                    .queue
+                    .wake_scheduled(&waiter.job_id, Some(payload.clone()))
+                    .await
+                {
+                    warn!(correlation_key, run_id = %waiter.run_id, "delivered signal: waking the step failed, it runs at its timeout: {err}");
+                }
+            }
+            debug!(correlation_key, ?outcome, "signal applied from the inbox");
+            return Ok((outcome, woken_run));
+        }
+        Err(Error::CommandRefused(format!(
+            "the waiter of correlation key {correlation_key:?} kept changing while the signal was applied; send it again"
+        )))
+    }
+}
