@@ -102,6 +102,20 @@ pub enum Command {
     /// The store as a whole.
     #[command(subcommand)]
     Store(StoreCommand),
+    /// Commands sent to the owner's inbox.
+    #[command(subcommand)]
+    Commands(CommandsCommand),
+}
+
+/// `commands ...`
+#[derive(Debug, Subcommand)]
+pub enum CommandsCommand {
+    /// Where a sent command is: pending in the inbox, applied (with its
+    /// answer) or rejected (with the error).
+    Describe {
+        /// The command id `runs cancel|signal|requeue` printed.
+        id: String,
+    },
 }
 
 /// `runs ...`

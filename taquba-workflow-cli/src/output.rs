@@ -28,6 +28,11 @@ impl Times {
         Self { format, now_ms }
     }
 
+    /// The time "now" is, ms since the Unix epoch.
+    pub fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
     /// The current wall-clock time in ms since the Unix epoch.
     pub fn wall_clock_ms() -> u64 {
         SystemTime::now()
@@ -117,7 +122,8 @@ impl Table {
         self.rows += 1;
     }
 
-    fn render(&self) -> String {
+    /// The table as text.
+    pub fn render(&self) -> String {
         // comfy-table pads every cell by one space on each side: trim the
         // line ends so the output has no trailing blanks.
         self.inner
@@ -267,21 +273,6 @@ impl Output {
             Format::Json => emit(&json_pretty(item)),
             Format::Jsonl => emit(&json_line(item)),
             Format::Text => emit(&card(&self.times).render()),
-        }
-    }
-
-    /// Print a line of text; nothing in the JSON formats (where progress
-    /// notes go to stderr instead, so stdout stays one document).
-    ///
-    /// # Errors
-    /// Writing stdout failed (other than a closed pipe).
-    pub fn note(&self, text: &str) -> CliResult<()> {
-        match self.format {
-            Format::Text => emit(text),
-            Format::Json | Format::Jsonl => {
-                eprintln!("{text}");
-                Ok(())
-            }
         }
     }
 }

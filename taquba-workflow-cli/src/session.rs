@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use taquba::object_store::ObjectStore;
 use taquba::{QueueReader, ReaderMode, ReaderOptions};
-use taquba_workflow::{MemoStore, WorkflowView};
+use taquba_workflow::{MemoStore, RuntimeInfo, WorkflowView};
 
 use crate::cli::Global;
 use crate::error::{CliError, CliResult};
@@ -153,15 +153,60 @@ pub async fn discover_queues(
     Ok(found)
 }
 
-/// The runtime a command reads: its queue name and memo prefix, and the
-/// view of its runs.
+/// The runtime a command reads: its queue name and memo prefix, how they
+/// were chosen, and the view of its runs.
 pub struct Runtime {
     /// The runtime's queue name.
     pub queue_name: String,
     /// The runtime's memo prefix.
     pub memo_prefix: String,
+    /// The descriptor the runtime recorded, when it recorded one.
+    pub info: Option<RuntimeInfo>,
     /// The view of its runs.
     pub view: WorkflowView,
+}
+
+/// The runtime picked among those `recorded` in the store: `--queue` (with
+/// `--memo-prefix` overriding the recorded prefix), else the only one
+/// recorded; a store with none recorded (written before runtimes recorded
+/// themselves) falls back to `workflow-steps` and `{queue}-memo`.
+///
+/// # Errors
+/// [`CliError::Usage`] when several runtimes are recorded and `--queue`
+/// picks none of them, listing them.
+pub fn choose_runtime(
+    recorded: &[RuntimeInfo],
+    queue: Option<&str>,
+    memo_prefix: Option<&str>,
+) -> CliResult<(String, String, Option<RuntimeInfo>)> {
+    let info = match queue {
+        Some(queue) => recorded.iter().find(|r| r.queue_name == queue).cloned(),
+        None => match recorded {
+            [] => None,
+            [one] => Some(one.clone()),
+            several => {
+                return Err(CliError::Usage(format!(
+                    "the store holds several runtimes ({}): pass --queue with one of them",
+                    several
+                        .iter()
+                        .map(|r| r.queue_name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+        },
+    };
+    let queue_name = match (queue, &info) {
+        (Some(queue), _) => queue.to_string(),
+        (None, Some(info)) => info.queue_name.clone(),
+        (None, None) => DEFAULT_QUEUE_NAME.to_string(),
+    };
+    let memo_prefix = match (memo_prefix, &info) {
+        (Some(prefix), _) => prefix.to_string(),
+        (None, Some(info)) => info.memo_prefix.clone(),
+        (None, None) => format!("{queue_name}-memo"),
+    };
+    Ok((queue_name, memo_prefix, info))
 }
 
 /// An open store: the target and a reader of its queue.
@@ -183,20 +228,17 @@ impl Session {
         Ok(Self { target, reader })
     }
 
-    /// The runtime named by `--queue` (default `workflow-steps`) with the
-    /// memo prefix of `--memo-prefix` (default `{queue}-memo`).
+    /// The runtime the command reads (see [`choose_runtime`]).
     ///
     /// # Errors
-    /// Storage errors.
+    /// As [`choose_runtime`]; storage errors.
     pub async fn runtime(&self, global: &Global) -> CliResult<Runtime> {
-        let queue_name = global
-            .queue
-            .clone()
-            .unwrap_or_else(|| DEFAULT_QUEUE_NAME.to_string());
-        let memo_prefix = global
-            .memo_prefix
-            .clone()
-            .unwrap_or_else(|| format!("{queue_name}-memo"));
+        let recorded = WorkflowView::runtimes(self.reader.view()).await?;
+        let (queue_name, memo_prefix, info) = choose_runtime(
+            &recorded,
+            global.queue.as_deref(),
+            global.memo_prefix.as_deref(),
+        )?;
         let view = WorkflowView::new(
             self.reader.view().clone(),
             MemoStore::new(self.target.store.clone(), memo_prefix.clone()),
@@ -204,6 +246,7 @@ impl Session {
         Ok(Runtime {
             queue_name,
             memo_prefix,
+            info,
             view,
         })
     }

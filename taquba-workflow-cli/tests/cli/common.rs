@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -37,11 +38,13 @@ pub struct Summary {
 /// `ok` counts `n` down one step at a time and succeeds; `fail` fails at
 /// once; `signal` waits for a signal on `approve:{n}` (1 h timeout);
 /// `timer` waits 1 h; `flaky` returns a transient error on every attempt
-/// (dead-lettered after [`MAX_ATTEMPTS`]); `hold` blocks until the test
-/// releases a permit of [`Demo::hold`].
+/// (dead-lettered after [`MAX_ATTEMPTS`]) until [`Demo::healed`] is set;
+/// `hold` blocks until the test releases a permit of [`Demo::hold`].
 pub struct Demo {
     /// Permits for `hold` steps.
     pub hold: Arc<Semaphore>,
+    /// Whether `flaky` steps succeed.
+    pub healed: Arc<AtomicBool>,
 }
 
 #[workflow(name = "cli-demo", output = Summary)]
@@ -65,6 +68,9 @@ impl Demo {
                 DemoStep::Finish { total: n },
                 Duration::from_secs(3600),
             )),
+            "flaky" if self.healed.load(Ordering::SeqCst) => {
+                Ok(Transition::next(DemoStep::Finish { total: n }))
+            }
             "flaky" => Err(StepError::transient(format!("flaky dependency (n={n})"))),
             "hold" => {
                 let permit = self.hold.acquire().await;
@@ -103,6 +109,21 @@ impl Demo {
     }
 }
 
+/// The input payload of a `Demo` run (for a group member).
+pub fn demo_input(n: u64, mode: &str) -> Vec<u8> {
+    taquba_workflow::workflows::encode_input(DemoInput {
+        n,
+        mode: mode.to_string(),
+    })
+    .expect("encode the input")
+}
+
+/// `cmd` with `input` on its stdin.
+pub fn with_stdin(mut cmd: assert_cmd::Command, input: &str) -> assert_cmd::Command {
+    cmd.write_stdin(input.to_string());
+    cmd
+}
+
 /// The owning runtime.
 pub type Runtime = WorkflowRuntime<Demo, NoopTerminalHook>;
 
@@ -118,12 +139,20 @@ pub struct Owner {
     pub runtime: Runtime,
     /// Permits for `hold` steps.
     pub hold: Arc<Semaphore>,
+    /// Whether `flaky` steps succeed.
+    pub healed: Arc<AtomicBool>,
     worker: Option<RunnerHandle>,
 }
 
 impl Owner {
     /// Open the store in `dir` (created) and start the worker.
     pub async fn open(dir: &Path) -> Self {
+        Self::open_with(dir, None).await
+    }
+
+    /// [`open`](Self::open) with the queue's liveness heartbeat every
+    /// `heartbeat` (taquba's `OpenOptions::liveness_heartbeat`).
+    pub async fn open_with(dir: &Path, heartbeat: Option<Duration>) -> Self {
         std::fs::create_dir_all(dir).expect("store dir");
         let store: Arc<dyn ObjectStore> =
             Arc::new(LocalFileSystem::new_with_prefix(dir).expect("local store"));
@@ -133,17 +162,22 @@ impl Owner {
                 QueueConfig::default()
                     .retry_backoff_base(Duration::from_millis(10))
                     .max_attempts(MAX_ATTEMPTS),
-            );
+            )
+            .liveness_heartbeat(heartbeat);
         let queue = Arc::new(
             Queue::open_with_options(store.clone(), DB, options)
                 .await
                 .expect("open the queue"),
         );
         let hold = Arc::new(Semaphore::new(0));
+        let healed = Arc::new(AtomicBool::new(false));
         let runtime = WorkflowRuntime::builder(
             queue.clone(),
             store.clone(),
-            Demo { hold: hold.clone() },
+            Demo {
+                hold: hold.clone(),
+                healed: healed.clone(),
+            },
             NoopTerminalHook,
         )
         .poll_interval(Duration::from_millis(50))
@@ -155,6 +189,7 @@ impl Owner {
             queue,
             runtime,
             hold,
+            healed,
             worker,
         }
     }
@@ -269,5 +304,6 @@ pub fn time_filters() -> Vec<(&'static str, &'static str)> {
             "[AGO]",
         ),
         (r"\bin \d+(ms|s|m|h|d)( \d+(ms|s|m|h|d))?\b", "[IN]"),
+        (r"\b[0-9A-HJKMNP-TV-Z]{26}\b", "[ULID]"),
     ]
 }

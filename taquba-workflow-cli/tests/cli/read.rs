@@ -1,13 +1,9 @@
-//! The `taquba-workflow` binary against stores written by a real
-//! `#[workflow]` runtime: live (the owner runs in this test process, the
-//! CLI is a second process reading the same directory) and offline (a
-//! copy of a store no process owns).
-
-mod common;
+//! Reads: `runs list|describe|steps|result`, `groups`, `store info`, the
+//! discovery of the queue and runtime, exit codes.
 
 use std::time::Duration;
 
-use common::{Owner, cli, copy_dir, json, run, stderr, stdout, time_filters};
+use crate::common::{self, Owner, cli, copy_dir, json, run, stderr, stdout, time_filters};
 use predicates::prelude::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -195,14 +191,14 @@ fn tree(dir: &std::path::Path) -> Vec<(String, u64)> {
     let mut files = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).unwrap() {
-            let entry = entry.unwrap();
-            if entry.file_type().unwrap().is_dir() {
+        for entry in std::fs::read_dir(&d).expect("read the directory") {
+            let entry = entry.expect("a directory entry");
+            if entry.file_type().expect("its type").is_dir() {
                 stack.push(entry.path());
             } else {
                 files.push((
                     entry.path().display().to_string(),
-                    entry.metadata().unwrap().len(),
+                    entry.metadata().expect("its metadata").len(),
                 ));
             }
         }
@@ -290,5 +286,283 @@ async fn an_unknown_run_is_named() {
             .code(1)
             .stderr(predicate::str::contains("run unknown-7 not found"));
     }
+    owner.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_are_listed_filtered_and_paged() {
+    let dir = tempfile::tempdir().unwrap();
+    let owner = Owner::open(dir.path()).await;
+    let a = owner.start("list-a", 1, "ok", &[]).await;
+    owner.wait(&a).await;
+    let b = owner.start("list-b", 2, "fail", &[]).await;
+    owner.wait(&b).await;
+    owner.start("list-c", 3, "signal", &[]).await;
+    owner.start("list-d", 4, "timer", &[]).await;
+
+    let ids = |value: &serde_json::Value| -> Vec<String> {
+        value
+            .as_array()
+            .expect("a JSON array")
+            .iter()
+            .map(|run| run["run_id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let list = |args: &'static [&'static str]| {
+        let mut all = vec!["runs", "list", "-o", "json"];
+        all.extend_from_slice(args);
+        run(cli(dir.path(), &all))
+    };
+    assert_eq!(ids(&json(&list(&[]).await.success())), ["list-c", "list-d"]);
+    assert_eq!(
+        ids(&json(&list(&["--status", "all"]).await.success())),
+        ["list-a", "list-b", "list-c", "list-d"]
+    );
+    assert_eq!(
+        ids(&json(&list(&["--status", "terminated"]).await.success())),
+        ["list-a", "list-b"]
+    );
+    assert_eq!(
+        ids(&json(
+            &list(&["--status", "all", "--workflow", "cli-demo", "--since", "1h"])
+                .await
+                .success()
+        ))
+        .len(),
+        4
+    );
+    assert!(
+        ids(&json(
+            &list(&["--status", "all", "--workflow", "other"])
+                .await
+                .success()
+        ))
+        .is_empty()
+    );
+
+    // Pages: the text footer names the cursor, `--after` continues.
+    let first = run(cli(
+        dir.path(),
+        &["runs", "list", "--status", "all", "--limit", "2"],
+    ))
+    .await;
+    let text = stdout(&first.success());
+    assert!(
+        text.contains("Showing the first 2 runs; more after list-b (`--after list-b`)."),
+        "{text}"
+    );
+    assert_eq!(
+        ids(&json(
+            &list(&["--status", "all", "--after", "list-b"])
+                .await
+                .success()
+        )),
+        ["list-c", "list-d"]
+    );
+
+    // JSON lines: one object per line.
+    let lines = stdout(
+        &run(cli(
+            dir.path(),
+            &["runs", "list", "--status", "all", "-o", "jsonl"],
+        ))
+        .await
+        .success(),
+    );
+    let parsed: Vec<serde_json::Value> = lines
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
+        .collect();
+    assert_eq!(parsed.len(), 4);
+    assert_eq!(parsed[1]["state"], "failed");
+    assert_eq!(parsed[1]["error"], "asked to fail with n=2");
+    assert_eq!(parsed[2]["step_name"], "finish");
+
+    let table = stdout(
+        &run(cli(
+            dir.path(),
+            &["runs", "list", "--status", "all", "--time-format", "iso"],
+        ))
+        .await
+        .success(),
+    );
+    insta::with_settings!({ filters => time_filters() }, {
+        insta::assert_snapshot!("list_all", table);
+    });
+    owner.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_show_each_attempt_of_a_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let owner = Owner::open(dir.path()).await;
+    let ok = owner.start("steps-ok", 2, "ok", &[]).await;
+    owner.wait(&ok).await;
+    let flaky = owner.start("steps-flaky", 1, "flaky", &[]).await;
+    owner.wait(&flaky).await;
+
+    let table = stdout(
+        &run(cli(
+            dir.path(),
+            &["runs", "steps", "steps-ok", "--time-format", "iso"],
+        ))
+        .await
+        .success(),
+    );
+    let mut filters = time_filters();
+    // The durations vary, and with them the column's width.
+    filters.push((
+        r"\b\d+(ms|s)( \d+ms)?\s+(continued|succeeded)",
+        "[TOOK]  $3",
+    ));
+    filters.push((r"TOOK\s+OUTCOME", "TOOK  OUTCOME"));
+    insta::with_settings!({ filters => filters }, {
+        insta::assert_snapshot!("steps_ok", table);
+    });
+
+    let value = json(
+        &run(cli(
+            dir.path(),
+            &["runs", "steps", "steps-flaky", "-o", "json"],
+        ))
+        .await
+        .success(),
+    );
+    assert_eq!(value["steps_taken"], 1);
+    let attempts = value["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 2, "{value}");
+    assert_eq!(attempts[0]["name"], "begin");
+    assert_eq!(attempts[0]["outcome"], "retried");
+    assert_eq!(attempts[0]["error"], "flaky dependency (n=1)");
+    assert_eq!(attempts[1]["attempt"], 2);
+    assert_eq!(attempts[1]["outcome"], "failed");
+    assert_eq!(attempts[1]["error_kind"], "transient");
+
+    run(cli(dir.path(), &["runs", "steps", "steps-none"]))
+        .await
+        .code(1)
+        .stderr(predicate::str::contains("run steps-none not found"));
+    owner.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_active_run_is_described_with_its_wait_and_retries() {
+    let dir = tempfile::tempdir().unwrap();
+    let owner = Owner::open(dir.path()).await;
+    owner
+        .start("wait-1", 3, "signal", &[("tenant", "acme")])
+        .await;
+    let value = json(
+        &run(cli(
+            dir.path(),
+            &["runs", "describe", "wait-1", "-o", "json"],
+        ))
+        .await
+        .success(),
+    );
+    assert_eq!(value["state"], "pending");
+    assert_eq!(value["workflow"], "cli-demo");
+    assert_eq!(value["step_name"], "finish");
+    assert_eq!(value["waiting_for_signal"]["correlation_key"], "approve:3");
+    assert!(
+        value["waiting_for_signal"]["timeout_at_ms"]
+            .as_u64()
+            .is_some()
+    );
+    assert_eq!(value["headers"]["tenant"], "acme");
+    assert!(value["submitted_at_ms"].as_u64().is_some());
+
+    let text = stdout(
+        &run(cli(dir.path(), &["runs", "describe", "wait-1"]))
+            .await
+            .success(),
+    );
+    insta::with_settings!({ filters => time_filters() }, {
+        insta::assert_snapshot!("describe_waiting", text);
+    });
+
+    owner.start("held-1", 1, "hold", &[]).await;
+    // Running once the claim is visible to the reader.
+    let mut state = String::new();
+    for _ in 0..100 {
+        let value = json(
+            &run(cli(
+                dir.path(),
+                &["runs", "describe", "held-1", "-o", "json"],
+            ))
+            .await
+            .success(),
+        );
+        state = value["state"].as_str().unwrap().to_string();
+        if state == "running" {
+            assert_eq!(value["attempts"], 1);
+            assert_eq!(value["max_attempts"], common::MAX_ATTEMPTS);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(state, "running");
+    owner.hold.add_permits(1);
+    owner.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_are_listed_with_their_counts() {
+    use taquba_workflow::GroupMember;
+    let dir = tempfile::tempdir().unwrap();
+    let owner = Owner::open(dir.path()).await;
+    let group = owner
+        .runtime
+        .group(taquba_workflow::RunId::new("batch-1").unwrap());
+    let member = |key: &str, mode: &str| GroupMember {
+        key: key.to_string(),
+        input: common::demo_input(1, mode),
+    };
+    group
+        .submit(
+            vec![member("a", "ok"), member("b", "fail"), member("c", "timer")],
+            &taquba_workflow::RunOptions::default(),
+        )
+        .await
+        .unwrap();
+    // Two members terminate; the third waits on its timer.
+    for _ in 0..200 {
+        let status = group.status().await.unwrap();
+        if status.succeeded + status.failed == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let value = json(
+        &run(cli(dir.path(), &["groups", "list", "-o", "json"]))
+            .await
+            .success(),
+    );
+    assert_eq!(value[0]["group_id"], "batch-1");
+    assert_eq!(value[0]["total"], 3);
+    assert_eq!(value[0]["succeeded"], 1);
+    assert_eq!(value[0]["failed"], 1);
+    assert_eq!(value[0]["pending"], 1);
+
+    let value = json(
+        &run(cli(
+            dir.path(),
+            &["groups", "describe", "batch-1", "-o", "json"],
+        ))
+        .await
+        .success(),
+    );
+    assert_eq!(value["members"].as_array().unwrap().len(), 3);
+    let text = stdout(
+        &run(cli(dir.path(), &["groups", "describe", "batch-1"]))
+            .await
+            .success(),
+    );
+    assert!(text.contains("Members:    3"), "{text}");
+    run(cli(dir.path(), &["groups", "describe", "batch-9"]))
+        .await
+        .code(1)
+        .stderr(predicate::str::contains("group batch-9 not found"));
+    drop(group);
     owner.stop().await;
 }
