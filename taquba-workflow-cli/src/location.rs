@@ -59,6 +59,7 @@ pub enum LocationError {
         reason: &'static str,
     },
     /// The location needs a cargo feature this build lacks.
+    #[cfg_attr(feature = "aws", allow(dead_code))]
     #[error(
         "store location {location:?} needs the `{feature}` feature: install with `--features {feature}`"
     )]
