@@ -208,18 +208,22 @@ impl Card {
 #[derive(Debug, Clone, Copy)]
 pub struct Output {
     format: Format,
-    times: Times,
+    time_format: TimeFormat,
 }
 
 impl Output {
-    /// Print in `format`, times per `times`.
-    pub fn new(format: Format, times: Times) -> Self {
-        Self { format, times }
+    /// Print in `format`, times in `time_format` relative to the moment
+    /// each answer is printed.
+    pub fn new(format: Format, time_format: TimeFormat) -> Self {
+        Self {
+            format,
+            time_format,
+        }
     }
 
     /// The time formatting of text output.
-    pub fn times(&self) -> &Times {
-        &self.times
+    pub fn times(&self) -> Times {
+        Times::new(self.time_format, Times::wall_clock_ms())
     }
 
     /// The output format.
@@ -246,7 +250,7 @@ impl Output {
                 emit(&lines.join("\n"))
             }
             Format::Text => {
-                let table = table(&self.times);
+                let table = table(&self.times());
                 let mut text = if table.rows == 0 {
                     String::new()
                 } else {
@@ -272,7 +276,7 @@ impl Output {
         match self.format {
             Format::Json => emit(&json_pretty(item)),
             Format::Jsonl => emit(&json_line(item)),
-            Format::Text => emit(&card(&self.times).render()),
+            Format::Text => emit(&card(&self.times()).render()),
         }
     }
 }

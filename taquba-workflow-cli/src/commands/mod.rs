@@ -13,7 +13,7 @@ use std::path::Path;
 
 use crate::cli::{Cli, Command, CommandsCommand, GroupsCommand, RunsCommand, StoreCommand};
 use crate::error::{CliError, CliResult};
-use crate::output::{Output, Times};
+use crate::output::Output;
 use crate::payload::encode_json;
 use crate::session::Session;
 
@@ -23,10 +23,7 @@ use crate::session::Session;
 /// The command's error.
 pub async fn run(cli: Cli) -> CliResult<()> {
     let global = &cli.global;
-    let out = Output::new(
-        global.output,
-        Times::new(global.time_format, Times::wall_clock_ms()),
-    );
+    let out = Output::new(global.output, global.time_format);
     // Read a signal's payload before touching the store: a bad file or
     // JSON is a usage error.
     let payload = match &cli.command {

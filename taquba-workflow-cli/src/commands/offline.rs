@@ -140,7 +140,7 @@ pub async fn apply(
     change: Change,
     out: &Output,
 ) -> CliResult<()> {
-    let checked = check_no_live_writer(&session.reader, runtime, out.times()).await?;
+    let checked = check_no_live_writer(&session.reader, runtime, &out.times()).await?;
     let mut lines = vec!["No live writer found. Checked:".to_string()];
     lines.extend(checked.iter().map(|line| format!("  {line}")));
     lines.push(format!(

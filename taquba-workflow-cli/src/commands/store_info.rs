@@ -9,7 +9,7 @@ use futures_util::TryStreamExt;
 use serde::Serialize;
 use taquba::QueueReader;
 use taquba::object_store::ObjectStore;
-use taquba_workflow::HEADER_RUN_ID;
+use taquba_workflow::{HEADER_RUN_ID, WorkflowView};
 
 use crate::error::CliResult;
 use crate::output::{Card, Output, Times, short_duration};
@@ -27,6 +27,8 @@ pub struct StoreInfoJson {
     pub db: String,
     /// What the reader knows of the writer.
     pub writer: WriterJson,
+    /// The runtimes the store records.
+    pub runtimes: Vec<RuntimeJson>,
     /// Job counts per queue.
     pub queues: Vec<QueueJson>,
     /// The first dead letters of each queue.
@@ -37,6 +39,19 @@ pub struct StoreInfoJson {
     pub total_objects: u64,
     /// Bytes in the whole store.
     pub total_bytes: u64,
+}
+
+/// A runtime recorded in the store.
+#[derive(Debug, Serialize)]
+pub struct RuntimeJson {
+    /// Its queue name.
+    pub queue_name: String,
+    /// Its memo prefix.
+    pub memo_prefix: String,
+    /// The taquba-workflow version of its last worker start.
+    pub crate_version: String,
+    /// When that worker started (ms since the Unix epoch).
+    pub started_at_ms: u64,
 }
 
 /// The writer, as the reader sees it.
@@ -132,6 +147,16 @@ async fn gather(target: &Target, reader: &QueueReader) -> CliResult<StoreInfoJso
         closed: beat.closed,
     });
     let view = reader.view();
+    let runtimes = WorkflowView::runtimes(view)
+        .await?
+        .into_iter()
+        .map(|r| RuntimeJson {
+            queue_name: r.queue_name,
+            memo_prefix: r.memo_prefix,
+            crate_version: r.crate_version,
+            started_at_ms: r.started_at_ms,
+        })
+        .collect();
     let mut queues = Vec::new();
     let mut dead_letters = Vec::new();
     for name in view.list_queues().await? {
@@ -167,6 +192,7 @@ async fn gather(target: &Target, reader: &QueueReader) -> CliResult<StoreInfoJso
             durable_seq: activity.durable_seq,
             heartbeat,
         },
+        runtimes,
         queues,
         dead_letters,
         total_objects: prefixes.iter().map(|p| p.objects).sum(),
@@ -252,6 +278,25 @@ fn card(json: &StoreInfoJson, times: &Times) -> Card {
                 if beat.closed { ", closed cleanly" } else { "" },
                 beat.writer_epoch
             ),
+        },
+    );
+    card.section(
+        "Runtimes",
+        if json.runtimes.is_empty() {
+            vec!["none recorded (a store written before runtimes recorded themselves: pass --queue and --memo-prefix)".to_string()]
+        } else {
+            json.runtimes
+                .iter()
+                .map(|r| {
+                    format!(
+                        "{}: memo prefix {}, worker started {} (taquba-workflow {})",
+                        r.queue_name,
+                        r.memo_prefix,
+                        times.at(r.started_at_ms),
+                        r.crate_version
+                    )
+                })
+                .collect()
         },
     );
     let mut queue_lines = Vec::new();

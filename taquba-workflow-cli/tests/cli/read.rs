@@ -144,6 +144,8 @@ async fn store_info_reports_counts_dead_letters_and_sizes() {
     assert!(prefixes.contains(&"workflow-steps-memo"), "{prefixes:?}");
     assert!(value["total_bytes"].as_u64().unwrap() > 0);
     assert!(value["writer"]["epoch"].as_u64().unwrap() >= 1);
+    assert_eq!(value["runtimes"][0]["queue_name"], "workflow-steps");
+    assert_eq!(value["runtimes"][0]["memo_prefix"], "workflow-steps-memo");
 
     let text = stdout(&run(cli(dir.path(), &["store", "info"])).await.success());
     assert!(text.contains("Dead letters"), "{text}");

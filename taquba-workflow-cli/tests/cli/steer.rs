@@ -143,7 +143,9 @@ async fn a_cancel_of_a_running_step_is_answered_when_the_step_returns() {
     assert!(running, "the held step was claimed");
     let sent = run(cli(
         dir.path(),
-        &["runs", "cancel", "held-2", "--yes", "-o", "json"],
+        &[
+            "runs", "cancel", "held-2", "--yes", "--reason", "stuck", "-o", "json",
+        ],
     ))
     .await;
     let sent = sent.success();
@@ -166,6 +168,29 @@ async fn a_cancel_of_a_running_step_is_answered_when_the_step_returns() {
         owner.wait(&id).await.termination.status.as_str(),
         "cancelled"
     );
+    // The reason is kept with the run and in its history.
+    let value = json(
+        &run(cli(
+            dir.path(),
+            &["runs", "describe", "held-2", "-o", "json"],
+        ))
+        .await
+        .success(),
+    );
+    assert_eq!(value["cancel_reason"], "stuck", "{value}");
+    let steps = json(
+        &run(cli(dir.path(), &["runs", "steps", "held-2", "-o", "json"]))
+            .await
+            .success(),
+    );
+    let last = steps["attempts"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(last["outcome"], "cancelled", "{steps}");
+    assert_eq!(last["error"], "stuck", "{steps}");
     owner.stop().await;
 }
 
