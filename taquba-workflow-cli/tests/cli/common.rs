@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -129,8 +129,6 @@ pub type Runtime = WorkflowRuntime<Demo, NoopTerminalHook>;
 
 /// A process owning a store: its queue, runtime and worker.
 pub struct Owner {
-    /// The store directory.
-    pub dir: PathBuf,
     /// The store.
     pub store: Arc<dyn ObjectStore>,
     /// The queue.
@@ -156,6 +154,11 @@ impl Owner {
         std::fs::create_dir_all(dir).expect("store dir");
         let store: Arc<dyn ObjectStore> =
             Arc::new(LocalFileSystem::new_with_prefix(dir).expect("local store"));
+        Self::open_on(store, heartbeat).await
+    }
+
+    /// Own the queue at [`DB`] in `store` and start the worker.
+    pub async fn open_on(store: Arc<dyn ObjectStore>, heartbeat: Option<Duration>) -> Self {
         let options = OpenOptions::default()
             .flush_interval(Duration::from_millis(5))
             .default_queue_config(
@@ -184,7 +187,6 @@ impl Owner {
         .build();
         let worker = Some(runtime.spawn(std::future::pending::<()>()));
         Self {
-            dir: dir.to_path_buf(),
             store,
             queue,
             runtime,
@@ -244,10 +246,16 @@ impl Owner {
 /// `taquba-workflow --store DIR ARGS...`, with no store from the
 /// environment.
 pub fn cli(dir: &Path, args: &[&str]) -> assert_cmd::Command {
+    cli_at(&dir.display().to_string(), args)
+}
+
+/// `taquba-workflow --store LOCATION ARGS...`, with no store from the
+/// environment.
+pub fn cli_at(location: &str, args: &[&str]) -> assert_cmd::Command {
     let mut cmd = assert_cmd::Command::cargo_bin("taquba-workflow").expect("the binary");
     cmd.env_remove("TAQUBA_WORKFLOW_STORE")
         .arg("--store")
-        .arg(dir)
+        .arg(location)
         .args(args)
         .timeout(Duration::from_secs(120));
     cmd

@@ -568,3 +568,102 @@ async fn groups_are_listed_with_their_counts() {
     drop(group);
     owner.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_runtimes_in_one_queue_are_told_apart_by_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let owner = Owner::open(dir.path()).await;
+    let done = owner.start("main-1", 1, "ok", &[]).await;
+    owner.wait(&done).await;
+    // A second runtime over the same queue, under its own queue name.
+    let other = taquba_workflow::WorkflowRuntime::builder(
+        owner.queue.clone(),
+        owner.store.clone(),
+        common::Demo {
+            hold: owner.hold.clone(),
+            healed: owner.healed.clone(),
+        },
+        taquba_workflow::NoopTerminalHook,
+    )
+    .queue_name("other-steps")
+    .poll_interval(Duration::from_millis(50))
+    .build();
+    let worker = other.spawn(std::future::pending::<()>());
+    let mut recorded = 0;
+    for _ in 0..100 {
+        let value = json(
+            &run(cli(dir.path(), &["store", "info", "-o", "json"]))
+                .await
+                .success(),
+        );
+        recorded = value["runtimes"].as_array().map_or(0, Vec::len);
+        if recorded == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(recorded, 2, "both runtimes record themselves");
+
+    run(cli(dir.path(), &["runs", "list"]))
+        .await
+        .code(2)
+        .stderr(predicate::str::contains(
+            "several runtimes (other-steps, workflow-steps): pass --queue",
+        ));
+    let value = json(
+        &run(cli(
+            dir.path(),
+            &[
+                "--queue",
+                "workflow-steps",
+                "runs",
+                "list",
+                "--status",
+                "all",
+                "-o",
+                "json",
+            ],
+        ))
+        .await
+        .success(),
+    );
+    assert_eq!(value[0]["run_id"], "main-1");
+    // The runtime picked gives the memo prefix: results are read there.
+    let value = json(
+        &run(cli(
+            dir.path(),
+            &[
+                "--queue",
+                "workflow-steps",
+                "runs",
+                "result",
+                "main-1",
+                "-o",
+                "json",
+            ],
+        ))
+        .await
+        .success(),
+    );
+    assert_eq!(value["outcome"]["result"]["value"]["total"], 1, "{value}");
+    let value = json(
+        &run(cli(
+            dir.path(),
+            &[
+                "--queue",
+                "other-steps",
+                "runs",
+                "result",
+                "main-1",
+                "-o",
+                "json",
+            ],
+        ))
+        .await
+        .success(),
+    );
+    assert_eq!(value["outcome"], serde_json::Value::Null, "{value}");
+    worker.shutdown().await.unwrap();
+    drop(other);
+    owner.stop().await;
+}
