@@ -14,6 +14,7 @@ mod cancel_and_hooks;
 mod durability;
 mod group_attacks;
 mod groups;
+mod history;
 mod hook_faults;
 mod jobs;
 mod kill9;

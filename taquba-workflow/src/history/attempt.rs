@@ -4,15 +4,15 @@
 
 use tracing::warn;
 
-use crate::history::record::{DurableAttempt, DurableAttemptOutcome, Entry};
+use crate::history::record::{DurableAttempt, DurableAttemptOutcome, Entry, earlier_attempts};
 use crate::hooks::terminal::TerminalHook;
 use crate::model::{StepErrorKind, TerminalStatus, Trigger};
 use crate::run::core::RuntimeCore;
 use crate::run::settle::{ClaimedStep, SettleKind, Settlement};
 use crate::runner::StepRunner;
 use crate::runtime::RuntimeInner;
-use crate::store::durable::{DurableErrorKind, DurableRunRecord};
-use crate::store::keys::HEADER_REQUEUED;
+use crate::store::durable::{self, DurableErrorKind, DurableRunRecord, DurableTermination};
+use crate::store::keys::{HEADER_REQUEUED, outcome_kv_key};
 
 impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
     /// The name of the claimed step: the runner's, else the payload's
@@ -44,17 +44,30 @@ impl RuntimeCore {
         };
         let job = claimed.job;
         let fresh = job.attempts <= 1 && !job.headers.contains_key(HEADER_REQUEUED);
+        // The job's earlier attempts (retries, lost leases) are in the
+        // queue's attempt history, committed with each; they join the step's
+        // record with this settlement.
+        let mut attempts = Vec::new();
+        if job.attempts > 1 {
+            match self.queue.view().attempt_history(&job.id).await {
+                Ok(entries) => attempts = earlier_attempts(&entries, job.attempts),
+                Err(err) => {
+                    warn!(run_id = %claimed.run_id, job_id = %job.id, "earlier attempts left out of the history: {err}");
+                }
+            }
+        }
+        attempts.push(DurableAttempt {
+            attempt: job.attempts,
+            claimed_at_ms: job.claimed_at,
+            settled_at_ms: self.now_ms(),
+            outcome,
+        });
         let entry = Entry {
             run_id: &claimed.run_id,
             step: claimed.step_number,
             execution: run.execution.as_deref(),
             name,
-            attempt: DurableAttempt {
-                attempt: job.attempts,
-                claimed_at_ms: job.claimed_at,
-                settled_at_ms: self.now_ms(),
-                outcome,
-            },
+            attempts,
         };
         match self.history_effects(entry, fresh).await {
             Ok(effects) => settlement.history = effects,
@@ -70,17 +83,24 @@ fn attempt_outcome(
     settlement: &Settlement,
     run: &DurableRunRecord,
 ) -> Option<DurableAttemptOutcome> {
-    if let Some((_, end)) = &settlement.ended {
+    if let Some((run_id, end)) = &settlement.ended {
         let termination = &end.termination;
+        // The reason of a cancellation from outside, from the terminal
+        // record the settlement commits (the request may be newer than the
+        // run record the step was claimed with).
+        let committed_reason = match &settlement.kind {
+            SettleKind::Ack(effects) | SettleKind::Fail { effects, .. } => effects
+                .kv_writes
+                .get(&outcome_kv_key(run_id))
+                .and_then(|bytes| durable::decode::<DurableTermination>(bytes).ok())
+                .and_then(|t| t.cancel_reason),
+            SettleKind::Retry(_) => None,
+        };
         let error = termination.error.as_deref().unwrap_or_default();
         return Some(match termination.status {
             TerminalStatus::Succeeded => DurableAttemptOutcome::Succeeded,
             TerminalStatus::Failed => DurableAttemptOutcome::failed(
-                DurableErrorKind::from(
-                    termination
-                        .error_kind
-                        .unwrap_or(StepErrorKind::Permanent),
-                ),
+                DurableErrorKind::from(termination.error_kind.unwrap_or(StepErrorKind::Permanent)),
                 error,
             ),
             // A runner's reason, else the reason given from outside.
@@ -88,6 +108,7 @@ fn attempt_outcome(
                 termination
                     .error
                     .as_deref()
+                    .or(committed_reason.as_deref())
                     .or(run.cancel_reason.as_deref()),
             ),
         });
@@ -138,12 +159,12 @@ impl RuntimeCore {
             step,
             execution: run.execution.as_deref(),
             name: &name,
-            attempt: DurableAttempt {
+            attempts: vec![DurableAttempt {
                 attempt: job.attempts,
                 claimed_at_ms,
                 settled_at_ms: self.now_ms(),
                 outcome,
-            },
+            }],
         };
         match self.history_effects(entry, false).await {
             Ok(effects) => effects,

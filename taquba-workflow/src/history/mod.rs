@@ -33,10 +33,10 @@ pub const MAX_ATTEMPTS_PER_STEP: usize = 16;
 pub struct RunHistory {
     /// The run.
     pub run_id: RunId,
-    /// The retained steps, in step order. A step appears once it settled at
-    /// least once (or was ended from outside: a cancellation of a waiting
-    /// step, a dead letter reconciled outside the worker); the current step
-    /// of an active run before its first settlement has no entry.
+    /// The retained steps, in step order. A step appears once it settled (or
+    /// was ended from outside: a cancellation of a waiting step, a dead
+    /// letter reconciled outside the worker); the current step of an active
+    /// run appears once an attempt of it was retried or lost its lease.
     pub steps: Vec<StepHistory>,
     /// Steps the run has taken so far: its current (or final) step number
     /// plus one.
@@ -55,7 +55,9 @@ pub struct StepHistory {
     /// The step's name: the `#[step]` fn of a `#[workflow]` run, the job's
     /// [`NAME`](crate::jobs::Job::NAME) for a job, what
     /// [`StepRunner::step_name`](crate::StepRunner::step_name) returned, or
-    /// else the runner's type name (its last path segment).
+    /// else the runner's type name (its last path segment). Empty for the
+    /// current step of an active run that has only retried so far, when its
+    /// payload names nothing.
     pub name: String,
     /// The settled attempts, oldest first (at most
     /// [`MAX_ATTEMPTS_PER_STEP`]). An attempt whose lease expired without a
@@ -96,7 +98,9 @@ pub enum AttemptOutcome {
         /// The signal the next step waits for.
         signal: Option<SignalWaitSpec>,
     },
-    /// A transient error: the step is retried with the queue's backoff.
+    /// A transient error: the step is retried with the queue's backoff. (A
+    /// retry's entry is the queue's own record of it, committed with the
+    /// retry and read into the step's history when the step settles.)
     Retried {
         /// The error (cut to [`MAX_HISTORY_TEXT_LEN`]).
         error: String,
@@ -126,6 +130,12 @@ pub enum AttemptOutcome {
         /// The job's last error (cut to [`MAX_HISTORY_TEXT_LEN`]).
         error: String,
     },
+    /// The attempt's lease expired before it settled and the queue's reaper
+    /// delivered the step again; what the attempt did is unknown.
+    LeaseExpired,
+    /// The process holding the attempt exited before it settled, and the
+    /// step was delivered again when the store was next opened.
+    Interrupted,
     /// The dead-lettered step was requeued by an operator
     /// ([`Command::Requeue`](crate::Command::Requeue)): a marker, not an
     /// attempt; the attempts after it count from 1 again.

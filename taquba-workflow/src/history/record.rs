@@ -74,6 +74,8 @@ pub(crate) enum DurableAttemptOutcome {
     DeadLettered {
         error: String,
     },
+    LeaseExpired,
+    Interrupted,
     Requeued,
 }
 
@@ -137,6 +139,8 @@ impl From<DurableAttemptOutcome> for AttemptOutcome {
             },
             DurableAttemptOutcome::Cancelled { reason } => AttemptOutcome::Cancelled { reason },
             DurableAttemptOutcome::DeadLettered { error } => AttemptOutcome::DeadLettered { error },
+            DurableAttemptOutcome::LeaseExpired => AttemptOutcome::LeaseExpired,
+            DurableAttemptOutcome::Interrupted => AttemptOutcome::Interrupted,
             DurableAttemptOutcome::Requeued => AttemptOutcome::Requeued,
         }
     }
@@ -162,7 +166,8 @@ impl From<DurableStepHistory> for StepHistory {
     }
 }
 
-/// One entry to record: which step of which execution, and the attempt.
+/// One entry to record: which step of which execution, and its attempts
+/// (oldest first).
 pub(crate) struct Entry<'a> {
     pub(crate) run_id: &'a RunId,
     pub(crate) step: u32,
@@ -170,13 +175,48 @@ pub(crate) struct Entry<'a> {
     pub(crate) execution: Option<&'a str>,
     /// The step's name, computed only when the record is new.
     pub(crate) name: &'a (dyn Fn() -> String + Sync),
-    pub(crate) attempt: DurableAttempt,
+    pub(crate) attempts: Vec<DurableAttempt>,
+}
+
+/// The attempts of a step job before its current one, from the queue's own
+/// attempt history of the job (`taquba::QueueView::attempt_history`, each
+/// entry committed with the transition it records): the retries, expired
+/// leases and interrupted claims since its last requeue marker, before
+/// attempt `current`.
+pub(crate) fn earlier_attempts(
+    entries: &[taquba::JobAttempt],
+    current: u32,
+) -> Vec<DurableAttempt> {
+    let since = entries
+        .iter()
+        .rposition(|e| e.outcome == taquba::AttemptOutcome::Requeued)
+        .map_or(0, |marker| marker + 1);
+    entries[since..]
+        .iter()
+        .filter(|e| e.attempt < current)
+        .filter_map(|e| {
+            let outcome = match e.outcome {
+                taquba::AttemptOutcome::Retried => {
+                    DurableAttemptOutcome::retried(e.error.as_deref().unwrap_or_default())
+                }
+                taquba::AttemptOutcome::LeaseExpired => DurableAttemptOutcome::LeaseExpired,
+                taquba::AttemptOutcome::Interrupted => DurableAttemptOutcome::Interrupted,
+                _ => return None,
+            };
+            Some(DurableAttempt {
+                attempt: e.attempt,
+                claimed_at_ms: e.claimed_at,
+                settled_at_ms: e.recorded_at,
+                outcome,
+            })
+        })
+        .collect()
 }
 
 impl RuntimeCore {
     /// The effects that record `entry`: a fresh record when `fresh` (the
     /// step's first settlement: nothing to read), else the stored record of
-    /// the same execution with the attempt appended. Empty when history is
+    /// the same execution with the attempts appended. Empty when history is
     /// off.
     ///
     /// # Errors
@@ -215,7 +255,7 @@ impl RuntimeCore {
             attempts: Vec::new(),
             attempts_dropped: 0,
         });
-        record.attempts.push(entry.attempt);
+        record.attempts.extend(entry.attempts);
         if record.attempts.len() > MAX_ATTEMPTS_PER_STEP {
             let excess = record.attempts.len() - MAX_ATTEMPTS_PER_STEP;
             record.attempts.drain(..excess);

@@ -259,8 +259,8 @@ impl RuntimeCore {
             sender: envelope.sender.clone(),
         };
         let id = envelope.id.to_string();
-        let effects = SettlementEffects::default()
-            .kv_put(command_kv_key(&id), durable::encode(&record));
+        let effects =
+            SettlementEffects::default().kv_put(command_kv_key(&id), durable::encode(&record));
         if record.is_final() {
             effects.expiry_entry(&self.command_expiry, at_ms, id.as_bytes())
         } else {
@@ -312,4 +312,3 @@ fn applied(answer: &CommandAnswer) -> DurableCommandState {
         answer: DurableAnswer::from(answer),
     }
 }
-

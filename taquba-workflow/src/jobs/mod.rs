@@ -597,6 +597,13 @@ impl JobRunner {
         }
     }
 
+    /// The read-only view of the runner's jobs (each job is a run of one
+    /// step): status, outcomes, listings, history; see
+    /// [`WorkflowView`](crate::WorkflowView).
+    pub fn view(&self) -> &crate::view::WorkflowView {
+        self.runtime.view()
+    }
+
     /// Spawn the worker loop; see [`WorkflowRuntime::spawn`].
     pub fn spawn<F>(&self, shutdown: F) -> RunnerHandle
     where

@@ -6,8 +6,8 @@ use taquba::{CancelOutcome, JobRecord, JobStatus, SettlementEffects};
 
 use crate::coordination::group::Membership;
 use crate::error::Result;
-use crate::model::TerminalStatus;
 use crate::history::record::DurableAttemptOutcome;
+use crate::model::TerminalStatus;
 use crate::run::compose::{is_empty, merge_effects};
 use crate::run::core::RuntimeCore;
 use crate::run::inflight::CancelVerdict;

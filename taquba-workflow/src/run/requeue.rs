@@ -88,9 +88,7 @@ impl RuntimeCore {
         let job_id = prepared.job_id.clone();
         let run = DurableRunRecord {
             input_hash: termination.input_hash.clone(),
-            submitted_at_ms: termination
-                .submitted_at_ms
-                .unwrap_or_else(|| self.now_ms()),
+            submitted_at_ms: termination.submitted_at_ms.unwrap_or_else(|| self.now_ms()),
             cancel_requested: false,
             execution: termination.execution.clone(),
             workflow: termination.workflow.clone(),
@@ -110,12 +108,12 @@ impl RuntimeCore {
                     step,
                     execution: run.execution.as_deref(),
                     name: &name,
-                    attempt: DurableAttempt {
+                    attempts: vec![DurableAttempt {
                         attempt: 0,
                         claimed_at_ms: None,
                         settled_at_ms: self.now_ms(),
                         outcome: DurableAttemptOutcome::Requeued,
-                    },
+                    }],
                 },
                 false,
             )
@@ -163,7 +161,10 @@ impl RuntimeCore {
         let is_step = |job: &JobRecord| {
             job.status == JobStatus::Dead
                 && job.headers.get(HEADER_RUN_ID).map(String::as_str) == Some(run_id.as_str())
-                && job.headers.get(HEADER_STEP).and_then(|s| s.parse::<u32>().ok())
+                && job
+                    .headers
+                    .get(HEADER_STEP)
+                    .and_then(|s| s.parse::<u32>().ok())
                     == Some(termination.final_step)
         };
         if let Some(id) = &termination.job_id {

@@ -429,6 +429,19 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
             return Settlement::infrastructure(err);
         }
 
+        // A cancellation requested while the step ran: its reason is on the
+        // run record as it is now.
+        let refreshed;
+        let record = match external_cancel {
+            true => match core.view.run_record(run_id).await {
+                Ok(Some(now)) => {
+                    refreshed = now;
+                    &refreshed
+                }
+                _ => record,
+            },
+            false => record,
+        };
         let runner_cancelled = matches!(outcome, Ok(StepOutcome::Cancel { .. }));
         let trigger = match &outcome {
             Ok(StepOutcome::Continue { when, .. }) => Some(when.clone()),

@@ -13,7 +13,8 @@ use taquba::{JobRecord, JobStatus, QueueView};
 use crate::coordination::group::{self, GroupStatus, Manifest};
 use crate::error::Result;
 use crate::history::naming::step_of_named_run;
-use crate::history::{RunHistory, read};
+use crate::history::record::earlier_attempts;
+use crate::history::{RunHistory, StepAttempt, StepHistory, read};
 use crate::inbox::record::DurableCommandRecord;
 use crate::inbox::{CommandId, CommandState, command_path};
 use crate::model::{RunState, RunTermination};
@@ -21,7 +22,7 @@ use crate::run::core::user_headers;
 use crate::store::durable::{self, DurableCurrentStep, DurableRunRecord, DurableTermination};
 use crate::store::keys::{
     GROUP_SUBMISSIONS_PREFIX, HEADER_GROUP, HEADER_GROUP_KEY, HEADER_SIGNAL_WAIT, OUTCOMES_PREFIX,
-    RUNS_PREFIX, RUNTIMES_PREFIX, RunId, command_kv_key, step_kv_key,
+    RUNS_PREFIX, RUNTIMES_PREFIX, RunId, command_kv_key,
 };
 use crate::view::WorkflowView;
 use crate::view::types::{
@@ -454,13 +455,17 @@ impl WorkflowView {
     /// Storage and decoding errors.
     pub async fn steps(&self, run_id: &RunId) -> Result<Option<RunHistory>> {
         if let Some(record) = self.run_record(run_id).await? {
-            let current =
-                durable::kv_record::<DurableCurrentStep>(&self.queue, &step_kv_key(run_id))
-                    .await?
-                    .map_or(0, |pointer| pointer.step_number);
-            return read::run_history(&self.queue, run_id, record.execution.as_deref(), current)
-                .await
-                .map(Some);
+            let current = self.current_job(run_id).await?;
+            let step = current
+                .as_ref()
+                .map_or(0, |(pointer, _)| pointer.step_number);
+            let mut history =
+                read::run_history(&self.queue, run_id, record.execution.as_deref(), step).await?;
+            if let Some((_, job)) = current {
+                self.add_attempts_in_progress(&mut history, step, &job)
+                    .await?;
+            }
+            return Ok(Some(history));
         }
         let Some(termination) = self.terminal_record(run_id).await? else {
             return Ok(None);
@@ -473,6 +478,47 @@ impl WorkflowView {
         )
         .await
         .map(Some)
+    }
+
+    /// Add the attempts of the current step's job that the queue recorded
+    /// and the step's history has not taken in yet (retries, expired
+    /// leases: they join it when the step settles).
+    async fn add_attempts_in_progress(
+        &self,
+        history: &mut RunHistory,
+        step: u32,
+        job: &JobRecord,
+    ) -> Result<()> {
+        if matches!(job.status, JobStatus::Done | JobStatus::Dead) {
+            // Settled: its attempts are in the step's record.
+            return Ok(());
+        }
+        let entries = self.queue.attempt_history(&job.id).await?;
+        let earlier = earlier_attempts(&entries, u32::MAX);
+        if earlier.is_empty() {
+            return Ok(());
+        }
+        let attempts = earlier.into_iter().map(|attempt| StepAttempt {
+            attempt: attempt.attempt,
+            claimed_at_ms: attempt.claimed_at_ms,
+            settled_at_ms: attempt.settled_at_ms,
+            outcome: attempt.outcome.into(),
+        });
+        match history.steps.last_mut() {
+            Some(last) if last.step == step => last.attempts.extend(attempts),
+            _ => {
+                history.steps.push(StepHistory {
+                    step,
+                    name: inline_step_name(job).unwrap_or_default(),
+                    attempts: attempts.collect(),
+                    attempts_dropped: 0,
+                });
+                if history.steps.len() == 1 {
+                    history.steps_dropped = step;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// One page of the run groups in the store, in group-id order, each with

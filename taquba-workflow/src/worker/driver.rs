@@ -235,10 +235,7 @@ async fn settle<R, H>(
         SettleKind::Retry(error) if is_empty(&history) => {
             queue.nack(claim, &error).await.map(|()| None)
         }
-        SettleKind::Retry(error) => queue
-            .nack_with(claim, &error, history)
-            .await
-            .map(|_| None),
+        SettleKind::Retry(error) => queue.nack_with(claim, &error, history).await.map(|_| None),
         SettleKind::Fail {
             error,
             permanent,

@@ -9,8 +9,8 @@ use taquba::{Expired, JobRecord, SettlementEffects};
 use tracing::{debug, warn};
 
 use crate::coordination::group::Membership;
-use crate::history::record::DurableAttemptOutcome;
 use crate::error::Result;
+use crate::history::record::DurableAttemptOutcome;
 use crate::model::TerminalStatus;
 use crate::run::core::RuntimeCore;
 use crate::store::durable::{self, DurableCurrentStep, DurableRunRecord, DurableTermination};
@@ -165,8 +165,7 @@ impl RuntimeCore {
             return Expired::Keep;
         }
         // The run's history goes with its terminal record.
-        let history = match crate::history::read::history_keys(self.queue.view(), &run_id).await
-        {
+        let history = match crate::history::read::history_keys(self.queue.view(), &run_id).await {
             Ok(keys) => keys,
             Err(err) => {
                 warn!(run_id = %run_id, "retention sweep deferred: {err}");
