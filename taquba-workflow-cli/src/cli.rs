@@ -31,6 +31,7 @@ pub struct Cli {
 
 /// Flags every command takes.
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Global options")]
 pub struct Global {
     /// The store: a directory, `file:///dir` or `s3://bucket/prefix`
     /// (`s3://` needs a build with `--features aws` and takes the
@@ -147,7 +148,7 @@ pub enum RunsCommand {
         wait: bool,
         /// With `--wait`: give up after this long (`30s`, `5m`; default:
         /// wait without end).
-        #[arg(long, value_parser = parse_duration, requires = "wait")]
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "wait")]
         timeout: Option<Duration>,
     },
     /// Cancel a run: shows what it will do and asks, unless `--yes`.
@@ -239,7 +240,7 @@ pub struct SendArgs {
     pub wait: bool,
     /// With `--wait`: give up waiting after this long (the command stays
     /// in the inbox).
-    #[arg(long, value_parser = parse_duration, default_value = "60s")]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "60s")]
     pub wait_timeout: Duration,
     /// No process owns the store (a stopped or copied store): open it as
     /// its writer and apply the command directly, after checking that no
