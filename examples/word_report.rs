@@ -290,10 +290,7 @@ async fn run_cli(args: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let store_arg = match (&local, location) {
         (Some(path), _) => path.display().to_string(),
         (None, Some(url)) => url.to_string(),
-        (None, None) => format!(
-            "s3://{}",
-            std::env::var("AWS_BUCKET").unwrap_or_default()
-        ),
+        (None, None) => format!("s3://{}", std::env::var("AWS_BUCKET").unwrap_or_default()),
     };
     say!("state store: {store_arg}");
     // A 5 ms WAL flush interval: each step's commit waits for one flush.
