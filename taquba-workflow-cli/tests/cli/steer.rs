@@ -311,9 +311,12 @@ async fn offline_changes_apply_to_a_copied_store_after_checking_for_a_writer() {
     owner.start("off-1", 1, "timer", &[]).await;
     owner.start("off-2", 21, "signal", &[]).await;
     owner.start("off-3", 3, "timer", &[]).await;
-    owner.stop().await;
+    // Copied while the owner runs (idle: every run waits), so the copy is
+    // what a crashed owner leaves: never closed, its last writes in the
+    // WAL.
     let copy = dir.path().join("copy");
     copy_dir(&live, &copy);
+    owner.stop().await;
 
     // Without an owner a sent command waits in the inbox; --wait gives up
     // and says what to do.
