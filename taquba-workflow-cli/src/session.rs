@@ -72,6 +72,11 @@ impl Target {
                 let found = discover_queues(store.as_ref(), &location).await?;
                 match found.as_slice() {
                     [one] => one.clone(),
+                    [] if is_queue_itself(store.as_ref()).await => {
+                        return Err(CliError::Usage(format!(
+                            "{location} is a queue's own directory (it holds a SlateDB manifest): pass the store it lives in as --store (its parent) and its name as --db"
+                        )));
+                    }
                     [] => {
                         return Err(CliError::Usage(format!(
                             "no queue found in {location}: no top-level prefix holds a SlateDB manifest (is this the store the runtime writes to? pass --db PATH for a queue below the top level)"
@@ -151,6 +156,17 @@ pub async fn discover_queues(
     }
     found.sort();
     Ok(found)
+}
+
+/// Whether `store` itself is a queue's path (a SlateDB manifest at its
+/// top level): the usual mistake of passing the queue's directory as the
+/// store.
+async fn is_queue_itself(store: &dyn ObjectStore) -> bool {
+    let manifest = taquba::object_store::path::Path::from("manifest");
+    matches!(
+        tokio::time::timeout(location::PROBE_TIMEOUT, store.list_with_delimiter(Some(&manifest))).await,
+        Ok(Ok(listing)) if !listing.objects.is_empty()
+    )
 }
 
 /// The runtime a command reads: its queue name and memo prefix, how they

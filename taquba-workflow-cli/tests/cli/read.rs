@@ -244,6 +244,12 @@ async fn the_queue_path_is_discovered_or_asked_for() {
         .success(),
     );
     assert_eq!(value["db"], "other-db");
+    // The queue's own directory given as the store: the error says what to
+    // pass instead.
+    run(cli(&dir.path().join("demo"), &["store", "info"]))
+        .await
+        .code(2)
+        .stderr(predicate::str::contains("is a queue's own directory"));
     run(cli(dir.path(), &["--db", "missing", "store", "info"]))
         .await
         .code(1)
