@@ -5,7 +5,8 @@
 # waits until it answers, runs `tests/s3.rs` (submit, multi-step run,
 # signal wait, group, restart from a second process, wrong credentials,
 # the benchmark against a local directory, and the kill -9 torture on the
-# bucket), and stops the server by its PID whatever happens.
+# bucket) and the CLI's bucket test (taquba-workflow-cli/tests/cli/s3.rs),
+# and stops the server by its PID whatever happens.
 #
 # Environment: S3_PORT (default: a free port), KILL9_KILLS (default 50),
 # FEATURES (cargo features of the test build, default `aws`).
@@ -60,4 +61,6 @@ export AWS_ALLOW_HTTP=true
 
 started=$(date +%s)
 cargo test --features "${FEATURES:-aws}" --test s3 -- --nocapture --test-threads=1
+# The taquba-workflow CLI against the same bucket (`--store s3://...`).
+cargo test -p taquba-workflow-cli --features aws --test cli s3:: -- --nocapture
 echo "== S3 test group took $(( $(date +%s) - started ))s"

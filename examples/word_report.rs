@@ -286,11 +286,13 @@ async fn run_cli(args: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let location = args.store.as_deref();
     let store = store_from_env_or_url(location, &default_dir)?;
     let local = local_dir(location, &default_dir);
-    match (&local, location) {
-        (Some(path), _) => say!("state store: {}", path.display()),
-        (None, Some(url)) => say!("state store: {url}"),
-        (None, None) => say!("state store: {store}"),
-    }
+    // The store as the `taquba-workflow` CLI takes it.
+    let store_arg = match (&local, location) {
+        (Some(path), _) => path.display().to_string(),
+        (None, Some(url)) => url.to_string(),
+        (None, None) => format!("s3://{}", std::env::var("AWS_BUCKET").unwrap_or_default()),
+    };
+    say!("state store: {store_arg}");
     // A 5 ms WAL flush interval: each step's commit waits for one flush.
     let options = OpenOptions::default().flush_interval(Duration::from_millis(5));
     let queue = open_queue(store.clone(), "word-report", options).await?;
@@ -330,6 +332,7 @@ async fn run_cli(args: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
                     None => false,
                 };
                 say!("(pass --again to run it anew)");
+                print_describe_command(&store_arg, &run_id);
                 drop((run, runtime));
                 close(queue).await;
                 return Ok(if failed {
@@ -351,6 +354,7 @@ async fn run_cli(args: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         None => start(&runtime, &run_id, &dir).await?,
     }
 
+    print_describe_command(&store_arg, &run_id);
     let worker = runtime.spawn(std::future::pending::<()>());
     let result = tokio::select! {
         result = run.wait() => Some(result?),
@@ -399,6 +403,18 @@ async fn start(runtime: &Runtime, run_id: &RunId, dir: &str) -> taquba_workflow:
         .await?;
     say!("submitted run {run_id} over {dir}");
     Ok(())
+}
+
+/// How to look at the run from another shell, while it runs or after.
+fn print_describe_command(store: &str, run_id: &RunId) {
+    let store = if store.contains(char::is_whitespace) {
+        format!("'{store}'")
+    } else {
+        store.to_string()
+    };
+    say!(
+        "describe it from another shell: cargo run -q -p taquba-workflow-cli -- --store {store} runs describe {run_id}"
+    );
 }
 
 fn print_report(report: &Report) {

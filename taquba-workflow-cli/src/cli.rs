@@ -1,0 +1,343 @@
+//! The command line: global flags ([`Global`]) and every command, as clap
+//! derives. Values are validated here (run ids, durations, limits), so a
+//! bad value is a usage error (exit code 2) naming it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use taquba_workflow::RunId;
+
+/// See and steer the runs of a taquba-workflow store (a directory or a
+/// bucket prefix) from any process.
+///
+/// Reads never take the store over: they go through a read-only
+/// `taquba::QueueReader`, which sees what the owning process flushed.
+/// Changes (cancel, signal, requeue) are sent to the owning process as
+/// commands in the store's inbox; `--offline` applies them directly to a
+/// store no process owns.
+///
+/// Exit codes: 0 success, 1 the command failed, 2 usage error.
+#[derive(Debug, Parser)]
+#[command(name = "taquba-workflow", version, propagate_version = true)]
+pub struct Cli {
+    /// The global flags.
+    #[command(flatten)]
+    pub global: Global,
+    /// The command.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Flags every command takes.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Global options")]
+pub struct Global {
+    /// The store: a directory, `file:///dir` or `s3://bucket/prefix`
+    /// (`s3://` needs a build with `--features aws` and takes the
+    /// standard AWS_* environment).
+    #[arg(
+        long,
+        global = true,
+        env = "TAQUBA_WORKFLOW_STORE",
+        value_name = "DIR|URL"
+    )]
+    pub store: Option<String>,
+    /// The queue's path inside the store (default: the only top-level
+    /// prefix holding a queue).
+    #[arg(long, global = true, value_name = "PATH")]
+    pub db: Option<String>,
+    /// The runtime's queue name (default: the only runtime recorded in the
+    /// store, else `workflow-steps`).
+    #[arg(long, global = true, value_name = "NAME")]
+    pub queue: Option<String>,
+    /// The runtime's memo prefix (default: the one the runtime recorded,
+    /// else `{queue}-memo`).
+    #[arg(long, global = true, value_name = "PREFIX")]
+    pub memo_prefix: Option<String>,
+    /// The output format: `text` (tables and cards), `json` (one
+    /// document), `jsonl` (one JSON object per line).
+    #[arg(
+        short = 'o',
+        long = "output",
+        global = true,
+        value_enum,
+        default_value_t = Format::Text
+    )]
+    pub output: Format,
+    /// How text output shows times: `relative` ("3m ago") or `iso`
+    /// (RFC 3339, UTC).
+    #[arg(long, global = true, value_enum, default_value_t = TimeFormat::Relative)]
+    pub time_format: TimeFormat,
+}
+
+/// The output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// Tables and key/value cards.
+    Text,
+    /// One JSON document (an array for listings).
+    Json,
+    /// One JSON object per line.
+    Jsonl,
+}
+
+/// How text output shows a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TimeFormat {
+    /// Relative to now: `3m 12s ago`, `in 40s`.
+    Relative,
+    /// RFC 3339 in UTC with milliseconds.
+    Iso,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List, inspect and steer runs.
+    #[command(subcommand)]
+    Runs(RunsCommand),
+    /// List and inspect run groups.
+    #[command(subcommand)]
+    Groups(GroupsCommand),
+    /// The store as a whole.
+    #[command(subcommand)]
+    Store(StoreCommand),
+    /// Commands sent to the owner's inbox.
+    #[command(subcommand)]
+    Commands(CommandsCommand),
+}
+
+/// `commands ...`
+#[derive(Debug, Subcommand)]
+pub enum CommandsCommand {
+    /// Where a sent command is: pending in the inbox, applied (with its
+    /// answer) or rejected (with the error).
+    Describe {
+        /// The command id `runs cancel|signal|requeue` printed.
+        id: String,
+    },
+}
+
+/// `runs ...`
+#[derive(Debug, Subcommand)]
+pub enum RunsCommand {
+    /// A table of runs, in run-id order (oldest first for generated ids).
+    List(ListArgs),
+    /// One run as a key/value card: state, current step, attempts,
+    /// schedule, waited signal, last error, headers, times.
+    Describe {
+        /// The run id.
+        #[arg(value_parser = parse_run_id)]
+        id: RunId,
+    },
+    /// The run's step history: one line per step attempt.
+    Steps {
+        /// The run id.
+        #[arg(value_parser = parse_run_id)]
+        id: RunId,
+    },
+    /// The run's committed result (or error). Exit code 1 when the run
+    /// failed or was cancelled.
+    Result {
+        /// The run id.
+        #[arg(value_parser = parse_run_id)]
+        id: RunId,
+        /// Wait until the run terminates.
+        #[arg(long)]
+        wait: bool,
+        /// With `--wait`: give up after this long (`30s`, `5m`; default:
+        /// wait without end).
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "wait")]
+        timeout: Option<Duration>,
+    },
+    /// Cancel a run: shows what it will do and asks, unless `--yes`.
+    Cancel {
+        /// The run id.
+        #[arg(value_parser = parse_run_id)]
+        id: RunId,
+        /// Why, recorded with the cancellation.
+        #[arg(long)]
+        reason: Option<String>,
+        /// Do not ask.
+        #[arg(long, short = 'y')]
+        yes: bool,
+        /// How the command reaches the store.
+        #[command(flatten)]
+        send: SendArgs,
+    },
+    /// Deliver a signal to the run waiting on KEY (or buffer it for the
+    /// next waiter).
+    Signal {
+        /// The signal's correlation key.
+        key: String,
+        /// The payload as JSON, MessagePack-encoded as
+        /// `WorkflowRuntime::signal_value` does.
+        #[arg(long, value_name = "JSON", group = "payload", required = true)]
+        json: Option<String>,
+        /// The payload as a JSON file (`-` for stdin).
+        #[arg(long, value_name = "FILE", group = "payload", required = true)]
+        file: Option<PathBuf>,
+        /// Send the bytes as given instead of MessagePack-encoding the
+        /// JSON (for a hand-written runner reading `Step::signal`).
+        #[arg(long)]
+        raw: bool,
+        /// How the command reaches the store.
+        #[command(flatten)]
+        send: SendArgs,
+    },
+    /// Requeue the dead-lettered step of a run, with fresh attempts.
+    Requeue {
+        /// The run id.
+        #[arg(value_parser = parse_run_id)]
+        id: RunId,
+        /// How the command reaches the store.
+        #[command(flatten)]
+        send: SendArgs,
+    },
+}
+
+/// `runs list` filters.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Which runs.
+    #[arg(long, value_enum, default_value_t = StatusFilter::Active)]
+    pub status: StatusFilter,
+    /// Only runs of this workflow (the `#[workflow]` name or job NAME).
+    #[arg(long, value_name = "NAME")]
+    pub workflow: Option<String>,
+    /// Only members of this group.
+    #[arg(long, value_name = "ID", value_parser = parse_run_id)]
+    pub group: Option<RunId>,
+    /// Only runs submitted within this long (`1h`, `30m`, `2d`).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub since: Option<Duration>,
+    /// The most runs to show.
+    #[arg(long, short = 'n', default_value_t = 50, value_parser = parse_limit)]
+    pub limit: usize,
+    /// Start after this run id (the page cursor the previous page printed).
+    #[arg(long, value_name = "ID", value_parser = parse_run_id)]
+    pub after: Option<RunId>,
+}
+
+/// `runs list --status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StatusFilter {
+    /// Pending, running or cancelling runs.
+    Active,
+    /// Runs that ended (succeeded, failed, cancelled).
+    Terminated,
+    /// Both.
+    All,
+}
+
+/// How a mutation reaches the store.
+#[derive(Debug, Args)]
+pub struct SendArgs {
+    /// Wait until the owning process applied the command and print its
+    /// answer.
+    #[arg(long)]
+    pub wait: bool,
+    /// With `--wait`: give up waiting after this long (the command stays
+    /// in the inbox).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "60s")]
+    pub wait_timeout: Duration,
+    /// No process owns the store (a stopped or copied store): open it as
+    /// its writer and apply the command directly, after checking that no
+    /// writer committed recently.
+    #[arg(long, conflicts_with = "wait")]
+    pub offline: bool,
+}
+
+/// `groups ...`
+#[derive(Debug, Subcommand)]
+pub enum GroupsCommand {
+    /// A table of groups with their member counts by state.
+    List {
+        /// The most groups to show.
+        #[arg(long, short = 'n', default_value_t = 50, value_parser = parse_limit)]
+        limit: usize,
+    },
+    /// One group: its counts and its members.
+    Describe {
+        /// The group id.
+        #[arg(value_parser = parse_run_id)]
+        id: RunId,
+    },
+}
+
+/// `store ...`
+#[derive(Debug, Subcommand)]
+pub enum StoreCommand {
+    /// Queue counts, dead letters, size, and the owning writer's last
+    /// activity.
+    Info,
+}
+
+fn parse_run_id(value: &str) -> Result<RunId, String> {
+    RunId::new(value).map_err(|e| e.to_string())
+}
+
+fn parse_duration(value: &str) -> Result<Duration, String> {
+    humantime::parse_duration(value)
+        .map_err(|e| format!("{e} (durations look like `90s`, `5m`, `1h 30m`, `2d`)"))
+}
+
+fn parse_limit(value: &str) -> Result<usize, String> {
+    match value.parse::<usize>() {
+        Ok(0) => Err("the limit must be at least 1".to_string()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("{e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn bad_values_are_usage_errors_naming_them() {
+        let err = Cli::try_parse_from(["taquba-workflow", "runs", "describe", "a/b"]).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("a/b"), "{err}");
+        let err = Cli::try_parse_from(["taquba-workflow", "runs", "list", "--since", "soon"])
+            .unwrap_err();
+        assert!(err.to_string().contains("soon"), "{err}");
+        let err = Cli::try_parse_from(["taquba-workflow", "runs", "signal", "k"]).unwrap_err();
+        assert!(err.to_string().contains("--json"), "{err}");
+        let err = Cli::try_parse_from([
+            "taquba-workflow",
+            "runs",
+            "signal",
+            "k",
+            "--json",
+            "1",
+            "--file",
+            "f",
+        ])
+        .unwrap_err();
+        assert!(err.to_string().contains("cannot be used with"), "{err}");
+    }
+
+    #[test]
+    fn global_flags_go_anywhere() {
+        let cli = Cli::try_parse_from([
+            "taquba-workflow",
+            "runs",
+            "list",
+            "--store",
+            "/s",
+            "-o",
+            "jsonl",
+        ])
+        .unwrap();
+        assert_eq!(cli.global.store.as_deref(), Some("/s"));
+        assert_eq!(cli.global.output, Format::Jsonl);
+    }
+}

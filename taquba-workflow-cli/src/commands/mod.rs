@@ -1,0 +1,118 @@
+//! The commands: [`run`] opens the store and dispatches to each command's
+//! module.
+
+pub mod groups;
+pub mod json;
+pub mod mutate;
+pub mod offline;
+pub mod runs;
+pub mod store_info;
+
+use std::io::Read;
+use std::path::Path;
+
+use crate::cli::{Cli, Command, CommandsCommand, GroupsCommand, RunsCommand, StoreCommand};
+use crate::error::{CliError, CliResult};
+use crate::output::Output;
+use crate::payload::encode_json;
+use crate::session::Session;
+
+/// Run the parsed command line.
+///
+/// # Errors
+/// The command's error.
+pub async fn run(cli: Cli) -> CliResult<()> {
+    let global = &cli.global;
+    let out = Output::new(global.output, global.time_format);
+    // Read a signal's payload before touching the store: a bad file or
+    // JSON is a usage error.
+    let payload = match &cli.command {
+        Command::Runs(RunsCommand::Signal {
+            json, file, raw, ..
+        }) => Some(signal_payload(json.as_deref(), file.as_deref(), *raw)?),
+        _ => None,
+    };
+    let session = Session::open(global).await?;
+    let result = dispatch(&cli, &session, payload, &out).await;
+    session.close().await;
+    result
+}
+
+async fn dispatch(
+    cli: &Cli,
+    session: &Session,
+    payload: Option<Vec<u8>>,
+    out: &Output,
+) -> CliResult<()> {
+    let global = &cli.global;
+    if let Command::Store(StoreCommand::Info) = &cli.command {
+        return store_info::info(session, out).await;
+    }
+    let runtime = session.runtime(global).await?;
+    let view = &runtime.view;
+    match &cli.command {
+        Command::Store(StoreCommand::Info) => store_info::info(session, out).await,
+        Command::Runs(RunsCommand::List(args)) => runs::list(view, args, out).await,
+        Command::Runs(RunsCommand::Describe { id }) => runs::describe(view, id, out).await,
+        Command::Runs(RunsCommand::Steps { id }) => runs::steps(view, id, out).await,
+        Command::Runs(RunsCommand::Result { id, wait, timeout }) => {
+            runs::result(view, id, *wait, *timeout, out).await
+        }
+        Command::Runs(RunsCommand::Cancel {
+            id,
+            reason,
+            yes,
+            send,
+        }) => mutate::cancel(session, &runtime, id, reason.as_deref(), *yes, send, out).await,
+        Command::Runs(RunsCommand::Signal { key, send, .. }) => {
+            let payload = payload.unwrap_or_default();
+            mutate::signal(session, &runtime, key, payload, send, out).await
+        }
+        Command::Runs(RunsCommand::Requeue { id, send }) => {
+            mutate::requeue(session, &runtime, id, send, out).await
+        }
+        Command::Groups(GroupsCommand::List { limit }) => groups::list(view, *limit, out).await,
+        Command::Groups(GroupsCommand::Describe { id }) => groups::describe(view, id, out).await,
+        Command::Commands(CommandsCommand::Describe { id }) => {
+            mutate::describe_command(session, &runtime, id, out).await
+        }
+    }
+}
+
+/// The payload of `runs signal`: the `--json` text or the `--file`
+/// contents (`-`: stdin), MessagePack-encoded unless `--raw`.
+fn signal_payload(json: Option<&str>, file: Option<&Path>, raw: bool) -> CliResult<Vec<u8>> {
+    let (bytes, source) = match (json, file) {
+        (Some(text), _) => (text.as_bytes().to_vec(), "--json".to_string()),
+        (None, Some(path)) if path == Path::new("-") => {
+            let mut bytes = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut bytes)
+                .map_err(|e| CliError::Usage(format!("cannot read the payload from stdin: {e}")))?;
+            (bytes, "stdin".to_string())
+        }
+        (None, Some(path)) => {
+            let bytes = std::fs::read(path).map_err(|e| {
+                CliError::Usage(format!(
+                    "cannot read the payload file {}: {e}",
+                    path.display()
+                ))
+            })?;
+            (bytes, format!("the payload file {}", path.display()))
+        }
+        (None, None) => {
+            return Err(CliError::Usage(
+                "runs signal needs a payload: --json JSON or --file FILE".to_string(),
+            ));
+        }
+    };
+    if raw {
+        return Ok(bytes);
+    }
+    let text = String::from_utf8(bytes).map_err(|_| {
+        CliError::Usage(format!(
+            "{source} is not UTF-8 JSON (pass --raw to send bytes as they are)"
+        ))
+    })?;
+    encode_json(&text, &source)
+}

@@ -1,0 +1,513 @@
+//! The commands that change a store: `runs cancel`, `runs signal`, `runs
+//! requeue`. Each checks what it can first (the run exists and the command
+//! applies to it), says what it will do, then sends an inbox command to the
+//! owning process, or with `--offline` applies it itself ([`offline`]);
+//! `--wait` polls the command's state until the owner applied it and prints
+//! the answer. `commands describe` reads a command's state later.
+//!
+//! [`offline`]: crate::commands::offline
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::time::Instant;
+
+use serde::Serialize;
+use taquba_workflow::{
+    Command, CommandAnswer, CommandId, CommandState, Inbox, RunDetails, RunId, RunState,
+    SignalOutcome, TerminalStatus, WorkflowView,
+};
+
+use crate::cli::SendArgs;
+use crate::commands::json::{state_word, step_text};
+use crate::commands::offline;
+use crate::error::{CliError, CliResult};
+use crate::output::{Card, Output, Times};
+use crate::session::{READER_POLL_INTERVAL, Runtime, Session};
+
+/// A change to send, with what it is in words.
+pub struct Change {
+    /// The inbox command.
+    pub command: Command,
+    /// What it does, for messages: `cancel run X`.
+    pub what: String,
+}
+
+/// The name an inbox command records as its sender.
+fn sender() -> String {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("USERNAME"))
+        .unwrap_or_else(|_| "unknown".to_string());
+    format!(
+        "taquba-workflow {} (user {user}, pid {})",
+        env!("CARGO_PKG_VERSION"),
+        std::process::id()
+    )
+}
+
+/// A command's state, as printed.
+#[derive(Debug, Serialize)]
+pub struct CommandJson {
+    /// The command id.
+    pub command_id: String,
+    /// `pending`, `accepted`, `applied`, `rejected` or `unknown`.
+    pub state: &'static str,
+    /// What the applied command did.
+    pub answer: Option<AnswerJson>,
+    /// Why it was rejected.
+    pub error: Option<String>,
+    /// When the answer or rejection was recorded (ms since the Unix epoch).
+    pub at_ms: Option<u64>,
+    /// Where the command object is (or was) in the store.
+    pub path: String,
+}
+
+/// What an applied command did, as printed.
+#[derive(Debug, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum AnswerJson {
+    /// A submission.
+    Submitted {
+        /// The run.
+        run_id: String,
+        /// Whether it was newly submitted.
+        newly_submitted: bool,
+    },
+    /// A cancellation.
+    Cancelled {
+        /// The run.
+        run_id: String,
+        /// Whether the run ends cancelled.
+        cancelled: bool,
+    },
+    /// A signal.
+    Signalled {
+        /// `delivered` or `buffered`.
+        outcome: &'static str,
+        /// The run it was delivered to.
+        run_id: Option<String>,
+    },
+    /// A requeue.
+    Requeued {
+        /// The run.
+        run_id: String,
+        /// The step enqueued again.
+        step: u32,
+        /// Its new job.
+        job_id: String,
+    },
+    /// An answer of a later runtime version.
+    Other,
+}
+
+impl From<&CommandAnswer> for AnswerJson {
+    fn from(answer: &CommandAnswer) -> Self {
+        match answer {
+            CommandAnswer::Submitted {
+                run_id,
+                newly_submitted,
+            } => AnswerJson::Submitted {
+                run_id: run_id.to_string(),
+                newly_submitted: *newly_submitted,
+            },
+            CommandAnswer::Cancelled { run_id, cancelled } => AnswerJson::Cancelled {
+                run_id: run_id.to_string(),
+                cancelled: *cancelled,
+            },
+            CommandAnswer::Signalled { outcome, run_id } => AnswerJson::Signalled {
+                outcome: match outcome {
+                    SignalOutcome::Delivered => "delivered",
+                    SignalOutcome::Buffered => "buffered",
+                },
+                run_id: run_id.as_ref().map(ToString::to_string),
+            },
+            CommandAnswer::Requeued {
+                run_id,
+                step,
+                job_id,
+            } => AnswerJson::Requeued {
+                run_id: run_id.to_string(),
+                step: *step,
+                job_id: job_id.clone(),
+            },
+            _ => AnswerJson::Other,
+        }
+    }
+}
+
+impl AnswerJson {
+    /// The answer in words.
+    pub fn text(&self) -> String {
+        match self {
+            AnswerJson::Submitted {
+                run_id,
+                newly_submitted: true,
+            } => format!("run {run_id} submitted"),
+            AnswerJson::Submitted { run_id, .. } => {
+                format!("run {run_id} was already active with the same input")
+            }
+            AnswerJson::Cancelled {
+                run_id,
+                cancelled: true,
+            } => format!("run {run_id} cancelled"),
+            AnswerJson::Cancelled { run_id, .. } => {
+                format!("run {run_id} was not active: nothing was cancelled")
+            }
+            AnswerJson::Signalled {
+                outcome: "delivered",
+                run_id,
+            } => match run_id {
+                Some(run_id) => format!("signal delivered to run {run_id}"),
+                None => "signal delivered".to_string(),
+            },
+            AnswerJson::Signalled { .. } => {
+                "no run waits on the key: the signal is buffered for the next waiter".to_string()
+            }
+            AnswerJson::Requeued {
+                run_id,
+                step,
+                job_id,
+            } => format!("run {run_id} is active again: step {step} requeued as job {job_id}"),
+            AnswerJson::Other => "applied".to_string(),
+        }
+    }
+
+    /// Whether the answer says the command did nothing it was asked to (a
+    /// cancel of a run that was no longer active): exit code 1.
+    fn did_nothing(&self) -> bool {
+        matches!(
+            self,
+            AnswerJson::Cancelled {
+                cancelled: false,
+                ..
+            }
+        )
+    }
+}
+
+/// `state` of command `id`, as printed.
+pub fn command_json(id: &CommandId, state: &CommandState, path: String) -> CommandJson {
+    let mut json = CommandJson {
+        command_id: id.to_string(),
+        state: "unknown",
+        answer: None,
+        error: None,
+        at_ms: None,
+        path,
+    };
+    match state {
+        CommandState::Pending => json.state = "pending",
+        CommandState::Accepted => json.state = "accepted",
+        CommandState::Applied { answer, at_ms } => {
+            json.state = "applied";
+            json.answer = Some(AnswerJson::from(answer));
+            json.at_ms = Some(*at_ms);
+        }
+        CommandState::Rejected { error, at_ms } => {
+            json.state = "rejected";
+            json.error = Some(error.clone());
+            json.at_ms = Some(*at_ms);
+        }
+        CommandState::Unknown => json.state = "unknown",
+        // A state of a later runtime version.
+        _ => {}
+    }
+    json
+}
+
+fn command_card(json: &CommandJson, times: &Times) -> Card {
+    let mut card = Card::new();
+    card.field("Command", &json.command_id)
+        .field("State", json.state);
+    if let Some(answer) = &json.answer {
+        card.field("Answer", answer.text());
+    }
+    card.field_opt("Error", json.error.as_deref());
+    if let Some(at) = json.at_ms {
+        card.field("Recorded", times.at(at));
+    }
+    card.field("Object", &json.path);
+    let note = match json.state {
+        "pending" => {
+            Some("In the inbox: the owning process applies it at its next maintenance round.")
+        }
+        "accepted" => Some(
+            "Its effect is committed; the answer follows when the running step it waits for settles.",
+        ),
+        "unknown" => Some(
+            "Neither in the inbox nor recorded: never sent here, removed by command retention, or applied a moment ago (try again).",
+        ),
+        _ => None,
+    };
+    card.field_opt("Note", note);
+    card
+}
+
+/// The run `id`, which must exist.
+async fn existing_run(view: &WorkflowView, id: &RunId) -> CliResult<RunDetails> {
+    view.run(id)
+        .await?
+        .ok_or_else(|| CliError::RunNotFound(id.clone()))
+}
+
+/// Where a run is, in one line: `Run X (workflow W) is running at step 3
+/// (count), attempt 1/2.`
+fn where_it_is(run: &RunDetails) -> String {
+    let workflow = run
+        .workflow
+        .as_deref()
+        .map(|w| format!(" (workflow {w})"))
+        .unwrap_or_default();
+    let step = step_text(run.current_step, run.step_name.as_deref());
+    let attempts = match (run.attempts, run.max_attempts) {
+        (0, _) => String::new(),
+        (a, 0) => format!(", attempt {a}"),
+        (a, m) => format!(", attempt {a}/{m}"),
+    };
+    format!(
+        "Run {}{workflow} is {} at step {step}{attempts}.",
+        run.run_id,
+        state_word(&run.state)
+    )
+}
+
+/// `runs cancel ID [--reason R] [--yes]`.
+///
+/// # Errors
+/// [`CliError::RunNotFound`]; [`CliError::Refused`] for a terminated run
+/// or when not confirmed; the sending errors.
+pub async fn cancel(
+    session: &Session,
+    runtime: &Runtime,
+    id: &RunId,
+    reason: Option<&str>,
+    yes: bool,
+    send: &SendArgs,
+    out: &Output,
+) -> CliResult<()> {
+    let run = existing_run(&runtime.view, id).await?;
+    let effect = match &run.state {
+        RunState::Terminated(t) => {
+            return Err(CliError::Refused(format!(
+                "run {id} already {} at step {}: there is nothing to cancel",
+                t.status, t.final_step
+            )));
+        }
+        RunState::Pending => {
+            "Its waiting step is removed and the run ends cancelled.".to_string()
+        }
+        RunState::Running => "The running step's cancel token fires; the run ends cancelled when the step returns (its outcome is discarded).".to_string(),
+        RunState::Cancelling => "A cancellation is already requested: this one is recorded and changes nothing else.".to_string(),
+    };
+    let mut plan = vec![where_it_is(&run), effect];
+    if let Some(reason) = reason {
+        plan.push(format!("Reason: {reason}"));
+    }
+    plan.push(via(send));
+    for line in &plan {
+        say(line)?;
+    }
+    if !yes && !confirm(&format!("Cancel run {id}?"))? {
+        return Err(CliError::Refused(format!(
+            "cancel of run {id} not confirmed: nothing was sent (pass --yes to cancel without asking)"
+        )));
+    }
+    let change = Change {
+        command: Command::cancel(id.clone(), reason.map(str::to_string)),
+        what: format!("cancel of run {id}"),
+    };
+    deliver(session, runtime, change, send, out).await
+}
+
+/// `runs signal KEY (--json J | --file F) [--raw]`, the payload already
+/// read.
+///
+/// # Errors
+/// The sending errors.
+pub async fn signal(
+    session: &Session,
+    runtime: &Runtime,
+    key: &str,
+    payload: Vec<u8>,
+    send: &SendArgs,
+    out: &Output,
+) -> CliResult<()> {
+    say(&format!(
+        "Signal {key:?} ({} bytes): wakes the run waiting on the key, or is buffered for the next waiter.",
+        payload.len()
+    ))?;
+    say(&via(send))?;
+    let change = Change {
+        command: Command::signal(key, payload),
+        what: format!("signal {key:?}"),
+    };
+    deliver(session, runtime, change, send, out).await
+}
+
+/// `runs requeue ID`.
+///
+/// # Errors
+/// [`CliError::RunNotFound`]; [`CliError::Refused`] for a run that did not
+/// fail; the sending errors.
+pub async fn requeue(
+    session: &Session,
+    runtime: &Runtime,
+    id: &RunId,
+    send: &SendArgs,
+    out: &Output,
+) -> CliResult<()> {
+    let run = existing_run(&runtime.view, id).await?;
+    match &run.state {
+        RunState::Terminated(t) if t.status == TerminalStatus::Failed => {}
+        RunState::Terminated(t) => {
+            return Err(CliError::Refused(format!(
+                "run {id} {} at step {}: only a failed run's dead-lettered step can be requeued",
+                t.status, t.final_step
+            )));
+        }
+        other => {
+            return Err(CliError::Refused(format!(
+                "run {id} is {} at step {}: only a failed run's dead-lettered step can be requeued",
+                state_word(other),
+                run.current_step
+            )));
+        }
+    }
+    say(&where_it_is(&run))?;
+    say(
+        "Its dead-lettered step is enqueued again with fresh attempts and the run is active again (a run failed by its runner's verdict is refused by the owner).",
+    )?;
+    say(&via(send))?;
+    let change = Change {
+        command: Command::requeue(id.clone()),
+        what: format!("requeue of run {id}"),
+    };
+    deliver(session, runtime, change, send, out).await
+}
+
+/// `commands describe ID`.
+///
+/// # Errors
+/// [`CliError::Usage`] for an id that is not a ULID; storage errors.
+pub async fn describe_command(
+    session: &Session,
+    runtime: &Runtime,
+    id: &str,
+    out: &Output,
+) -> CliResult<()> {
+    let id: CommandId = id
+        .parse()
+        .map_err(|e: taquba_workflow::Error| CliError::Usage(e.to_string()))?;
+    let inbox = Inbox::new(session.target.store.clone(), runtime.memo_prefix.clone());
+    let state = runtime.view.command(&id).await?;
+    let json = command_json(&id, &state, inbox.command_path(&id).to_string());
+    out.one(&json, |times| command_card(&json, times))
+}
+
+fn via(send: &SendArgs) -> String {
+    if send.offline {
+        "Via: --offline, applied directly after checking that no process owns the store."
+            .to_string()
+    } else {
+        "Via: the owning process's inbox (it applies commands at each maintenance round)."
+            .to_string()
+    }
+}
+
+/// A line of the plan: on stderr, so stdout holds only the answer.
+fn say(line: &str) -> CliResult<()> {
+    let mut err = std::io::stderr().lock();
+    match writeln!(err, "{line}") {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Ask `question` on stderr and read the answer from stdin: `y` or `yes`
+/// confirms; anything else, or no answer (stdin closed), does not.
+fn confirm(question: &str) -> CliResult<bool> {
+    let stdin = std::io::stdin();
+    {
+        let mut err = std::io::stderr().lock();
+        let hint = if stdin.is_terminal() {
+            ""
+        } else {
+            " (reading the answer from stdin)"
+        };
+        write!(err, "{question} [y/N]{hint} ")?;
+        err.flush()?;
+    }
+    let mut answer = String::new();
+    stdin.lock().read_line(&mut answer)?;
+    let answer = answer.trim().to_ascii_lowercase();
+    Ok(answer == "y" || answer == "yes")
+}
+
+/// Send `change` to the inbox (or, `--offline`, apply it), then with
+/// `--wait` follow it to its answer.
+async fn deliver(
+    session: &Session,
+    runtime: &Runtime,
+    change: Change,
+    send: &SendArgs,
+    out: &Output,
+) -> CliResult<()> {
+    if send.offline {
+        return offline::apply(session, runtime, change, out).await;
+    }
+    let inbox =
+        Inbox::new(session.target.store.clone(), runtime.memo_prefix.clone()).with_sender(sender());
+    let id = inbox.send(change.command).await?;
+    let path = inbox.command_path(&id).to_string();
+    if !send.wait {
+        let json = command_json(&id, &CommandState::Pending, path);
+        say(&format!(
+            "Sent the {} as command {id}. Follow it: taquba-workflow commands describe {id}",
+            change.what
+        ))?;
+        return out.one(&json, |times| command_card(&json, times));
+    }
+    say(&format!(
+        "Sent the {} as command {id}; waiting for the owner to apply it...",
+        change.what
+    ))?;
+    let started = Instant::now();
+    let state = loop {
+        let state = runtime.view.command(&id).await?;
+        match state {
+            CommandState::Applied { .. } | CommandState::Rejected { .. } => break state,
+            _ if started.elapsed() >= send.wait_timeout => {
+                let activity = session.reader.last_store_activity();
+                let flushed = activity
+                    .last_flush_at_ms
+                    .map(|ms| format!("its last flush was {}", out.times().at(ms)))
+                    .unwrap_or_else(|| "no flush recorded".to_string());
+                return Err(CliError::Timeout(format!(
+                    "command {id} ({}) is still {} after {}: is the owning process running ({flushed})? It stays in the inbox at {path} and is applied when the owner next runs; for a store no process owns, use --offline",
+                    change.what,
+                    command_json(&id, &state, String::new()).state,
+                    humantime::format_duration(send.wait_timeout)
+                )));
+            }
+            _ => tokio::time::sleep(READER_POLL_INTERVAL).await,
+        }
+    };
+    answer(&id, &state, path, out)
+}
+
+/// Print the final state of command `id`; a rejection, or an answer that
+/// says nothing was done, is an error (exit code 1) after printing.
+pub fn answer(id: &CommandId, state: &CommandState, path: String, out: &Output) -> CliResult<()> {
+    let json = command_json(id, state, path);
+    out.one(&json, |times| command_card(&json, times))?;
+    if let Some(error) = &json.error {
+        return Err(CliError::Refused(format!(
+            "the owner rejected command {id}: {error}"
+        )));
+    }
+    if let Some(answer) = &json.answer
+        && answer.did_nothing()
+    {
+        return Err(CliError::Refused(answer.text()));
+    }
+    Ok(())
+}

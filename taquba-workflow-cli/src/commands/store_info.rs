@@ -1,0 +1,362 @@
+//! `store info`: the store as a whole. Job counts per queue, the first dead
+//! letters, the size of each top-level prefix (by listing the store), and
+//! what the reader can tell of the owning writer: its epoch, its last flush
+//! and, when it writes one, its liveness heartbeat.
+
+use std::collections::BTreeMap;
+
+use futures_util::TryStreamExt;
+use serde::Serialize;
+use taquba::QueueReader;
+use taquba::object_store::ObjectStore;
+use taquba_workflow::{HEADER_RUN_ID, WorkflowView};
+
+use crate::error::CliResult;
+use crate::output::{Card, Output, Times, short_duration};
+use crate::session::{Session, Target};
+
+/// The most dead letters listed per queue.
+pub const DEAD_LETTERS_SHOWN: usize = 10;
+
+/// `store info`, as printed.
+#[derive(Debug, Serialize)]
+pub struct StoreInfoJson {
+    /// The store location.
+    pub store: String,
+    /// The queue's path in the store.
+    pub db: String,
+    /// What the reader knows of the writer.
+    pub writer: WriterJson,
+    /// The runtimes the store records.
+    pub runtimes: Vec<RuntimeJson>,
+    /// Job counts per queue.
+    pub queues: Vec<QueueJson>,
+    /// The first dead letters of each queue.
+    pub dead_letters: Vec<DeadLetterJson>,
+    /// Objects and bytes per top-level prefix.
+    pub prefixes: Vec<PrefixJson>,
+    /// Objects in the whole store.
+    pub total_objects: u64,
+    /// Bytes in the whole store.
+    pub total_bytes: u64,
+}
+
+/// A runtime recorded in the store.
+#[derive(Debug, Serialize)]
+pub struct RuntimeJson {
+    /// Its queue name.
+    pub queue_name: String,
+    /// Its memo prefix.
+    pub memo_prefix: String,
+    /// The taquba-workflow version of its last worker start.
+    pub crate_version: String,
+    /// When that worker started (ms since the Unix epoch).
+    pub started_at_ms: u64,
+}
+
+/// The writer, as the reader sees it.
+#[derive(Debug, Serialize)]
+pub struct WriterJson {
+    /// The writer epoch in the manifest (advances with each writer open).
+    pub epoch: u64,
+    /// The time embedded in the newest flushed table (writer clock, ms):
+    /// for display only, an idle writer leaves it old.
+    pub last_flush_at_ms: Option<u64>,
+    /// The sequence number up to which writes are durable.
+    pub durable_seq: u64,
+    /// The last liveness beat, when the writer writes them.
+    pub heartbeat: Option<HeartbeatJson>,
+}
+
+/// A writer's liveness beat.
+#[derive(Debug, Serialize)]
+pub struct HeartbeatJson {
+    /// When it was written (writer clock, ms).
+    pub at_ms: u64,
+    /// The interval between beats (ms).
+    pub interval_ms: u64,
+    /// The beat counter.
+    pub counter: u64,
+    /// The epoch of the writer that wrote it.
+    pub writer_epoch: u64,
+    /// Whether it is the closing beat of a clean close.
+    pub closed: bool,
+}
+
+/// One queue's counts.
+#[derive(Debug, Serialize)]
+pub struct QueueJson {
+    /// The queue name.
+    pub queue: String,
+    /// Claimable now.
+    pub pending: i64,
+    /// Waiting for a time (timers, backoff, signal timeouts).
+    pub scheduled: i64,
+    /// Held by a worker.
+    pub claimed: i64,
+    /// Completed (cumulative).
+    pub done: i64,
+    /// Dead letters.
+    pub dead: i64,
+}
+
+/// One dead letter.
+#[derive(Debug, Serialize)]
+pub struct DeadLetterJson {
+    /// Its queue.
+    pub queue: String,
+    /// The job id.
+    pub job_id: String,
+    /// The run it belongs to, for a step job.
+    pub run_id: Option<String>,
+    /// Attempts used / allowed.
+    pub attempts: u32,
+    /// The attempt limit.
+    pub max_attempts: u32,
+    /// Its last error.
+    pub last_error: Option<String>,
+}
+
+/// One top-level prefix's size.
+#[derive(Debug, Serialize)]
+pub struct PrefixJson {
+    /// The prefix (`""` for objects at the top level).
+    pub prefix: String,
+    /// Objects under it.
+    pub objects: u64,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+/// `store info`.
+///
+/// # Errors
+/// Storage and listing errors.
+pub async fn info(session: &Session, out: &Output) -> CliResult<()> {
+    let json = gather(&session.target, &session.reader).await?;
+    out.one(&json, |times| card(&json, times))
+}
+
+async fn gather(target: &Target, reader: &QueueReader) -> CliResult<StoreInfoJson> {
+    let activity = reader.last_store_activity();
+    let heartbeat = reader.writer_heartbeat().await?.map(|beat| HeartbeatJson {
+        at_ms: beat.at_ms,
+        interval_ms: u64::try_from(beat.interval.as_millis()).unwrap_or(u64::MAX),
+        counter: beat.counter,
+        writer_epoch: beat.writer_epoch,
+        closed: beat.closed,
+    });
+    let view = reader.view();
+    let runtimes = WorkflowView::runtimes(view)
+        .await?
+        .into_iter()
+        .map(|r| RuntimeJson {
+            queue_name: r.queue_name,
+            memo_prefix: r.memo_prefix,
+            crate_version: r.crate_version,
+            started_at_ms: r.started_at_ms,
+        })
+        .collect();
+    let mut queues = Vec::new();
+    let mut dead_letters = Vec::new();
+    for name in view.list_queues().await? {
+        let stats = view.stats(&name).await?;
+        if stats.dead > 0 {
+            for job in view.dead_jobs(&name, None, DEAD_LETTERS_SHOWN).await? {
+                dead_letters.push(DeadLetterJson {
+                    queue: name.clone(),
+                    run_id: job.headers.get(HEADER_RUN_ID).cloned(),
+                    job_id: job.id,
+                    attempts: job.attempts,
+                    max_attempts: job.max_attempts,
+                    last_error: job.last_error,
+                });
+            }
+        }
+        queues.push(QueueJson {
+            queue: name,
+            pending: stats.pending,
+            scheduled: stats.scheduled,
+            claimed: stats.claimed,
+            done: stats.done,
+            dead: stats.dead,
+        });
+    }
+    let prefixes = sizes(target.store.as_ref()).await?;
+    Ok(StoreInfoJson {
+        store: target.location.to_string(),
+        db: target.db_path.clone(),
+        writer: WriterJson {
+            epoch: activity.writer_epoch,
+            last_flush_at_ms: activity.last_flush_at_ms,
+            durable_seq: activity.durable_seq,
+            heartbeat,
+        },
+        runtimes,
+        queues,
+        dead_letters,
+        total_objects: prefixes.iter().map(|p| p.objects).sum(),
+        total_bytes: prefixes.iter().map(|p| p.bytes).sum(),
+        prefixes,
+    })
+}
+
+/// Objects and bytes per top-level prefix, by listing the whole store.
+async fn sizes(store: &dyn ObjectStore) -> CliResult<Vec<PrefixJson>> {
+    let mut by_prefix: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let mut listing = store.list(None);
+    while let Some(meta) = listing.try_next().await? {
+        let path = meta.location.as_ref();
+        let prefix = match path.split_once('/') {
+            Some((top, _)) => top.to_string(),
+            None => String::new(),
+        };
+        let entry = by_prefix.entry(prefix).or_default();
+        entry.0 += 1;
+        entry.1 += meta.size;
+    }
+    Ok(by_prefix
+        .into_iter()
+        .map(|(prefix, (objects, bytes))| PrefixJson {
+            prefix,
+            objects,
+            bytes,
+        })
+        .collect())
+}
+
+/// `bytes` in binary units: `812 B`, `3.4 KiB`, `12.0 MiB`.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut value = n as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+fn objects(n: u64) -> String {
+    if n == 1 {
+        "1 object".to_string()
+    } else {
+        format!("{n} objects")
+    }
+}
+
+fn card(json: &StoreInfoJson, times: &Times) -> Card {
+    let mut card = Card::new();
+    card.field("Store", &json.store)
+        .field("Queue path", &json.db);
+    card.field(
+        "Size",
+        format!(
+            "{} in {}",
+            bytes(json.total_bytes),
+            objects(json.total_objects)
+        ),
+    );
+    let w = &json.writer;
+    card.field("Writer epoch", w.epoch.to_string());
+    card.field(
+        "Last flush",
+        w.last_flush_at_ms
+            .map_or_else(|| "none recorded".to_string(), |ms| times.at(ms)),
+    );
+    card.field(
+        "Heartbeat",
+        match &w.heartbeat {
+            None => "none (the writer does not write liveness beats)".to_string(),
+            Some(beat) => format!(
+                "{} (every {}{}, epoch {})",
+                times.at(beat.at_ms),
+                short_duration(beat.interval_ms),
+                if beat.closed { ", closed cleanly" } else { "" },
+                beat.writer_epoch
+            ),
+        },
+    );
+    card.section(
+        "Runtimes",
+        if json.runtimes.is_empty() {
+            vec!["none recorded (a store written before runtimes recorded themselves: pass --queue and --memo-prefix)".to_string()]
+        } else {
+            json.runtimes
+                .iter()
+                .map(|r| {
+                    format!(
+                        "{}: memo prefix {}, worker started {} (taquba-workflow {})",
+                        r.queue_name,
+                        r.memo_prefix,
+                        times.at(r.started_at_ms),
+                        r.crate_version
+                    )
+                })
+                .collect()
+        },
+    );
+    let mut queue_lines = Vec::new();
+    if json.queues.is_empty() {
+        queue_lines.push("no jobs yet".to_string());
+    }
+    for q in &json.queues {
+        queue_lines.push(format!(
+            "{}: {} pending, {} scheduled, {} claimed, {} done, {} dead",
+            q.queue, q.pending, q.scheduled, q.claimed, q.done, q.dead
+        ));
+    }
+    card.section("Queues", queue_lines);
+    if !json.dead_letters.is_empty() {
+        card.section(
+            "Dead letters",
+            json.dead_letters
+                .iter()
+                .map(|d| {
+                    format!(
+                        "{} {}{} after {}/{} attempts: {}",
+                        d.queue,
+                        d.job_id,
+                        d.run_id
+                            .as_deref()
+                            .map(|r| format!(" (run {r})"))
+                            .unwrap_or_default(),
+                        d.attempts,
+                        d.max_attempts,
+                        d.last_error.as_deref().unwrap_or("no error recorded")
+                    )
+                })
+                .collect(),
+        );
+    }
+    card.section(
+        "Objects",
+        json.prefixes
+            .iter()
+            .map(|p| {
+                let name = if p.prefix.is_empty() {
+                    "(top level)".to_string()
+                } else {
+                    format!("{}/", p.prefix)
+                };
+                format!("{name}: {} in {}", bytes(p.bytes), objects(p.objects))
+            })
+            .collect(),
+    );
+    card
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_in_binary_units() {
+        assert_eq!(bytes(812), "812 B");
+        assert_eq!(bytes(3 * 1024 + 400), "3.4 KiB");
+        assert_eq!(bytes(12 * 1024 * 1024), "12.0 MiB");
+    }
+}

@@ -1,0 +1,80 @@
+//! [`CliError`]: every way a command fails, and the exit code each maps to
+//! (1 for a failed command, 2 for a usage error found after parsing).
+
+use std::process::ExitCode;
+
+use taquba_workflow::RunId;
+
+/// Why a command failed. The message names the run id, path or value
+/// involved.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// The command line is well formed but cannot be carried out as given
+    /// (several queues in a store and no `--db`, an unreadable `--file`,
+    /// JSON that does not parse). Exit code 2.
+    #[error("{0}")]
+    Usage(String),
+    /// The store location could not be turned into a store, or did not
+    /// answer.
+    #[error(transparent)]
+    Store(#[from] crate::location::LocationError),
+    /// The queue could not be opened for reading (or, `--offline`, for
+    /// writing).
+    #[error("cannot open the queue at {path:?} in {store}: {source}")]
+    Open {
+        /// The store, as the location was given.
+        store: String,
+        /// The queue's path in the store.
+        path: String,
+        /// The queue's error.
+        source: taquba::Error,
+    },
+    /// A query of the queue failed.
+    #[error("reading the store failed: {0}")]
+    Queue(#[from] taquba::Error),
+    /// A query of the workflow records failed.
+    #[error("{0}")]
+    Workflow(#[from] taquba_workflow::Error),
+    /// A listing of the object store failed.
+    #[error("listing the store failed: {0}")]
+    Listing(#[from] taquba::object_store::Error),
+    /// The run is not in the store (never submitted there, or removed by
+    /// retention).
+    #[error(
+        "run {0} not found in this store (never submitted here, or its records were removed by retention)"
+    )]
+    RunNotFound(RunId),
+    /// The run exists but the command cannot apply to it (a result of a run
+    /// that is still active, ...).
+    #[error("{0}")]
+    Refused(String),
+    /// A run's outcome was printed and it did not succeed (`runs result`).
+    /// The outcome is on stdout; this only sets the exit code.
+    #[error("run {run_id} {status}")]
+    RunDidNotSucceed {
+        /// The run.
+        run_id: RunId,
+        /// How it ended (`failed`, `cancelled`).
+        status: String,
+    },
+    /// An operation did not finish within its bound.
+    #[error("{0}")]
+    Timeout(String),
+    /// Writing the output failed (other than a closed pipe).
+    #[error("writing the output failed: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+impl CliError {
+    /// The process exit code of this error: 2 for usage errors, 1 for
+    /// everything else.
+    pub fn exit_code(&self) -> ExitCode {
+        match self {
+            CliError::Usage(_) => ExitCode::from(2),
+            _ => ExitCode::FAILURE,
+        }
+    }
+}
+
+/// The result of a command.
+pub type CliResult<T> = Result<T, CliError>;

@@ -1,0 +1,13 @@
+//! The `taquba-workflow` binary against stores written by a real
+//! `#[workflow]` runtime: live (the owner runs in this test process, the
+//! CLI is a second process reading the same directory) and offline (a
+//! copy of a store no process owns). One test binary: `read` (listing,
+//! describing, history, results, store info, discovery, exit codes) and
+//! `steer` (cancel, signal, requeue through the inbox and `--offline`),
+//! and with feature `aws` `s3` (a bucket store, run by `.ci/s3.sh`).
+
+mod common;
+mod read;
+#[cfg(feature = "aws")]
+mod s3;
+mod steer;
