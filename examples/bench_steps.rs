@@ -54,6 +54,7 @@ struct Args {
     steps_only: bool,
     /// Run one case alone (for instruction counts under valgrind):
     /// `raw16`, `raw100`, `shaped100`, `rt16`, `rt100`, `defaults`, `replay`, `memo`,
+    /// `history` (interleaved pairs with run history off and on),
     /// `jobs` (always InMemory) or `group`, on InMemory.
     #[arg(long)]
     only: Option<String>,
@@ -195,6 +196,63 @@ struct RuntimeCase {
     in_flight: Option<usize>,
     replay: bool,
     memo: bool,
+    /// Run history off (`history_limit(0)`) instead of the default.
+    no_history: bool,
+}
+
+impl RuntimeCase {
+    /// The runtime's defaults, `in_flight` steps at a time when given.
+    fn plain(in_flight: Option<usize>) -> Self {
+        Self {
+            in_flight,
+            replay: false,
+            memo: false,
+            no_history: false,
+        }
+    }
+}
+
+/// What the run history costs: `args.repeat` interleaved rounds of the
+/// runtime at its defaults with history off (`history_limit(0)`) and on, each
+/// on a fresh store; returns the two medians and the median of the per-round
+/// ratios (on / off), which a noisy shared machine disturbs least.
+async fn history_cost(kind: StoreKind, args: &Args) -> (Figure, Figure, f64, f64) {
+    let (mut offs, mut ons, mut rates, mut cpus) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..args.repeat.max(1) {
+        let off = runtime_steps_once(
+            kind,
+            args,
+            RuntimeCase {
+                no_history: true,
+                ..RuntimeCase::plain(None)
+            },
+        )
+        .await;
+        let on = runtime_steps_once(kind, args, RuntimeCase::plain(None)).await;
+        rates.push(on.per_sec / off.per_sec);
+        cpus.push(on.cpu_us / off.cpu_us);
+        offs.push(off);
+        ons.push(on);
+    }
+    let middle = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    (median_of(offs), median_of(ons), middle(rates), middle(cpus))
+}
+
+/// Print [`history_cost`]'s figures.
+async fn history_rows(kind: StoreKind, args: &Args) {
+    let (off, on, rate, cpu) = history_cost(kind, args).await;
+    row("runtime, defaults, history_limit(0)", off, None);
+    row("runtime, defaults (history on) vs off", on, Some(off));
+    println!(
+        "  run history, median of {} interleaved pairs: {:.3} of the steps/s without it (cost {:+.1}%), CPU per step x{:.3}",
+        args.repeat.max(1),
+        rate,
+        (1.0 - rate) * 100.0,
+        cpu
+    );
 }
 
 /// The median of `args.repeat` measurements of [`runtime_steps_once`].
@@ -218,6 +276,9 @@ async fn runtime_steps_once(kind: StoreKind, args: &Args, case: RuntimeCase) -> 
     }
     if case.replay {
         builder = builder.step_output_replay();
+    }
+    if case.no_history {
+        builder = builder.history_limit(0);
     }
     let runtime = builder.build();
     let mut ids = Vec::new();
@@ -438,11 +499,7 @@ async fn jobs_and_groups(args: &Args) {
     // machine state.
     let (mut steps, mut jobs, mut members) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..args.repeat.max(1) {
-        let case = RuntimeCase {
-            in_flight: None,
-            replay: false,
-            memo: false,
-        };
+        let case = RuntimeCase::plain(None);
         steps.push(runtime_steps_once(StoreKind::Memory, args, case).await);
         jobs.push(jobs_per_sec(args).await);
         members.push(group_members(StoreKind::Memory, args.jobs, false).await.0);
@@ -535,11 +592,7 @@ async fn main() {
         } else {
             StoreKind::Memory
         };
-        let plain = |in_flight| RuntimeCase {
-            in_flight,
-            replay: false,
-            memo: false,
-        };
+        let plain = RuntimeCase::plain;
         let figure = match case.as_str() {
             "raw16" => raw_steps(kind, &args, 16).await,
             "raw100" => raw_steps(kind, &args, 100).await,
@@ -552,12 +605,15 @@ async fn main() {
                     kind,
                     &args,
                     RuntimeCase {
-                        in_flight: None,
                         replay: true,
-                        memo: false,
+                        ..RuntimeCase::plain(None)
                     },
                 )
                 .await
+            }
+            "history" => {
+                history_rows(kind, &args).await;
+                return;
             }
             "jobs" => jobs_per_sec(&args).await,
             "group" => group_members(kind, args.jobs, false).await.0,
@@ -566,9 +622,8 @@ async fn main() {
                     kind,
                     &args,
                     RuntimeCase {
-                        in_flight: None,
-                        replay: false,
                         memo: true,
+                        ..RuntimeCase::plain(None)
                     },
                 )
                 .await
@@ -593,54 +648,26 @@ async fn main() {
             shaped,
             Some(raw_full),
         );
-        let at16 = runtime_steps(
-            kind,
-            &args,
-            RuntimeCase {
-                in_flight: Some(16),
-                replay: false,
-                memo: false,
-            },
-        )
-        .await;
+        let at16 = runtime_steps(kind, &args, RuntimeCase::plain(Some(16))).await;
         row(
             "runtime, max_concurrent_steps 16 vs raw 16",
             at16,
             Some(raw16),
         );
-        let at100 = runtime_steps(
-            kind,
-            &args,
-            RuntimeCase {
-                in_flight: Some(100),
-                replay: false,
-                memo: false,
-            },
-        )
-        .await;
+        let at100 = runtime_steps(kind, &args, RuntimeCase::plain(Some(100))).await;
         row(
             "runtime, max_concurrent_steps 100 vs raw 100",
             at100,
             Some(raw_full),
         );
-        let defaults = runtime_steps(
-            kind,
-            &args,
-            RuntimeCase {
-                in_flight: None,
-                replay: false,
-                memo: false,
-            },
-        )
-        .await;
+        let defaults = runtime_steps(kind, &args, RuntimeCase::plain(None)).await;
         row("runtime, defaults vs raw 100", defaults, Some(raw_full));
         let replay = runtime_steps(
             kind,
             &args,
             RuntimeCase {
-                in_flight: None,
                 replay: true,
-                memo: false,
+                ..RuntimeCase::plain(None)
             },
         )
         .await;
@@ -653,9 +680,8 @@ async fn main() {
             kind,
             &args,
             RuntimeCase {
-                in_flight: None,
-                replay: false,
                 memo: true,
+                ..RuntimeCase::plain(None)
             },
         )
         .await;
@@ -664,6 +690,7 @@ async fn main() {
             memo,
             Some(defaults),
         );
+        history_rows(kind, &args).await;
         if matches!(kind, StoreKind::Memory) && !args.steps_only {
             // Before the temp-dir cases, whose write-back would slow them.
             jobs_and_groups(&args).await;

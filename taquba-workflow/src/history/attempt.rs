@@ -4,6 +4,8 @@
 //! pointer, or the terminal record), with a chunk when the pending entries
 //! fill one.
 
+use std::borrow::Cow;
+
 use taquba::{JobRecord, SettlementEffects};
 use tracing::warn;
 
@@ -21,17 +23,21 @@ use crate::runtime::RuntimeInner;
 use crate::store::durable::{
     self, DurableCurrentStep, DurableErrorKind, DurableRunRecord, DurableTermination,
 };
-use crate::store::keys::{HEADER_REQUEUED, RunId, outcome_kv_key, step_dedup_key, step_kv_key};
+use crate::store::keys::{HEADER_REQUEUED, RunId, outcome_kv_key, step_kv_key};
 
 impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
     /// The name of the claimed step: the runner's, else the payload's
     /// (`#[workflow]` step, job name), else the runner's label.
-    pub(crate) fn step_name(&self, claimed: &ClaimedStep<'_>) -> String {
+    pub(crate) fn step_name(&self, claimed: &ClaimedStep<'_>) -> Cow<'_, str> {
         let payload = &claimed.job.payload;
-        self.runner
+        match self
+            .runner
             .step_name(claimed.step_number, payload)
             .or_else(|| self.core.ops.naming.step_of(payload))
-            .unwrap_or_else(|| self.core.ops.runner_label.clone())
+        {
+            Some(name) => Cow::Owned(name),
+            None => Cow::Borrowed(&self.core.ops.runner_label),
+        }
     }
 }
 
@@ -51,12 +57,12 @@ impl RuntimeCore {
     /// ends no run (reconciliation records it). When the entries pending
     /// since the last chunk cannot be read, the settlement becomes a retry:
     /// committing it would drop them.
-    pub(crate) async fn record_attempt(
+    pub(crate) async fn record_attempt<'n>(
         &self,
         claimed: &ClaimedStep<'_>,
         run: &DurableRunRecord,
         settlement: &mut Settlement,
-        name: &(dyn Fn() -> String + Sync),
+        name: &(dyn Fn() -> Cow<'n, str> + Sync),
     ) {
         if self.ops.history_limit == 0 {
             return;
@@ -79,28 +85,29 @@ impl RuntimeCore {
                 return;
             }
         };
-        // The job's earlier attempts (retries, lost leases) are in the
-        // queue's attempt history, committed with each.
-        let mut attempts = Vec::new();
-        if job.attempts > 1 {
-            match self.queue.view().attempt_history(&job.id).await {
-                Ok(entries) => attempts = earlier_attempts(&entries, job.attempts),
-                Err(err) => {
-                    warn!(run_id = %run_id, job_id = %job.id, "earlier attempts left out of the history: {err}");
-                }
-            }
-        }
-        attempts.push(DurableAttempt {
+        let this = DurableAttempt {
             attempt: job.attempts,
             claimed_at_ms: job.claimed_at,
             settled_at_ms: self.now_ms(),
             outcome,
-        });
-        pending.push(&DurableStepEntry::new(
-            claimed.step_number,
-            crate::history::cut_to(&name(), crate::history::naming::MAX_NAME_LEN),
-            attempts,
-        ));
+        };
+        let name = name();
+        let name = crate::history::cut_cow(&name, crate::history::naming::MAX_NAME_LEN);
+        if job.attempts > 1 {
+            // The job's earlier attempts (retries, lost leases) are in the
+            // queue's attempt history, committed with each.
+            let mut attempts = match self.queue.view().attempt_history(&job.id).await {
+                Ok(entries) => earlier_attempts(&entries, job.attempts),
+                Err(err) => {
+                    warn!(run_id = %run_id, job_id = %job.id, "earlier attempts left out of the history: {err}");
+                    Vec::new()
+                }
+            };
+            attempts.push(this);
+            pending.push_parts(claimed.step_number, &name, &attempts, 0);
+        } else {
+            pending.push_parts(claimed.step_number, &name, std::slice::from_ref(&this), 0);
+        }
         let effects = match &mut settlement.kind {
             SettleKind::Ack(effects) | SettleKind::Fail { effects, .. } => effects,
             SettleKind::Retry(_) => return,
@@ -220,22 +227,25 @@ pub(crate) fn set_terminal_history(
     }
 }
 
-/// Rewrite the pointer `effects` writes for `run_id` (to step `step`, named
-/// by the step's enqueue in `effects`) with `pending`, without decoding it;
-/// returns the job it names.
+/// Rewrite the pointer `effects` writes for `run_id` (to step `step`) with
+/// `pending`, reading only its job id; returns the job it names.
 fn write_pointer_history(
     effects: &mut SettlementEffects,
     run_id: &RunId,
     step: u32,
     pending: &PendingHistory,
 ) -> Option<String> {
-    let dedup = step_dedup_key(run_id, step);
-    let job_id = effects
-        .enqueues
-        .iter()
-        .find(|request| request.options.dedup_key.as_deref() == Some(dedup.as_str()))
-        .and_then(|request| request.options.id_override.clone())?;
     let bytes = effects.kv_writes.get_mut(&step_kv_key(run_id))?;
+    /// The job a pointer names, read in place.
+    #[derive(serde::Deserialize)]
+    struct PointerJob<'a> {
+        #[serde(borrow)]
+        job_id: &'a str,
+    }
+    let job_id = rmp_serde::from_slice::<PointerJob<'_>>(bytes)
+        .ok()?
+        .job_id
+        .to_string();
     /// The pointer's fields, the history by reference.
     #[derive(serde::Serialize)]
     struct PointerOut<'a> {
@@ -332,6 +342,7 @@ mod tests {
     use taquba::{EnqueueOptions, EnqueueRequest};
 
     use super::*;
+    use crate::store::keys::step_dedup_key;
 
     #[test]
     fn a_pointer_rewritten_with_history_decodes_as_a_pointer() {

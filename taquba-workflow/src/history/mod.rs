@@ -163,8 +163,13 @@ pub(crate) fn cut(text: &str) -> String {
 /// `text` cut to at most `max` bytes (`max` ≥ 3) at a character boundary,
 /// ending with `…` when cut.
 pub(crate) fn cut_to(text: &str, max: usize) -> String {
+    cut_cow(text, max).into_owned()
+}
+
+/// [`cut_to`], borrowing `text` when it is short enough.
+pub(crate) fn cut_cow(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
     if text.len() <= max {
-        return text.to_string();
+        return std::borrow::Cow::Borrowed(text);
     }
     const ELLIPSIS: &str = "…";
     let mut end = max.saturating_sub(ELLIPSIS.len());
@@ -174,7 +179,7 @@ pub(crate) fn cut_to(text: &str, max: usize) -> String {
     let mut cut = String::with_capacity(end + ELLIPSIS.len());
     cut.push_str(&text[..end]);
     cut.push_str(ELLIPSIS);
-    cut
+    std::borrow::Cow::Owned(cut)
 }
 
 #[cfg(test)]

@@ -98,8 +98,8 @@ impl DurableStepEntry {
 }
 
 /// One settled attempt.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(into = "AttemptWire", from = "AttemptWire")]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(from = "AttemptWire")]
 pub(crate) struct DurableAttempt {
     pub(crate) attempt: u32,
     pub(crate) claimed_at_ms: Option<u64>,
@@ -119,18 +119,29 @@ struct AttemptWire {
     o: DurableAttemptOutcome,
 }
 
-impl From<DurableAttempt> for AttemptWire {
-    fn from(attempt: DurableAttempt) -> Self {
-        let t = match attempt.claimed_at_ms {
-            Some(claimed) => attempt.settled_at_ms.saturating_sub(claimed),
-            None => attempt.settled_at_ms,
+/// [`AttemptWire`] by reference, for encoding without a copy.
+#[derive(Serialize)]
+struct AttemptWireRef<'a> {
+    a: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    c: Option<u64>,
+    t: u64,
+    o: &'a DurableAttemptOutcome,
+}
+
+impl Serialize for DurableAttempt {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let t = match self.claimed_at_ms {
+            Some(claimed) => self.settled_at_ms.saturating_sub(claimed),
+            None => self.settled_at_ms,
         };
-        Self {
-            a: attempt.attempt,
-            c: attempt.claimed_at_ms,
+        AttemptWireRef {
+            a: self.attempt,
+            c: self.claimed_at_ms,
             t,
-            o: attempt.outcome,
+            o: &self.outcome,
         }
+        .serialize(serializer)
     }
 }
 
@@ -314,10 +325,47 @@ pub(crate) fn decode_entries(mut bytes: &[u8]) -> Vec<DurableStepEntry> {
     entries
 }
 
+/// A [`DurableStepEntry`] by reference, for encoding without a copy.
+#[derive(Serialize)]
+struct EntryRef<'a> {
+    s: u32,
+    n: &'a str,
+    a: &'a [DurableAttempt],
+    #[serde(skip_serializing_if = "is_zero")]
+    x: u32,
+}
+
 impl PendingHistory {
     /// Append `entry`.
     pub(crate) fn push(&mut self, entry: &DurableStepEntry) {
-        durable::encode_into(entry, &mut self.entries);
+        self.push_parts(
+            entry.step,
+            &entry.name,
+            &entry.attempts,
+            entry.attempts_dropped,
+        );
+    }
+
+    /// Append the entry of step `step` named `name` with `attempts` (the
+    /// last [`MAX_ATTEMPTS_PER_STEP`](crate::history::MAX_ATTEMPTS_PER_STEP)
+    /// of them are kept, the rest counted with `dropped`).
+    pub(crate) fn push_parts(
+        &mut self,
+        step: u32,
+        name: &str,
+        attempts: &[DurableAttempt],
+        dropped: u32,
+    ) {
+        let excess = attempts
+            .len()
+            .saturating_sub(crate::history::MAX_ATTEMPTS_PER_STEP);
+        let entry = EntryRef {
+            s: step,
+            n: name,
+            a: &attempts[excess..],
+            x: dropped.saturating_add(u32::try_from(excess).unwrap_or(u32::MAX)),
+        };
+        durable::encode_into(&entry, &mut self.entries);
         self.count = self.count.saturating_add(1);
     }
 
