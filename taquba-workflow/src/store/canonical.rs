@@ -324,67 +324,34 @@ impl Direct<'_> {
     }
 }
 
-impl ser::SerializeTuple for Direct<'_> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-        self.item(value)
-    }
-    fn end(self) -> Result<(), Error> {
-        Ok(())
-    }
+/// The compound serializers of [`Direct`]: each element goes through
+/// [`Direct::item`], each named field through [`Direct::field`]; nothing
+/// is written at the end (the header carried the length).
+macro_rules! direct_compound {
+    ($($trait:ident :: $method:ident ($($name:ident)?) => $write:ident;)*) => {$(
+        impl ser::$trait for Direct<'_> {
+            type Ok = ();
+            type Error = Error;
+            fn $method<T: Serialize + ?Sized>(
+                &mut self,
+                $($name: &'static str,)?
+                value: &T,
+            ) -> Result<(), Error> {
+                self.$write($($name,)? value)
+            }
+            fn end(self) -> Result<(), Error> {
+                Ok(())
+            }
+        }
+    )*};
 }
 
-impl ser::SerializeTupleStruct for Direct<'_> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-        self.item(value)
-    }
-    fn end(self) -> Result<(), Error> {
-        Ok(())
-    }
-}
-
-impl ser::SerializeTupleVariant for Direct<'_> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-        self.item(value)
-    }
-    fn end(self) -> Result<(), Error> {
-        Ok(())
-    }
-}
-
-impl ser::SerializeStruct for Direct<'_> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        name: &'static str,
-        value: &T,
-    ) -> Result<(), Error> {
-        self.field(name, value)
-    }
-    fn end(self) -> Result<(), Error> {
-        Ok(())
-    }
-}
-
-impl ser::SerializeStructVariant for Direct<'_> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        name: &'static str,
-        value: &T,
-    ) -> Result<(), Error> {
-        self.field(name, value)
-    }
-    fn end(self) -> Result<(), Error> {
-        Ok(())
-    }
+direct_compound! {
+    SerializeTuple::serialize_element() => item;
+    SerializeTupleStruct::serialize_field() => item;
+    SerializeTupleVariant::serialize_field() => item;
+    SerializeStruct::serialize_field(name) => field;
+    SerializeStructVariant::serialize_field(name) => field;
 }
 
 /// A sequence, buffered so that one of unknown length gets its count in
