@@ -175,7 +175,6 @@ async fn tokio_clock_queue(store: Arc<dyn ObjectStore>) -> Arc<Queue> {
 /// the run must end `Cancelled` (or be left untouched, then a new call
 /// cancels it), never stay `Cancelling` with its timer step still waiting.
 #[tokio::test(start_paused = true)]
-#[ignore = "breaker: cancel_with_reason is not detached: dropped after recording the request, the run is stuck Cancelling with its waiting step left in place"]
 async fn a_cancel_with_reason_dropped_at_any_poll_cancels_the_run_or_leaves_it_alone() {
     let (queue, store, _clock) = slow_store_queue().await;
     let runtime = workflow_builder(&queue, &store, &Script::default()).build();
@@ -205,11 +204,8 @@ async fn a_cancel_with_reason_dropped_at_any_poll_cancels_the_run_or_leaves_it_a
             async move {
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 let id = format!("reason-{n}");
-                match state(runtime, &id).await {
-                    Some(RunState::Pending) => {
-                        assert!(runtime.cancel(&rid(&id)).await.unwrap());
-                    }
-                    _ => {}
+                if let Some(RunState::Pending) = state(runtime, &id).await {
+                    assert!(runtime.cancel(&rid(&id)).await.unwrap());
                 }
                 if runtime
                     .wait_timeout(&rid(&id), Duration::from_secs(10))
@@ -217,10 +213,8 @@ async fn a_cancel_with_reason_dropped_at_any_poll_cancels_the_run_or_leaves_it_a
                     .unwrap()
                     .is_none()
                 {
-                    stuck
-                        .lock()
-                        .unwrap()
-                        .push((n, state(runtime, &id).await));
+                    let now = state(runtime, &id).await;
+                    stuck.lock().unwrap().push((n, now));
                 }
             }
         },
@@ -435,7 +429,7 @@ impl taquba_workflow::TerminalHook for Counting {
         self.calls
             .lock()
             .unwrap()
-            .push((outcome.run_id.to_string(), outcome.status.clone()));
+            .push((outcome.run_id.to_string(), outcome.status));
         Ok(())
     }
 }
@@ -493,7 +487,7 @@ async fn a_cancel_racing_every_ending_leaves_one_termination_and_one_hook_call()
             let cancelled = within(60, runtime.cancel(&rid(&id))).await.unwrap();
             signaller.await.unwrap().unwrap();
             let end = within(60, runtime.wait(&rid(&id))).await.unwrap();
-            let status = end.termination.status.clone();
+            let status = end.termination.status;
             if cancelled {
                 assert_eq!(status, TerminalStatus::Cancelled, "{id}: cancel said true");
             }
@@ -535,7 +529,10 @@ async fn a_runner_that_always_panics_fails_the_run_and_the_worker_goes_on() {
     let end = within(120, runtime.wait(&rid("panics"))).await.unwrap();
     assert_eq!(end.termination.status, TerminalStatus::Failed);
     let error = end.outcome.and_then(|o| o.error).unwrap_or_default();
-    assert!(error.contains("on purpose"), "error does not name the panic: {error:?}");
+    assert!(
+        error.contains("on purpose"),
+        "error does not name the panic: {error:?}"
+    );
     let attempts = runner
         .attempts
         .lock()
@@ -601,7 +598,9 @@ async fn a_group_with_the_longest_id_runs_and_reruns_its_members() {
         s.succeeded + s.failed + s.cancelled == 2
     })
     .await;
-    within(60, group.resume(&RunOptions::default())).await.unwrap();
+    within(60, group.resume(&RunOptions::default()))
+        .await
+        .unwrap();
     eventually("re-run ends", || async {
         let s = group.status().await.unwrap();
         s.succeeded + s.failed + s.cancelled == 2 && s.pending == 0
@@ -634,7 +633,9 @@ async fn a_multi_mebibyte_input_runs_and_is_echoed_whole() {
     let (queue, store, _clock) = memory_queue().await;
     let runtime = workflow_builder(&queue, &store, &Script::default()).build();
     let worker = runtime.spawn(std::future::pending::<()>());
-    let input: Vec<u8> = (0..(5 * 1024 * 1024)).map(|i| b'a' + (i % 26) as u8).collect();
+    let input: Vec<u8> = (0..(5 * 1024 * 1024))
+        .map(|i| b'a' + (i % 26) as u8)
+        .collect();
     let outcome = runtime
         .submit(RunSpec {
             run_id: Some(rid("big")),
@@ -747,7 +748,10 @@ async fn garbage_in_the_inbox_is_removed_and_the_inbox_goes_on() {
         ),
         other => panic!("real command: {other:?}"),
     }
-    eventually("the inbox empties", || async { inbox_names(&store).await.is_empty() }).await;
+    eventually("the inbox empties", || async {
+        inbox_names(&store).await.is_empty()
+    })
+    .await;
     worker.shutdown().await.unwrap();
 }
 
@@ -755,7 +759,6 @@ async fn garbage_in_the_inbox_is_removed_and_the_inbox_goes_on() {
 /// base 32 is case-insensitive; the id parses) is applied or rejected,
 /// and its object removed; it must not sit in the inbox unanswered.
 #[tokio::test(start_paused = true)]
-#[ignore = "breaker: an inbox object named by a lowercase ULID is handled but deleted under the uppercase name: it is never removed and is listed again every round"]
 async fn a_command_named_by_a_lowercase_ulid_is_answered_and_removed() {
     let (queue, store, _clock) = memory_queue().await;
     let runtime = workflow_builder(&queue, &store, &Script::default()).build();
@@ -814,7 +817,6 @@ async fn state_of<R: StepRunner, H: taquba_workflow::TerminalHook>(
 /// command. 64 of them (a round's share) must not keep the real commands
 /// after them from being applied.
 #[tokio::test(start_paused = true)]
-#[ignore = "breaker: objects nested under inbox/v1/ are looked up at the wrong path and never removed; 64 of them sorting first block every later command forever"]
 async fn nested_inbox_objects_do_not_block_later_commands() {
     let (queue, store, _clock) = memory_queue().await;
     let runtime = workflow_builder(&queue, &store, &Script::default()).build();
@@ -849,13 +851,15 @@ async fn nested_inbox_objects_do_not_block_later_commands() {
 /// signal sent before the crash is delivered, and `submit` of the same id
 /// answers `newly_submitted = false` only for runs that are really there.
 #[tokio::test(start_paused = true)]
-#[ignore = "breaker: a signal answered Ok(Delivered) just before a crash is lost: after reopening, the run still waits on the key (step 1) and never ends"]
 async fn a_crash_at_different_moments_resumes_every_run() {
     for crash_after_ms in [0u64, 1, 2, 3, 5, 8, 13, 21, 34, 55] {
         let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
         let queue = tokio_clock_queue(store.clone()).await;
         let runtime = workflow_builder(&queue, &store, &Script::default()).build();
-        let worker = runtime.spawn(std::future::pending::<()>());
+        let worker = {
+            let runtime = runtime.clone();
+            tokio::spawn(async move { runtime.run(std::future::pending::<()>()).await })
+        };
         let runs = [
             ("c-steps", "steps:20".to_string()),
             ("c-timer", "timer:30".to_string()),
@@ -867,16 +871,28 @@ async fn a_crash_at_different_moments_resumes_every_run() {
         }
         tokio::time::sleep(Duration::from_millis(crash_after_ms)).await;
         let signalled = runtime.signal("c-key", b"sig".to_vec()).await;
-        // Crash: abort the worker and drop every handle without shutdown.
-        drop(worker);
+        // Crash: abort the worker (dropping a `RunnerHandle` would detach
+        // it, leaving the old writer running beside the new one) and drop
+        // every handle without shutdown.
+        worker.abort();
+        let _ = worker.await;
         drop(runtime);
         drop(queue);
         let queue = tokio_clock_queue(store.clone()).await;
         let runtime = workflow_builder(&queue, &store, &Script::default()).build();
         let worker = runtime.spawn(std::future::pending::<()>());
         for (id, input) in &runs {
-            // Resubmitting the same id and input is idempotent.
-            runtime.submit(spec(id, input)).await.unwrap();
+            // Resubmitting the same id and input is idempotent while the run
+            // is active; a run that terminated before the crash is reported
+            // as terminated (a re-submission would start it again, as the
+            // seeds say).
+            if !matches!(
+                runtime.view().run(&rid(id)).await.unwrap().map(|d| d.state),
+                Some(RunState::Terminated(_))
+            ) {
+                let again = runtime.submit(spec(id, input)).await.unwrap();
+                assert!(!again.newly_submitted, "{id}: submitted before the crash");
+            }
             let details = runtime.view().run(&rid(id)).await.unwrap();
             let what = format!(
                 "crash after {crash_after_ms} ms (signal answered {signalled:?}; {:?})",
@@ -902,7 +918,7 @@ async fn a_crash_at_different_moments_resumes_every_run() {
 /// After a dropped signal and a crash, a signal wait never misses or
 /// doubles: counts the runs' attempts to make sure steps ran.
 #[tokio::test(start_paused = true)]
-#[ignore = "breaker (intermittent, 1 of 2 runs): after a dropped submit and a crash, the re-submission answers newly_submitted=false and the run stays Running for 60 s"]
+#[ignore = "open (intermittent, about 1 run in 3): a submission dropped after 34 polls keeps committing on its own task through the old queue while a second queue over the same store opens in the same process (two writers, the old one not yet fenced); the re-submission through the new queue answers newly_submitted=false and the run stays Running past its 5 s lease. Not reproduced with a real crash (tests/runtime/kill9.rs)"]
 async fn a_submission_dropped_at_any_poll_then_a_crash_never_answers_for_a_phantom_run() {
     let store: Arc<dyn ObjectStore> = Arc::new(FaultyStore::new(
         Arc::new(InMemory::new()),
@@ -1009,16 +1025,48 @@ async fn a_step_waiting_on_an_oversized_signal_key_fails_or_waits() {
 /// A signal sent on an oversized key answers a clear error (or works);
 /// it must not hang.
 #[tokio::test(start_paused = true)]
-#[ignore = "breaker: signal() on a key over 65535 bytes panics inside slatedb (key size must be <= u16::MAX) instead of returning an error"]
 async fn a_signal_on_an_oversized_key_errs_or_is_buffered() {
     let (queue, store, _clock) = memory_queue().await;
     let runtime = workflow_builder(&queue, &store, &Script::default()).build();
     let key = "k".repeat(70_000);
-    let _ = within(30, runtime.signal(&key, b"x".to_vec())).await;
-    // Whatever it answered, the runtime still works.
+    let refused = |result: taquba_workflow::Result<_>| match result {
+        Err(taquba_workflow::Error::InvalidCorrelationKey { len, max, start }) => {
+            assert_eq!(
+                (len, max),
+                (70_000, taquba_workflow::MAX_CORRELATION_KEY_LEN)
+            );
+            assert_eq!(start, "k".repeat(64));
+        }
+        other => panic!("expected InvalidCorrelationKey, got {other:?}"),
+    };
+    refused(runtime.signal(&key, b"x".to_vec()).await.map(|_| ()));
+    refused(runtime.clear_signal(&key).await.map(|_| ()));
+    refused(
+        runtime
+            .signal_run(&rid("after-sig"), &key, b"x".to_vec())
+            .await,
+    );
+    // The runtime still works, and a step continuing on such a key fails
+    // its run with the error instead of waiting on a key no signal can
+    // reach.
     let worker = runtime.spawn(std::future::pending::<()>());
     runtime.submit(spec("after-sig", "ok")).await.unwrap();
     ends_within(&runtime, "after-sig", 30, "after the huge signal").await;
+    runtime
+        .submit(spec("huge-wait", &format!("signal:{key}")))
+        .await
+        .unwrap();
+    assert_eq!(
+        ends_within(&runtime, "huge-wait", 30, "waiting on a huge key").await,
+        TerminalStatus::Failed
+    );
+    let error = runtime
+        .outcome(&rid("huge-wait"))
+        .await
+        .unwrap()
+        .and_then(|o| o.error)
+        .unwrap_or_default();
+    assert!(error.contains("70000 bytes long"), "{error}");
     worker.shutdown().await.unwrap();
 }
 

@@ -156,6 +156,22 @@ pub enum Error {
         /// The correlation key.
         correlation_key: String,
     },
+    /// A signal correlation key longer than
+    /// [`MAX_CORRELATION_KEY_LEN`](crate::MAX_CORRELATION_KEY_LEN) bytes
+    /// (given to `signal`, `signal_run`, `clear_signal`, or
+    /// [`Trigger::OnSignal`](crate::Trigger::OnSignal)). Nothing was
+    /// delivered, buffered or waited for.
+    #[error(
+        "signal correlation key {start:?}… is {len} bytes long, more than the {max} bytes allowed"
+    )]
+    InvalidCorrelationKey {
+        /// The key's length, in bytes.
+        len: usize,
+        /// The longest key allowed, in bytes.
+        max: usize,
+        /// The key's first 64 bytes (at a character boundary).
+        start: String,
+    },
     /// The Tokio runtime shut down while an operation ran on a task of its
     /// own (every call that commits does, so a dropped caller cannot stop
     /// it halfway): whether it took effect is unknown. Look at the state

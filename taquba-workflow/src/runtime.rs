@@ -247,6 +247,9 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// every cancellation from outside. A reason given to a run whose
     /// cancellation was already requested is not recorded.
     ///
+    /// Cancel safety: as [`cancel`](Self::cancel), the whole call runs on a
+    /// task of its own.
+    ///
     /// # Errors
     /// As [`cancel`](Self::cancel).
     pub async fn cancel_with_reason(
@@ -258,12 +261,10 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
             reason: Some(crate::history::cut(&reason.into())),
             ..Default::default()
         };
-        Ok(self
-            .inner
-            .core
-            .cancel_as(run_id, request)
-            .await?
-            .unwrap_or(false))
+        let (core, run_id) = (self.inner.core.clone(), run_id.clone());
+        detached(async move { core.cancel_as(&run_id, request).await })
+            .await
+            .map(|answer| answer.unwrap_or(false))
     }
 
     /// Resume `run_id`, which failed because its step job was
@@ -277,13 +278,19 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// [`Error::CommandRefused`](crate::Error::CommandRefused) naming the
     /// run when it is active, unknown, succeeded, was cancelled, failed by
     /// a runner's `Fail` verdict, or its dead job was removed by the
-    /// queue's dead retention; storage errors.
+    /// queue's dead retention; storage errors;
+    /// [`Error::RuntimeShutdown`](crate::Error::RuntimeShutdown).
+    ///
+    /// Cancel safety: the whole call runs on a task of its own. Dropped at
+    /// any await, the run is requeued as if the call had been awaited, or
+    /// nothing was committed.
     pub async fn requeue(&self, run_id: &RunId) -> Result<SubmitOutcome> {
-        let (_, job_id) = self
-            .inner
-            .core
-            .requeue_recorded(run_id, |_, _| taquba::SettlementEffects::default())
-            .await?;
+        let (core, id) = (self.inner.core.clone(), run_id.clone());
+        let (_, job_id) = detached(async move {
+            core.requeue_recorded(&id, |_, _| taquba::SettlementEffects::default())
+                .await
+        })
+        .await?;
         Ok(SubmitOutcome {
             run_id: run_id.clone(),
             newly_submitted: true,
@@ -299,10 +306,16 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// commands without running steps. Returns how many commands were
     /// handled (applied, rejected, or found applied before).
     ///
+    /// Cancel safety: the whole call runs on a task of its own. Dropped at
+    /// any await, the round completes as if awaited; each command is applied
+    /// once with its record in any case.
+    ///
     /// # Errors
-    /// Storage errors (commands not reached are left for the next call).
+    /// Storage errors (commands not reached are left for the next call);
+    /// [`Error::RuntimeShutdown`](crate::Error::RuntimeShutdown).
     pub async fn apply_inbox(&self) -> Result<usize> {
-        self.inner.core.apply_inbox().await
+        let core = self.inner.core.clone();
+        detached(async move { core.apply_inbox().await }).await
     }
 
     /// The run group `id` of this runtime (nothing is written until it is

@@ -20,8 +20,8 @@ use crate::run::core::{RuntimeCore, StepEnqueueOpts};
 use crate::run::settle::{ClaimedStep, SettleKind, Settlement};
 use crate::store::durable::{self, DurableRunRecord, DurableWaiter};
 use crate::store::keys::{
-    HEADER_SIGNAL_DELIVERED, HEADER_SIGNAL_WAIT, RunId, sha256, signal_buffer_kv_key,
-    signal_delivered_kv_key, signal_waiter_kv_key,
+    HEADER_SIGNAL_DELIVERED, HEADER_SIGNAL_WAIT, MAX_CORRELATION_KEY_LEN, RunId, sha256,
+    signal_buffer_kv_key, signal_delivered_kv_key, signal_waiter_kv_key,
 };
 
 /// Lock stripes of correlation keys.
@@ -81,6 +81,22 @@ pub(crate) fn waiter_cleanup(job: &JobRecord) -> Vec<Vec<u8>> {
     keys
 }
 
+/// Refuse a correlation key over [`MAX_CORRELATION_KEY_LEN`].
+pub(crate) fn check_correlation_key(correlation_key: &str) -> Result<()> {
+    if correlation_key.len() > MAX_CORRELATION_KEY_LEN {
+        let mut end = 64.min(correlation_key.len());
+        while !correlation_key.is_char_boundary(end) {
+            end -= 1;
+        }
+        return Err(Error::InvalidCorrelationKey {
+            len: correlation_key.len(),
+            max: MAX_CORRELATION_KEY_LEN,
+            start: correlation_key[..end].to_string(),
+        });
+    }
+    Ok(())
+}
+
 /// Refuse a signal payload over the KV value limit.
 pub(crate) fn check_payload(payload: &[u8]) -> Result<()> {
     if payload.len() > MAX_KV_VALUE_SIZE {
@@ -99,6 +115,7 @@ impl RuntimeCore {
         correlation_key: &str,
         payload: Vec<u8>,
     ) -> Result<SignalOutcome> {
+        check_correlation_key(correlation_key)?;
         check_payload(&payload)?;
         let _lock = self.signal_locks.lock(correlation_key).await;
         let waiter_key = signal_waiter_kv_key(correlation_key);
@@ -141,6 +158,7 @@ impl RuntimeCore {
 
     /// Discard a buffered signal.
     pub(crate) async fn clear_signal(&self, correlation_key: &str) -> Result<bool> {
+        check_correlation_key(correlation_key)?;
         let _lock = self.signal_locks.lock(correlation_key).await;
         let key = signal_buffer_kv_key(correlation_key);
         match self.queue.view().kv_get(&key).await? {
@@ -249,18 +267,25 @@ impl RuntimeCore {
         let run_id = &claimed.run_id;
         let next = claimed.step_number + 1;
         let waiter_key = signal_waiter_kv_key(correlation_key);
-        if let Some(bytes) = self.queue.view().kv_get(&waiter_key).await?
-            && let Some(waiter) = durable::decode_or_absent::<DurableWaiter>(
-                &bytes,
-                "signal waiter",
-                &correlation_key,
-            )
-            && waiter.run_id != *run_id
-        {
-            let reason = format!(
-                "correlation key {correlation_key:?} already has a waiting run `{}`; only one run may wait on a key",
-                waiter.run_id
-            );
+        let refused = match check_correlation_key(correlation_key) {
+            Err(err) => Some(err.to_string()),
+            Ok(()) => match self.queue.view().kv_get(&waiter_key).await? {
+                Some(bytes) => durable::decode_or_absent::<DurableWaiter>(
+                    &bytes,
+                    "signal waiter",
+                    &correlation_key,
+                )
+                .filter(|waiter| waiter.run_id != *run_id)
+                .map(|waiter| {
+                    format!(
+                        "correlation key {correlation_key:?} already has a waiting run `{}`; only one run may wait on a key",
+                        waiter.run_id
+                    )
+                }),
+                None => None,
+            },
+        };
+        if let Some(reason) = refused {
             let outcome = crate::model::RunOutcome {
                 run_id: run_id.clone(),
                 status: TerminalStatus::Failed,

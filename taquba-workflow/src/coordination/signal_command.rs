@@ -45,6 +45,7 @@ impl RuntimeCore {
         payload: Vec<u8>,
         record: impl Fn(SignalOutcome, Option<&RunId>) -> SettlementEffects,
     ) -> Result<(SignalOutcome, Option<RunId>)> {
+        super::signal::check_correlation_key(correlation_key)?;
         crate::run::effects::StagedKv::check_value(&payload)?;
         let _lock = self.signal_locks.lock(correlation_key).await;
         let waiter_key = signal_waiter_kv_key(correlation_key);

@@ -35,6 +35,7 @@ impl RuntimeCore {
         correlation_key: &str,
         payload: Vec<u8>,
     ) -> Result<()> {
+        super::signal::check_correlation_key(correlation_key)?;
         check_payload(&payload)?;
         let _lock = self.signal_locks.lock(correlation_key).await;
         let waiter_key = signal_waiter_kv_key(correlation_key);

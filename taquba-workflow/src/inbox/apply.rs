@@ -10,13 +10,14 @@ use std::time::{Duration, UNIX_EPOCH};
 use futures_util::TryStreamExt;
 use taquba::SettlementEffects;
 use taquba::object_store::ObjectMeta;
+use taquba::object_store::path::Path;
 use tracing::{debug, warn};
 
 use crate::error::{Error, Result};
 use crate::inbox::record::{DurableAnswer, DurableCommandRecord, DurableCommandState};
 use crate::inbox::wire::{self, Received};
 use crate::inbox::{
-    Command, CommandAnswer, CommandId, MAX_COMMAND_SIZE, command_path, inbox_dir, inbox_touch_path,
+    Command, CommandAnswer, CommandId, MAX_COMMAND_SIZE, inbox_dir, inbox_touch_path,
 };
 use crate::model::{RunOptions, RunSpec};
 use crate::run::cancel::CancelRequest;
@@ -160,16 +161,14 @@ impl RuntimeCore {
     /// (a cancellation waiting for its step).
     async fn handle_object(&self, meta: ObjectMeta) -> Result<bool> {
         let objects = self.memo_store.objects();
-        let Some(id) = meta
-            .location
-            .filename()
-            .and_then(|name| name.strip_suffix(".msgpack"))
-            .and_then(|id| id.parse::<CommandId>().ok())
-        else {
+        let Some(id) = command_id_of(&inbox_dir(objects), &meta.location) else {
             warn!(path = %meta.location, "an inbox object that is not named as a command; deleted");
             return objects.delete(&meta.location).await.map(|()| true);
         };
-        let path = command_path(objects, &id);
+        // The object as listed: a ULID in lower or mixed case names the
+        // same command (its record is under the canonical id), and its
+        // object is read and deleted where it is.
+        let path = meta.location.clone();
         let record_key = command_kv_key(&id.to_string());
         let record = durable::kv_record::<DurableCommandRecord>(self.queue.view(), &record_key)
             .await
@@ -398,4 +397,17 @@ fn applied(answer: &CommandAnswer) -> DurableCommandState {
     DurableCommandState::Applied {
         answer: DurableAnswer::from(answer),
     }
+}
+
+/// The command an inbox object at `location` is: a file directly in the
+/// inbox directory `dir` named `{ULID}.msgpack` (the ULID in any case).
+/// Anything else under the directory (a nested object, another name) is
+/// not a command.
+fn command_id_of(dir: &Path, location: &Path) -> Option<CommandId> {
+    let mut rest = location.prefix_match(dir)?;
+    let name = rest.next()?;
+    if rest.next().is_some() {
+        return None;
+    }
+    name.as_ref().strip_suffix(".msgpack")?.parse().ok()
 }

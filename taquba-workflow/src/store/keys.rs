@@ -45,6 +45,13 @@ pub const RESERVED_HEADER_PREFIX: &str = "workflow.";
 pub const RESERVED_KV_PREFIX: &str = "workflow/";
 /// The longest accepted run id, in bytes.
 pub const MAX_RUN_ID_LEN: usize = 128;
+/// The longest signal correlation key, in bytes. The key is part of the
+/// KV keys of the signal's waiter and buffer records (which the store
+/// caps at 64 KiB) and of the waiting step's header; a longer key is
+/// refused with [`Error::InvalidCorrelationKey`](crate::Error::InvalidCorrelationKey)
+/// by `signal`, `signal_run` and `clear_signal`, and a step continuing on
+/// one fails its run permanently with that error.
+pub const MAX_CORRELATION_KEY_LEN: usize = 4096;
 
 /// The identity of a run: 1 to [`MAX_RUN_ID_LEN`] bytes of
 /// `[A-Za-z0-9_-]`, so it is safe in object paths, KV keys and log lines.
