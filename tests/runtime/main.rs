@@ -24,6 +24,7 @@ mod jobs;
 mod kill9;
 mod lost_payloads;
 mod memo_effects;
+mod new_user_attacks;
 mod operator;
 mod poison;
 mod reruns;
