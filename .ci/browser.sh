@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# The dashboard in a real browser (taquba-workflow-cli/tests/browser.rs):
-# installs Debian's chromium and chromium-driver when missing, builds the
-# main example (word_report, whose store the test browses), and runs the
-# test with the CLI's `browser-test` feature. The test starts and stops
-# chromedriver, the example and the dashboard itself, on loopback.
+# The dashboard in a real browser: headless Chromium over WebDriver
+# against `taquba-workflow ui` on a store made by the main example (the
+# test: taquba-workflow-cli/browser/tests/dashboard.rs). Installs Debian's
+# chromium and chromium-driver when missing, builds the CLI and the
+# example in the workspace, then runs the test package, which starts and
+# stops chromedriver, the example and the dashboard itself, on loopback.
+#
+# The test is a package of its own (taquba-workflow-cli/browser, outside
+# the workspace): its WebDriver client's dependencies would change the
+# features of crates the workspace shares (syn, time) and rebuild most of
+# it; on its own it builds only the client.
 #
 # Environment: DASHBOARD_SCREENSHOT (where the test writes the run page's
-# PNG; default: in the target directory; the README's image is
-# docs/dashboard-run.png, refreshed with DASHBOARD_SCREENSHOT=docs/dashboard-run.png).
+# PNG; default: in the target directory). The README's image is
+# docs/dashboard-run.png: DASHBOARD_SCREENSHOT=$PWD/docs/dashboard-run.png
+# bash .ci/browser.sh refreshes it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,13 +29,18 @@ fi
 chromium --version 2>/dev/null || true
 chromedriver --version
 
-echo "== building the main example"
-cargo build --example word_report
+# The whole workspace is selected, as `cargo test --workspace` selects it,
+# so every dependency's features resolve the same and its build is reused.
+echo "== building taquba-workflow and the main example"
+cargo build --workspace --bin taquba-workflow --example word_report
 TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+export TAQUBA_WORKFLOW_BIN="$TARGET_DIR/debug/taquba-workflow"
 export WORD_REPORT_BIN="$TARGET_DIR/debug/examples/word_report"
 CHROMEDRIVER=$(command -v chromedriver)
 CHROMIUM=$(command -v chromium)
 export CHROMEDRIVER CHROMIUM
 
 echo "== the browser test"
-cargo test -p taquba-workflow-cli --features browser-test --test browser -- --nocapture
+cargo fmt --manifest-path taquba-workflow-cli/browser/Cargo.toml -- --check
+CARGO_TARGET_DIR="$TARGET_DIR" cargo test --locked \
+  --manifest-path taquba-workflow-cli/browser/Cargo.toml -- --nocapture

@@ -1,8 +1,7 @@
 //! The dashboard as its users reach it: `taquba-workflow ui` started as a
 //! child process on a free loopback port, and a plain HTTP/1.1 client
 //! over a TCP socket (requests as a browser sends them, responses read
-//! whole: status, headers, body). Shared by the CLI tests and the browser
-//! test.
+//! whole: status, headers, body).
 #![allow(dead_code)]
 
 use std::net::SocketAddr;

@@ -303,6 +303,7 @@ fn timeline(history: &HistoryJson, run: &DescribeJson, times: &Times) -> Markup 
                         span.step-n { "Step " (step) }
                         " " span.step-name { (name) }
                     }
+                    div.attempts {
                     @for a in attempts {
                         div class={ "attempt o-" (a.outcome) } {
                             span.dot {}
@@ -322,6 +323,7 @@ fn timeline(history: &HistoryJson, run: &DescribeJson, times: &Times) -> Markup 
                             }
                         }
                     }
+                    }
                 }
             }
             @if in_progress {
@@ -330,10 +332,12 @@ fn timeline(history: &HistoryJson, run: &DescribeJson, times: &Times) -> Markup 
                         span.step-n { "Step " (run.current_step) }
                         @if let Some(name) = &run.step_name { " " span.step-name { (name) } }
                     }
-                    div.attempt.o-current {
-                        span.dot {}
-                        span.what { (run.state) }
-                        @if run.attempts > 0 { span.meta { "attempt " (run.attempts) } }
+                    div.attempts {
+                        div.attempt.o-current {
+                            span.dot {}
+                            span.what { (run.state) " now" }
+                            @if run.attempts > 0 { span.meta { "attempt " (run.attempts) } }
+                        }
                     }
                 }
             }
