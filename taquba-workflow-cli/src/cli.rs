@@ -106,6 +106,30 @@ pub enum Command {
     /// Commands sent to the owner's inbox.
     #[command(subcommand)]
     Commands(CommandsCommand),
+    /// Serve a web dashboard of the store: runs, their steps, groups,
+    /// dead letters and the store, with cancel, signal and requeue sent
+    /// through the inbox. Loopback only unless `--allow-remote`.
+    #[cfg(feature = "ui")]
+    Ui(UiArgs),
+}
+
+/// `ui`.
+#[cfg(feature = "ui")]
+#[derive(Debug, Args)]
+pub struct UiArgs {
+    /// The address to serve on: `IP:PORT` or `localhost:PORT` (port 0
+    /// picks a free one; the URL is printed). A loopback address unless
+    /// `--allow-remote`.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8233", value_parser = parse_listen)]
+    pub listen: std::net::SocketAddr,
+    /// Serve on an address other machines can reach. The dashboard has no
+    /// login: whoever reaches it reads every run (inputs, results, errors,
+    /// headers) and can cancel, signal and requeue runs.
+    #[arg(long)]
+    pub allow_remote: bool,
+    /// Show no actions and refuse them: a dashboard that only reads.
+    #[arg(long)]
+    pub read_only: bool,
 }
 
 /// `commands ...`
@@ -283,6 +307,19 @@ fn parse_duration(value: &str) -> Result<Duration, String> {
         .map_err(|e| format!("{e} (durations look like `90s`, `5m`, `1h 30m`, `2d`)"))
 }
 
+#[cfg(feature = "ui")]
+fn parse_listen(value: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(addr) = value.parse() {
+        return Ok(addr);
+    }
+    match value.strip_prefix("localhost:").map(str::parse::<u16>) {
+        Some(Ok(port)) => Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port))),
+        _ => Err(format!(
+            "{value:?} is not an address to listen on (give IP:PORT, [IPv6]:PORT or localhost:PORT, e.g. 127.0.0.1:8233)"
+        )),
+    }
+}
+
 fn parse_limit(value: &str) -> Result<usize, String> {
     match value.parse::<usize>() {
         Ok(0) => Err("the limit must be at least 1".to_string()),
@@ -323,6 +360,22 @@ mod tests {
         ])
         .unwrap_err();
         assert!(err.to_string().contains("cannot be used with"), "{err}");
+    }
+
+    #[cfg(feature = "ui")]
+    #[test]
+    fn listen_addresses_take_ips_and_localhost() {
+        assert_eq!(
+            parse_listen("localhost:9000").unwrap(),
+            "127.0.0.1:9000".parse().unwrap()
+        );
+        assert_eq!(
+            parse_listen("[::1]:8233").unwrap(),
+            "[::1]:8233".parse().unwrap()
+        );
+        let err = parse_listen("example.com:80").unwrap_err();
+        assert!(err.contains("example.com:80"), "{err}");
+        assert!(parse_listen("localhost").is_err());
     }
 
     #[test]

@@ -60,6 +60,10 @@ pub enum CliError {
     /// An operation did not finish within its bound.
     #[error("{0}")]
     Timeout(String),
+    /// The dashboard could not listen on its address, or its server
+    /// failed.
+    #[error("{0}")]
+    Serve(String),
     /// Writing the output failed (other than a closed pipe).
     #[error("writing the output failed: {0}")]
     Output(#[from] std::io::Error),

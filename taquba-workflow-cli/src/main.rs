@@ -3,7 +3,8 @@
 //! prefix) from any process, without taking the store over: reads go
 //! through a read-only `taquba::QueueReader`, changes go to the owning
 //! process as commands in the store's inbox (or, `--offline`, are applied
-//! directly to a store no process owns).
+//! directly to a store no process owns). `taquba-workflow ui` serves the
+//! same reads and commands as a web dashboard.
 //!
 //! Exit codes: 0 success, 1 the command failed, 2 usage error.
 
@@ -14,6 +15,8 @@ mod location;
 mod output;
 mod payload;
 mod session;
+#[cfg(feature = "ui")]
+mod ui;
 
 use std::process::ExitCode;
 

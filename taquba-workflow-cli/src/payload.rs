@@ -56,6 +56,28 @@ impl Decoded {
     }
 }
 
+impl Decoded {
+    /// The value as text for reading: indented JSON, the text, or `0x…`
+    /// hex.
+    pub fn pretty(&self) -> String {
+        match self {
+            Decoded::Msgpack { value } => {
+                serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
+            }
+            other => other.text(),
+        }
+    }
+
+    /// How the bytes were decoded, in words.
+    pub fn encoding(&self) -> &'static str {
+        match self {
+            Decoded::Msgpack { .. } => "MessagePack, shown as JSON",
+            Decoded::Utf8 { .. } => "UTF-8 text",
+            Decoded::Bytes { .. } => "bytes, in hex",
+        }
+    }
+}
+
 /// `bytes` as JSON when they are exactly one MessagePack value (no
 /// trailing bytes) that JSON can show.
 fn whole_msgpack(bytes: &[u8]) -> Option<serde_json::Value> {
@@ -100,6 +122,23 @@ mod tests {
         })
         .unwrap();
         assert_eq!(Decoded::of(&bytes).text(), r#"{"files":3,"path":"/r.md"}"#);
+    }
+
+    #[test]
+    fn pretty_json_is_indented_and_names_its_encoding() {
+        let bytes = rmp_serde::to_vec_named(&Report {
+            files: 3,
+            path: "/r.md".into(),
+        })
+        .unwrap();
+        let decoded = Decoded::of(&bytes);
+        assert_eq!(
+            decoded.pretty(),
+            "{\n  \"files\": 3,\n  \"path\": \"/r.md\"\n}"
+        );
+        assert_eq!(decoded.encoding(), "MessagePack, shown as JSON");
+        assert_eq!(Decoded::of(&[0xc1]).pretty(), "0xc1");
+        assert_eq!(Decoded::of(&[0xc1]).encoding(), "bytes, in hex");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! committed outcomes), usable from the runtime's process or, over a
 //! `taquba::QueueReader`, from any other.
 
+mod input;
 mod ops;
 pub(crate) mod types;
 

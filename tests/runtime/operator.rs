@@ -357,3 +357,50 @@ async fn a_store_written_before_the_operator_fields_still_lists() {
         .unwrap();
     assert!(since.runs.is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_runs_input_is_read_while_the_queue_keeps_its_first_job() {
+    // One queue deletes done jobs (the default), the other keeps them.
+    for keep in [false, true] {
+        let clock = taquba::MockClock::new(T0);
+        let store: Arc<dyn ObjectStore> = Arc::new(taquba::object_store::memory::InMemory::new());
+        let config = taquba::QueueConfig::default()
+            .retry_backoff_base(Duration::ZERO)
+            .keep_done_jobs(keep.then_some(HOUR));
+        let queue = Arc::new(
+            taquba::Queue::open_with_options(
+                store.clone(),
+                "db",
+                options(&clock).default_queue_config(config),
+            )
+            .await
+            .unwrap(),
+        );
+        let runtime = WorkflowRuntime::builder(queue, store, runner(), NoopTerminalHook)
+            .poll_interval(Duration::from_millis(50))
+            .build();
+        let view = runtime.view();
+        assert_eq!(view.input(&rid("slow-in")).await.unwrap(), None);
+        runtime
+            .submit(RunSpec {
+                run_id: Some(rid("slow-in")),
+                input: b"the input".to_vec(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        // Step 0 is current: its job is the input.
+        assert_eq!(
+            view.input(&rid("slow-in")).await.unwrap().as_deref(),
+            Some(&b"the input"[..])
+        );
+        let worker = runtime.spawn(std::future::pending::<()>());
+        until_step("the slow run's timer", &runtime, "slow-in", 2).await;
+        let after = view.input(&rid("slow-in")).await.unwrap();
+        match keep {
+            true => assert_eq!(after.as_deref(), Some(&b"the input"[..])),
+            false => assert_eq!(after, None, "a deleted step-0 job has no input"),
+        }
+        worker.shutdown().await.unwrap();
+    }
+}

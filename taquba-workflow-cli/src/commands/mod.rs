@@ -1,5 +1,6 @@
 //! The commands: [`run`] opens the store and dispatches to each command's
-//! module.
+//! module (`ui` to [`crate::ui`], which keeps its session while it
+//! serves).
 
 pub mod groups;
 pub mod json;
@@ -23,6 +24,11 @@ use crate::session::Session;
 /// The command's error.
 pub async fn run(cli: Cli) -> CliResult<()> {
     let global = &cli.global;
+    // The dashboard owns its session for as long as it serves.
+    #[cfg(feature = "ui")]
+    if let Command::Ui(args) = &cli.command {
+        return crate::ui::run(global, args).await;
+    }
     let out = Output::new(global.output, global.time_format);
     // Read a signal's payload before touching the store: a bad file or
     // JSON is a usage error.
@@ -76,6 +82,9 @@ async fn dispatch(
         Command::Commands(CommandsCommand::Describe { id }) => {
             mutate::describe_command(session, &runtime, id, out).await
         }
+        // `run` serves the dashboard before opening a session here.
+        #[cfg(feature = "ui")]
+        Command::Ui(_) => unreachable!("`ui` is dispatched by `commands::run`"),
     }
 }
 

@@ -31,16 +31,23 @@ pub struct Change {
     pub what: String,
 }
 
-/// The name an inbox command records as its sender.
-fn sender() -> String {
+/// The name an inbox command records as its sender: `tool` (the command
+/// line, or `taquba-workflow ui`), its version, the user and the process.
+pub fn sender(tool: &str) -> String {
     let user = std::env::var("USER")
         .or_else(|_| std::env::var("USERNAME"))
         .unwrap_or_else(|_| "unknown".to_string());
     format!(
-        "taquba-workflow {} (user {user}, pid {})",
+        "{tool} {} (user {user}, pid {})",
         env!("CARGO_PKG_VERSION"),
         std::process::id()
     )
+}
+
+/// The inbox of `runtime`'s owner in `session`'s store, its commands
+/// signed by `tool` (see [`sender`]).
+pub fn inbox(session: &Session, runtime: &Runtime, tool: &str) -> Inbox {
+    Inbox::new(session.target.store.clone(), runtime.memo_prefix.clone()).with_sender(sender(tool))
 }
 
 /// A command's state, as printed.
@@ -225,7 +232,14 @@ fn command_card(json: &CommandJson, times: &Times) -> Card {
         card.field("Recorded", times.at(at));
     }
     card.field("Object", &json.path);
-    let note = match json.state {
+    card.field_opt("Note", state_note(json.state));
+    card
+}
+
+/// What a command's state word (see [`CommandJson::state`]) means for
+/// the operator, for the states that are not final.
+pub fn state_note(state: &str) -> Option<&'static str> {
+    match state {
         "pending" => {
             Some("In the inbox: the owning process applies it at its next maintenance round.")
         }
@@ -236,13 +250,14 @@ fn command_card(json: &CommandJson, times: &Times) -> Card {
             "Neither in the inbox nor recorded: never sent here, removed by command retention, or applied a moment ago (try again).",
         ),
         _ => None,
-    };
-    card.field_opt("Note", note);
-    card
+    }
 }
 
 /// The run `id`, which must exist.
-async fn existing_run(view: &WorkflowView, id: &RunId) -> CliResult<RunDetails> {
+///
+/// # Errors
+/// [`CliError::RunNotFound`]; storage errors.
+pub async fn existing_run(view: &WorkflowView, id: &RunId) -> CliResult<RunDetails> {
     view.run(id)
         .await?
         .ok_or_else(|| CliError::RunNotFound(id.clone()))
@@ -250,7 +265,7 @@ async fn existing_run(view: &WorkflowView, id: &RunId) -> CliResult<RunDetails> 
 
 /// Where a run is, in one line: `Run X (workflow W) is running at step 3
 /// (count), attempt 1/2.`
-fn where_it_is(run: &RunDetails) -> String {
+pub fn where_it_is(run: &RunDetails) -> String {
     let workflow = run
         .workflow
         .as_deref()
@@ -269,6 +284,57 @@ fn where_it_is(run: &RunDetails) -> String {
     )
 }
 
+/// What a cancellation of `run` does, in one sentence.
+///
+/// # Errors
+/// [`CliError::Refused`] for a terminated run: there is nothing to cancel.
+pub fn cancel_effect(run: &RunDetails) -> CliResult<&'static str> {
+    match &run.state {
+        RunState::Terminated(t) => Err(CliError::Refused(format!(
+            "run {} already {} at step {}: there is nothing to cancel",
+            run.run_id, t.status, t.final_step
+        ))),
+        RunState::Pending => Ok("Its waiting step is removed and the run ends cancelled."),
+        RunState::Running => Ok(
+            "The running step's cancel token fires; the run ends cancelled when the step returns (its outcome is discarded).",
+        ),
+        RunState::Cancelling => Ok(
+            "A cancellation is already requested: this one is recorded and changes nothing else.",
+        ),
+    }
+}
+
+/// What a requeue does, in one sentence.
+pub const REQUEUE_EFFECT: &str = "Its dead-lettered step is enqueued again with fresh attempts and the run is active again (a run failed by its runner's verdict is refused by the owner).";
+
+/// What a signal on `key` with `len` payload bytes does, in one sentence.
+pub fn signal_effect(key: &str, len: usize) -> String {
+    format!(
+        "Signal {key:?} ({len} bytes): wakes the run waiting on the key, or is buffered for the next waiter."
+    )
+}
+
+/// Whether a requeue can apply to `run`: only a failed run has a
+/// dead-lettered step to requeue.
+///
+/// # Errors
+/// [`CliError::Refused`] naming the run's state otherwise.
+pub fn check_requeue(run: &RunDetails) -> CliResult<()> {
+    let id = &run.run_id;
+    match &run.state {
+        RunState::Terminated(t) if t.status == TerminalStatus::Failed => Ok(()),
+        RunState::Terminated(t) => Err(CliError::Refused(format!(
+            "run {id} {} at step {}: only a failed run's dead-lettered step can be requeued",
+            t.status, t.final_step
+        ))),
+        other => Err(CliError::Refused(format!(
+            "run {id} is {} at step {}: only a failed run's dead-lettered step can be requeued",
+            state_word(other),
+            run.current_step
+        ))),
+    }
+}
+
 /// `runs cancel ID [--reason R] [--yes]`.
 ///
 /// # Errors
@@ -284,20 +350,8 @@ pub async fn cancel(
     out: &Output,
 ) -> CliResult<()> {
     let run = existing_run(&runtime.view, id).await?;
-    let effect = match &run.state {
-        RunState::Terminated(t) => {
-            return Err(CliError::Refused(format!(
-                "run {id} already {} at step {}: there is nothing to cancel",
-                t.status, t.final_step
-            )));
-        }
-        RunState::Pending => {
-            "Its waiting step is removed and the run ends cancelled.".to_string()
-        }
-        RunState::Running => "The running step's cancel token fires; the run ends cancelled when the step returns (its outcome is discarded).".to_string(),
-        RunState::Cancelling => "A cancellation is already requested: this one is recorded and changes nothing else.".to_string(),
-    };
-    let mut plan = vec![where_it_is(&run), effect];
+    let effect = cancel_effect(&run)?;
+    let mut plan = vec![where_it_is(&run), effect.to_string()];
     if let Some(reason) = reason {
         plan.push(format!("Reason: {reason}"));
     }
@@ -330,10 +384,7 @@ pub async fn signal(
     send: &SendArgs,
     out: &Output,
 ) -> CliResult<()> {
-    say(&format!(
-        "Signal {key:?} ({} bytes): wakes the run waiting on the key, or is buffered for the next waiter.",
-        payload.len()
-    ))?;
+    say(&signal_effect(key, payload.len()))?;
     say(&via(send))?;
     let change = Change {
         command: Command::signal(key, payload),
@@ -355,26 +406,9 @@ pub async fn requeue(
     out: &Output,
 ) -> CliResult<()> {
     let run = existing_run(&runtime.view, id).await?;
-    match &run.state {
-        RunState::Terminated(t) if t.status == TerminalStatus::Failed => {}
-        RunState::Terminated(t) => {
-            return Err(CliError::Refused(format!(
-                "run {id} {} at step {}: only a failed run's dead-lettered step can be requeued",
-                t.status, t.final_step
-            )));
-        }
-        other => {
-            return Err(CliError::Refused(format!(
-                "run {id} is {} at step {}: only a failed run's dead-lettered step can be requeued",
-                state_word(other),
-                run.current_step
-            )));
-        }
-    }
+    check_requeue(&run)?;
     say(&where_it_is(&run))?;
-    say(
-        "Its dead-lettered step is enqueued again with fresh attempts and the run is active again (a run failed by its runner's verdict is refused by the owner).",
-    )?;
+    say(REQUEUE_EFFECT)?;
     say(&via(send))?;
     let change = Change {
         command: Command::requeue(id.clone()),
@@ -454,8 +488,7 @@ async fn deliver(
     if send.offline {
         return offline::apply(session, runtime, change, out).await;
     }
-    let inbox =
-        Inbox::new(session.target.store.clone(), runtime.memo_prefix.clone()).with_sender(sender());
+    let inbox = inbox(session, runtime, "taquba-workflow");
     let id = inbox.send(change.command).await?;
     let path = inbox.command_path(&id).to_string();
     if !send.wait {

@@ -20,7 +20,7 @@ use crate::output::{Card, Output, Table, Times, short_duration};
 use crate::session::READER_POLL_INTERVAL;
 
 /// A listed run, as printed.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct SummaryJson {
     /// The run.
     pub run_id: String,
@@ -198,7 +198,8 @@ pub struct DescribeJson {
 }
 
 impl DescribeJson {
-    fn new(run: &RunDetails, outcome: Option<OutcomeJson>) -> Self {
+    /// `run` as printed, with its committed `outcome` (a terminated run's).
+    pub fn new(run: &RunDetails, outcome: Option<OutcomeJson>) -> Self {
         let termination = match &run.state {
             RunState::Terminated(t) => Some(TerminationJson::from(t)),
             _ => None,
@@ -325,7 +326,7 @@ fn describe_card(json: &DescribeJson, times: &Times) -> Card {
 }
 
 /// What an operator most likely wants to know next about the run.
-fn note(json: &DescribeJson, times: &Times) -> Option<String> {
+pub fn note(json: &DescribeJson, times: &Times) -> Option<String> {
     if json.termination.is_some() {
         return None;
     }
@@ -376,7 +377,8 @@ pub struct AttemptJson {
     pub error: Option<String>,
 }
 
-fn attempt_json(step: u32, name: &str, attempt: &taquba_workflow::StepAttempt) -> AttemptJson {
+/// One settled `attempt` of step `step` (named `name`), as printed.
+pub fn attempt_json(step: u32, name: &str, attempt: &taquba_workflow::StepAttempt) -> AttemptJson {
     let mut json = AttemptJson {
         step,
         name: name.to_string(),
@@ -424,12 +426,19 @@ fn attempt_json(step: u32, name: &str, attempt: &taquba_workflow::StepAttempt) -
     json
 }
 
-/// What happened, as the `runs steps` table says it.
-fn outcome_text(a: &AttemptJson) -> String {
-    let with_error = |word: &str| match &a.error {
+/// What happened, as the `runs steps` table says it: the outcome and its
+/// error.
+pub fn outcome_text(a: &AttemptJson) -> String {
+    let word = outcome_word(a);
+    match &a.error {
         Some(error) => format!("{word}: {error}"),
-        None => word.to_string(),
-    };
+        None => word,
+    }
+}
+
+/// What happened, without the error: `continued after 1h`, `failed
+/// (permanent)`, `dead-lettered`.
+pub fn outcome_word(a: &AttemptJson) -> String {
     match a.outcome {
         "continued" => match (&a.signal, a.delay_ms) {
             (Some(key), _) => format!(
@@ -440,11 +449,11 @@ fn outcome_text(a: &AttemptJson) -> String {
             (None, None) => "continued".to_string(),
         },
         "failed" => match a.error_kind {
-            Some(kind) => with_error(&format!("failed ({kind})")),
-            None => with_error("failed"),
+            Some(kind) => format!("failed ({kind})"),
+            None => "failed".to_string(),
         },
-        "dead_lettered" => with_error("dead-lettered"),
-        other => with_error(other),
+        "dead_lettered" => "dead-lettered".to_string(),
+        other => other.to_string(),
     }
 }
 
@@ -461,7 +470,8 @@ pub struct HistoryJson {
     pub attempts: Vec<AttemptJson>,
 }
 
-fn history_json(history: &RunHistory) -> HistoryJson {
+/// The history of a run, as printed.
+pub fn history_json(history: &RunHistory) -> HistoryJson {
     let mut attempts = Vec::new();
     for step in &history.steps {
         for attempt in &step.attempts {

@@ -137,7 +137,11 @@ pub async fn info(session: &Session, out: &Output) -> CliResult<()> {
     out.one(&json, |times| card(&json, times))
 }
 
-async fn gather(target: &Target, reader: &QueueReader) -> CliResult<StoreInfoJson> {
+/// What `store info` shows of the store `target` that `reader` reads.
+///
+/// # Errors
+/// Storage and listing errors.
+pub async fn gather(target: &Target, reader: &QueueReader) -> CliResult<StoreInfoJson> {
     let activity = reader.last_store_activity();
     let heartbeat = reader.writer_heartbeat().await?.map(|beat| HeartbeatJson {
         at_ms: beat.at_ms,

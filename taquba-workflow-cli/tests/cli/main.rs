@@ -4,10 +4,15 @@
 //! copy of a store no process owns). One test binary: `read` (listing,
 //! describing, history, results, store info, discovery, exit codes) and
 //! `steer` (cancel, signal, requeue through the inbox and `--offline`),
-//! and with feature `aws` `s3` (a bucket store, run by `.ci/s3.sh`).
+//! `ui` (the dashboard over HTTP, with `web` its client), and with
+//! feature `aws` `s3` (a bucket store, run by `.ci/s3.sh`).
 
 mod common;
 mod read;
 #[cfg(feature = "aws")]
 mod s3;
 mod steer;
+#[cfg(feature = "ui")]
+mod ui;
+#[cfg(feature = "ui")]
+mod web;

@@ -1,0 +1,132 @@
+//! `taquba-workflow ui`: a web dashboard of one store, served by this
+//! process. It reads the store as the other commands do, through one
+//! long-lived read-only [`taquba::QueueReader`] (so it works on a live
+//! store and on a copied prefix alike), and sends cancel, signal and
+//! requeue to the owning process as inbox commands, never by opening the
+//! store as a writer.
+//!
+//! Pages are rendered on the server ([`maud`] templates, every value
+//! escaped) and refreshed in place by htmx while what they show can still
+//! change; htmx and the stylesheet are compiled into the binary
+//! ([`assets`]). It serves on a loopback address unless `--allow-remote`,
+//! and guards itself ([`security`]): a Host allowlist on loopback, a
+//! same-origin check and a per-process token on every form.
+//!
+//! - [`app`]: the shared state and the routes.
+//! - [`pages`]: one module per page (runs, a run, groups, dead letters,
+//!   store, and the actions with their command page).
+//! - [`layout`]: the page shell and the small pieces every page uses.
+
+pub mod app;
+pub mod assets;
+pub mod error;
+pub mod layout;
+pub mod pages;
+pub mod security;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use crate::cli::{Global, UiArgs};
+use crate::error::{CliError, CliResult};
+use crate::session::Session;
+use crate::ui::app::App;
+use crate::ui::security::Guard;
+
+/// Serve the dashboard until Ctrl-C (or SIGTERM): check the address,
+/// open the store, bind, print the URL (the first line on stdout), serve.
+///
+/// # Errors
+/// [`CliError::Usage`] for a non-loopback address without
+/// `--allow-remote`; the store's errors; [`CliError::Serve`] when the
+/// address cannot be bound or the server fails.
+pub async fn run(global: &Global, args: &UiArgs) -> CliResult<()> {
+    security::check_listen(args.listen, args.allow_remote)?;
+    let session = Session::open(global).await?;
+    let runtime = match session.runtime(global).await {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            session.close().await;
+            return Err(e);
+        }
+    };
+    let listener = match tokio::net::TcpListener::bind(args.listen).await {
+        Ok(listener) => listener,
+        Err(e) => {
+            session.close().await;
+            return Err(CliError::Serve(format!(
+                "cannot listen on {}: {e}",
+                args.listen
+            )));
+        }
+    };
+    let bound = listener
+        .local_addr()
+        .map_err(|e| CliError::Serve(format!("cannot read the bound address: {e}")))?;
+    let guard = Guard::new(bound, args.allow_remote)?;
+    let app = Arc::new(App::new(session, runtime, guard, args.read_only));
+    announce(&app, bound, args.read_only);
+    let served = axum::serve(listener, app::router(app.clone()))
+        .with_graceful_shutdown(stopped())
+        .await
+        .map_err(|e| CliError::Serve(format!("the dashboard's server failed: {e}")));
+    if let Err(e) = app.session.reader.close().await {
+        eprintln!("taquba-workflow: closing the reader failed: {e}");
+    }
+    served
+}
+
+/// Print the URL (the first line on stdout, for scripts), what the
+/// address exposes, and where actions go.
+fn announce(app: &App, bound: SocketAddr, read_only: bool) {
+    use std::io::Write;
+    // A closed stdout does not stop the dashboard.
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "taquba-workflow ui: http://{bound}/");
+    let exposure = if bound.ip().is_loopback() {
+        "on loopback only: other machines cannot connect (--listen ADDR --allow-remote serves others, with no login)"
+    } else {
+        "on a non-loopback address (--allow-remote): whoever reaches it reads every run and can cancel, signal and requeue runs; there is no login"
+    };
+    let _ = writeln!(
+        out,
+        "Serving store {} (queue path {:?}, runtime {:?}) {exposure}.",
+        app.session.target.location, app.session.target.db_path, app.runtime.queue_name
+    );
+    let _ = writeln!(
+        out,
+        "Reads follow what the owner flushed; {}. Ctrl-C stops.",
+        if read_only {
+            "actions are off (--read-only)"
+        } else {
+            "cancel, signal and requeue go to the owner's inbox"
+        }
+    );
+    // The URL line is what a script waits for.
+    let _ = out.flush();
+}
+
+/// Resolves on Ctrl-C, or SIGTERM on Unix.
+async fn stopped() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            // No signal handler: serve until killed.
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                term.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}

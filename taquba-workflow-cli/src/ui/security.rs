@@ -1,0 +1,334 @@
+//! What keeps the dashboard to its user.
+//!
+//! - [`check_listen`]: a loopback address unless `--allow-remote`.
+//! - [`Guard::host_allowed`]: on loopback, only requests naming the
+//!   dashboard by a loopback name (`127.0.0.1:PORT`, `localhost:PORT`,
+//!   `[::1]:PORT`) in `Host` are served, so a page of another site cannot
+//!   read the dashboard by pointing its own name at 127.0.0.1 (DNS
+//!   rebinding).
+//! - [`Guard::same_origin`]: a request that changes something (any method
+//!   but GET and HEAD) must come from the dashboard's own pages: its
+//!   `Origin` (or, without one, its `Referer`) names the `Host` it was sent
+//!   to, and a browser's `Sec-Fetch-Site` says `same-origin`.
+//! - [`Guard::verify_token`]: every form carries the per-process token
+//!   (32 bytes from the OS's random source, new with each start), which a
+//!   page of another origin cannot read.
+//! - [`guard`]: the middleware applying the checks and the response
+//!   headers: a Content-Security-Policy allowing only the dashboard's own
+//!   scripts and styles (no inline script runs, whatever a value holds),
+//!   no framing, no MIME sniffing, no caching of pages.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::header::{self, HeaderMap, HeaderValue};
+use axum::http::{Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::error::{CliError, CliResult};
+use crate::ui::app::App;
+use crate::ui::error::UiError;
+
+/// The Content-Security-Policy of every response.
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+/// Refuse to serve on an address other machines can reach unless
+/// `allow_remote`.
+///
+/// # Errors
+/// [`CliError::Usage`] naming the address and the flag.
+pub fn check_listen(addr: SocketAddr, allow_remote: bool) -> CliResult<()> {
+    if addr.ip().is_loopback() || allow_remote {
+        return Ok(());
+    }
+    Err(CliError::Usage(format!(
+        "--listen {addr} is not a loopback address: the dashboard has no login, so whoever reaches it reads every run and can cancel, signal and requeue them; pass --allow-remote to serve on it anyway, or listen on 127.0.0.1"
+    )))
+}
+
+/// The checks of one dashboard process: its form token and the `Host`
+/// values it answers.
+#[derive(Debug, Clone)]
+pub struct Guard {
+    token: String,
+    /// The `Host` values served (lowercase); `None`: any (`--allow-remote`,
+    /// where the names others reach it by are not known).
+    hosts: Option<Vec<String>>,
+}
+
+impl Guard {
+    /// The guard of a dashboard bound to `bound`: a fresh token, and on a
+    /// loopback address the loopback names of its port.
+    ///
+    /// # Errors
+    /// [`CliError::Serve`] when the OS's random source fails.
+    pub fn new(bound: SocketAddr, allow_remote: bool) -> CliResult<Self> {
+        let mut bytes = [0u8; 32];
+        getrandom::fill(&mut bytes)
+            .map_err(|e| CliError::Serve(format!("cannot draw the form token from the OS: {e}")))?;
+        let token = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        Ok(Self::with_token(token, bound, allow_remote))
+    }
+
+    /// [`new`](Self::new) with a given token.
+    pub fn with_token(token: String, bound: SocketAddr, allow_remote: bool) -> Self {
+        let hosts = (bound.ip().is_loopback() && !allow_remote).then(|| {
+            let port = bound.port();
+            let ip = match bound {
+                SocketAddr::V4(v4) => v4.ip().to_string(),
+                SocketAddr::V6(v6) => format!("[{}]", v6.ip()),
+            };
+            let mut names = vec![
+                ip,
+                "127.0.0.1".to_string(),
+                "localhost".to_string(),
+                "[::1]".to_string(),
+            ];
+            names.dedup();
+            let mut hosts: Vec<String> = names.iter().map(|n| format!("{n}:{port}")).collect();
+            if port == 80 {
+                hosts.extend(names);
+            }
+            hosts
+        });
+        Self { token, hosts }
+    }
+
+    /// The token every form carries.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// Whether `given` is this process's token (compared in constant time).
+    pub fn verify_token(&self, given: &str) -> bool {
+        let (a, b) = (self.token.as_bytes(), given.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+
+    /// Whether a request sent to `host` (its `Host` header) is served.
+    pub fn host_allowed(&self, host: Option<&str>) -> bool {
+        match (host, &self.hosts) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some(host), Some(hosts)) => {
+                let host = host.to_ascii_lowercase();
+                hosts.contains(&host)
+            }
+        }
+    }
+
+    /// Whether a state-changing request with `headers` comes from the
+    /// dashboard's own pages.
+    ///
+    /// # Errors
+    /// Why not, in words.
+    pub fn same_origin(&self, headers: &HeaderMap) -> Result<(), String> {
+        let text = |name: header::HeaderName| {
+            headers
+                .get(name)
+                .map(|v| v.to_str().map(str::to_string).unwrap_or_default())
+        };
+        let host = text(header::HOST).unwrap_or_default().to_ascii_lowercase();
+        if let Some(site) = headers.get("sec-fetch-site") {
+            let site = site.to_str().unwrap_or_default();
+            if site != "same-origin" && site != "none" {
+                return Err(format!(
+                    "the request came from another site (Sec-Fetch-Site: {site})"
+                ));
+            }
+        }
+        if let Some(origin) = text(header::ORIGIN) {
+            return match authority(&origin) {
+                Some(from) if from == host => Ok(()),
+                _ => Err(format!(
+                    "the request's Origin {origin:?} is not this dashboard ({host})"
+                )),
+            };
+        }
+        if let Some(referer) = text(header::REFERER) {
+            return match authority(&referer) {
+                Some(from) if from == host => Ok(()),
+                _ => Err(format!(
+                    "the request's Referer {referer:?} is not this dashboard ({host})"
+                )),
+            };
+        }
+        // Neither header: not a browser's cross-site request (browsers send
+        // Origin with every POST); the token decides.
+        Ok(())
+    }
+}
+
+/// The `host[:port]` of an `http(s)://` URL or origin, lowercase.
+fn authority(url: &str) -> Option<String> {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))?;
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..end];
+    (!authority.is_empty()).then(|| authority.to_ascii_lowercase())
+}
+
+/// The middleware of every route: the Host allowlist, the same-origin
+/// check of state-changing requests, and the security headers of every
+/// response.
+pub async fn guard(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok());
+    let mut response = if !app.guard.host_allowed(host) {
+        UiError::new(
+            StatusCode::MISDIRECTED_REQUEST,
+            "Not this dashboard",
+            format!(
+                "This dashboard answers only to its loopback names (Host {:?} is not one of them).",
+                host.unwrap_or("")
+            ),
+        )
+        .into_response()
+    } else if !matches!(*request.method(), Method::GET | Method::HEAD)
+        && let Err(why) = app.guard.same_origin(request.headers())
+    {
+        UiError::new(
+            StatusCode::FORBIDDEN,
+            "Refused: not from this dashboard",
+            format!("{why}: nothing was sent."),
+        )
+        .into_response()
+    } else {
+        next.run(request).await
+    };
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
+    if !headers.contains_key(header::CACHE_CONTROL) {
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn loopback() -> Guard {
+        Guard::with_token("t0k3n".into(), "127.0.0.1:8233".parse().unwrap(), false)
+    }
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, HeaderValue::from_str(value).unwrap());
+        }
+        map
+    }
+
+    #[test]
+    fn only_loopback_addresses_without_the_flag() {
+        assert!(check_listen("127.0.0.1:8233".parse().unwrap(), false).is_ok());
+        assert!(check_listen("[::1]:8233".parse().unwrap(), false).is_ok());
+        let err = check_listen("0.0.0.0:8233".parse().unwrap(), false).unwrap_err();
+        assert!(matches!(err, CliError::Usage(_)));
+        let text = err.to_string();
+        assert!(
+            text.contains("0.0.0.0:8233") && text.contains("--allow-remote"),
+            "{text}"
+        );
+        assert!(check_listen("0.0.0.0:8233".parse().unwrap(), true).is_ok());
+    }
+
+    #[test]
+    fn loopback_answers_only_its_loopback_names() {
+        let guard = loopback();
+        for host in [
+            "127.0.0.1:8233",
+            "localhost:8233",
+            "LOCALHOST:8233",
+            "[::1]:8233",
+        ] {
+            assert!(guard.host_allowed(Some(host)), "{host}");
+        }
+        for host in ["evil.example:8233", "127.0.0.1:9999", "localhost", ""] {
+            assert!(!guard.host_allowed(Some(host)), "{host}");
+        }
+        assert!(!guard.host_allowed(None));
+        let remote = Guard::with_token("t".into(), "0.0.0.0:8233".parse().unwrap(), true);
+        assert!(remote.host_allowed(Some("dash.internal:8233")));
+        let port80 = Guard::with_token("t".into(), "127.0.0.1:80".parse().unwrap(), false);
+        assert!(port80.host_allowed(Some("localhost")));
+    }
+
+    #[test]
+    fn forms_must_come_from_the_dashboard() {
+        let guard = loopback();
+        let host = ("host", "127.0.0.1:8233");
+        assert!(
+            guard
+                .same_origin(&headers(&[host, ("origin", "http://127.0.0.1:8233")]))
+                .is_ok()
+        );
+        let err = guard
+            .same_origin(&headers(&[host, ("origin", "http://evil.example")]))
+            .unwrap_err();
+        assert!(err.contains("evil.example"), "{err}");
+        assert!(
+            guard
+                .same_origin(&headers(&[host, ("origin", "null")]))
+                .is_err()
+        );
+        assert!(
+            guard
+                .same_origin(&headers(&[
+                    host,
+                    ("referer", "http://127.0.0.1:8233/runs/x/cancel")
+                ]))
+                .is_ok()
+        );
+        assert!(
+            guard
+                .same_origin(&headers(&[
+                    host,
+                    ("referer", "http://127.0.0.1:8233.evil/")
+                ]))
+                .is_err()
+        );
+        assert!(
+            guard
+                .same_origin(&headers(&[
+                    host,
+                    ("origin", "http://127.0.0.1:8233"),
+                    ("sec-fetch-site", "cross-site")
+                ]))
+                .is_err()
+        );
+        // A client that is not a browser: the token decides.
+        assert!(guard.same_origin(&headers(&[host])).is_ok());
+    }
+
+    #[test]
+    fn the_token_must_match_exactly() {
+        let guard = loopback();
+        assert!(guard.verify_token("t0k3n"));
+        assert!(!guard.verify_token("t0k3"));
+        assert!(!guard.verify_token("t0k3N"));
+        assert!(!guard.verify_token(""));
+        let fresh = Guard::new("127.0.0.1:1".parse().unwrap(), false).unwrap();
+        let other = Guard::new("127.0.0.1:1".parse().unwrap(), false).unwrap();
+        assert_eq!(fresh.token().len(), 64);
+        assert_ne!(fresh.token(), other.token());
+    }
+}
