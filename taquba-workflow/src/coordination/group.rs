@@ -501,7 +501,12 @@ impl RunGroup {
         stored_hash: StoredInputHash,
     ) -> Result<()> {
         let (group, options) = (self.clone(), options.clone());
-        detached(async move { group.submit_here(members, &options, stored_hash).await }).await
+        let span = crate::telemetry::spans::submit_group(&self.core.queue_name, &self.id);
+        detached(tracing::Instrument::instrument(
+            async move { group.submit_here(members, &options, stored_hash).await },
+            span,
+        ))
+        .await
     }
 
     async fn submit_here(
@@ -553,22 +558,26 @@ impl RunGroup {
         stored_hash: StoredInputHash,
     ) -> Result<()> {
         let (group, options) = (self.clone(), options.clone());
-        detached(async move {
-            let _lock = group.core.group_locks.lock(&group.id).await;
-            let members = group
-                .manifest()
-                .await?
-                .members
-                .into_iter()
-                .map(|member| {
-                    Ok(HashedMember {
-                        input_hash: stored_hash(&member.input)?,
-                        member,
+        let span = crate::telemetry::spans::submit_group(&self.core.queue_name, &self.id);
+        detached(tracing::Instrument::instrument(
+            async move {
+                let _lock = group.core.group_locks.lock(&group.id).await;
+                let members = group
+                    .manifest()
+                    .await?
+                    .members
+                    .into_iter()
+                    .map(|member| {
+                        Ok(HashedMember {
+                            input_hash: stored_hash(&member.input)?,
+                            member,
+                        })
                     })
-                })
-                .collect::<Result<Vec<_>>>()?;
-            group.submit_members(members, &options).await
-        })
+                    .collect::<Result<Vec<_>>>()?;
+                group.submit_members(members, &options).await
+            },
+            span,
+        ))
         .await
     }
 
