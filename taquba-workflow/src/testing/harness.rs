@@ -308,9 +308,14 @@ impl<R: StepRunner + 'static, H: TerminalHook + 'static> Harness<R, H> {
             while !core.inflight.is_empty() && started.elapsed() < self.settings.idle_timeout {
                 tokio::time::sleep(TICK).await;
             }
+            // The crash happens once the WAL has caught up with what the
+            // process did (its claims are not awaited durable), so a test
+            // crashes at the point it chose: the claims of the steps in
+            // flight stand, and those steps are delivered again with an
+            // attempt spent.
+            barrier(&queue).await?;
             drop(core);
-            // Not closed: what was not durable is lost, and the next writer
-            // fences this one.
+            // Not closed: the next writer fences this one.
             drop(runtime);
             drop(queue);
         }

@@ -259,12 +259,17 @@ impl<R: StepRunner + 'static, H: TerminalHook + 'static> TestRuntime<R, H> {
     }
 
     /// Drop the process's runtime as a `kill -9` would, and reopen the store
-    /// in a new one: runner calls in flight are dropped and their steps are
-    /// delivered again (the reopened queue requeues them at once, an
-    /// attempt spent); settlements already committing finish first; what
-    /// was committed stays. The runner and hook are the same values (see
-    /// [`runner`](Self::runner)). Run handles ([`TestRun`]) follow; clones
-    /// of [`runtime`](Self::runtime) and [`queue`](Self::queue) do not.
+    /// in a new one: runner calls in flight (a `run_until_idle` the test
+    /// dropped while a step ran, as with `tokio::select!`) are dropped and
+    /// their steps are delivered again (the reopened queue requeues them at
+    /// once, an attempt spent, so a last attempt is dead-lettered and its
+    /// run failed by reconciliation); settlements already committing
+    /// finish first; what was committed stays. The crash happens once the
+    /// WAL caught up (the queue's claims are not awaited durable), so it is
+    /// the same crash on every run of the test. The runner and hook are the
+    /// same values (see [`runner`](Self::runner)). Run handles
+    /// ([`TestRun`]) follow; clones of [`runtime`](Self::runtime) and
+    /// [`queue`](Self::queue) do not.
     ///
     /// # Errors
     /// When the queue does not reopen ([`TestError::NotReopened`] from
