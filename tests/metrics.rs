@@ -32,21 +32,29 @@ impl StepRunner for Pipeline {
 /// A metric by its name and labels (sorted `key=value`, comma-joined).
 type Metrics = HashMap<(MetricKind, String, String), DebugValue>;
 
-fn read(snapshotter: &Snapshotter) -> Metrics {
-    snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .map(|(key, _, _, value): (CompositeKey, _, _, _)| {
-            let (kind, key) = key.into_parts();
-            let mut labels: Vec<String> = key
-                .labels()
-                .map(|label| format!("{}={}", label.key(), label.value()))
-                .collect();
-            labels.sort();
-            ((kind, key.name().to_string(), labels.join(",")), value)
-        })
-        .collect()
+/// Add a snapshot (the recorder's values since the last one: counters and
+/// histograms are drained, gauges read and reset) to `into`.
+fn read_into(into: &mut Metrics, snapshotter: &Snapshotter) {
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key: CompositeKey = key;
+        let (kind, key) = key.into_parts();
+        let mut labels: Vec<String> = key
+            .labels()
+            .map(|label| format!("{}={}", label.key(), label.value()))
+            .collect();
+        labels.sort();
+        let entry = (kind, key.name().to_string(), labels.join(","));
+        match (into.get_mut(&entry), value) {
+            (Some(DebugValue::Counter(total)), DebugValue::Counter(more)) => *total += more,
+            (Some(DebugValue::Histogram(all)), DebugValue::Histogram(more)) => all.extend(more),
+            (Some(DebugValue::Gauge(level)), DebugValue::Gauge(delta)) => {
+                *level = (level.into_inner() + delta.into_inner()).into();
+            }
+            (_, value) => {
+                into.insert(entry, value);
+            }
+        }
+    }
 }
 
 fn counter(metrics: &Metrics, name: &str, labels: &str) -> u64 {
@@ -95,16 +103,21 @@ async fn counters_histograms_and_gauges_follow_the_runs() {
         .unwrap();
     }
     env.run_until_idle().await.unwrap();
-    let waiting = read(&snapshotter);
+    let mut metrics = Metrics::new();
+    read_into(&mut metrics, &snapshotter);
     assert_eq!(
-        gauge(&waiting, "taquba_workflow_steps_due", Q),
+        gauge(&metrics, "taquba_workflow_steps_due", Q),
         Some(0.0),
         "sampled at the last maintenance round, with the timers waiting"
     );
+    assert_eq!(
+        gauge(&metrics, "taquba_workflow_steps_in_flight", Q),
+        Some(0.0)
+    );
     env.fail_next("Pipeline", StepError::transient("503"));
     env.advance(Duration::from_secs(60)).await.unwrap();
+    read_into(&mut metrics, &snapshotter);
 
-    let metrics = read(&snapshotter);
     let unnamed = format!("{Q},workflow=");
     assert_eq!(
         counter(&metrics, "taquba_workflow_runs_submitted_total", &unnamed),

@@ -9,6 +9,7 @@
 //! | `workflow.signal` | a signal ([`signal`](crate::WorkflowRuntime::signal), [`signal_run`](crate::WorkflowRuntime::signal_run)) | `queue`, `correlation_key`, `run_id` (for `signal_run`), `outcome`, `error` |
 //! | `workflow.reconcile` | the termination of a run whose step was dead-lettered outside the worker | `queue`, `run_id`, `step_number`, `job_id` |
 //!
+//! Numbers are recorded as `i64` (OpenTelemetry's integer attributes).
 //! Every span is at `INFO`. Fields are computed only for an enabled span:
 //! with no subscriber interested, a span costs `tracing`'s level check and
 //! nothing else (no allocation, no payload read). With the `opentelemetry`
@@ -36,7 +37,7 @@ pub(crate) fn step(
             queue,
             run_id = Empty,
             status = status.as_str(),
-            attempt = job.attempts,
+            attempt = i64::from(job.attempts),
             job_id = job.id.as_str(),
             outcome = Empty,
             error = Empty,
@@ -56,7 +57,7 @@ pub(crate) fn step(
         workflow = Empty,
         step = Empty,
         step_number = Empty,
-        attempt = job.attempts,
+        attempt = i64::from(job.attempts),
         job_id = job.id.as_str(),
         outcome = Empty,
         error = Empty,
@@ -224,7 +225,7 @@ pub(crate) fn reconcile(
         "workflow.reconcile",
         queue,
         run_id,
-        step_number,
+        step_number = i64::from(step_number),
         job_id = job.id.as_str(),
     );
     #[cfg(feature = "opentelemetry")]
