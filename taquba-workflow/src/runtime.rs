@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use taquba::object_store::ObjectStore;
 use taquba::{Clock, Queue, WorkerHandle};
-use tracing::{Instrument, Span};
 
 use crate::coordination::group::RunGroup;
 use crate::coordination::signal::SignalOutcome;
@@ -144,14 +143,12 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     pub async fn submit(&self, spec: RunSpec) -> Result<SubmitOutcome> {
         let core = self.inner.core.clone();
         let span = spans::submit(&core.queue_name, spec.run_id.as_deref());
-        detached(
-            async move {
-                let submitted = core.submit(spec).await;
-                spans::submitted(&Span::current(), &submitted);
-                submitted
-            }
-            .instrument(span),
-        )
+        let recorded = span.clone();
+        detached(spans::within(span, async move {
+            let submitted = core.submit(spec).await;
+            spans::submitted(&recorded, &submitted);
+            submitted
+        }))
         .await
     }
 
@@ -250,14 +247,12 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     pub async fn cancel(&self, run_id: &RunId) -> Result<bool> {
         let (core, run_id) = (self.inner.core.clone(), run_id.clone());
         let span = spans::cancel(&core.queue_name, &run_id);
-        detached(
-            async move {
-                let cancelled = core.cancel(&run_id).await;
-                spans::cancelled(&Span::current(), &cancelled);
-                cancelled
-            }
-            .instrument(span),
-        )
+        let recorded = span.clone();
+        detached(spans::within(span, async move {
+            let cancelled = core.cancel(&run_id).await;
+            spans::cancelled(&recorded, &cancelled);
+            cancelled
+        }))
         .await
     }
 
@@ -280,11 +275,7 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
             ..Default::default()
         };
         let span = spans::cancel(&self.inner.core.queue_name, run_id);
-        let cancelled = self
-            .inner
-            .core
-            .cancel_as(run_id, request)
-            .instrument(span.clone())
+        let cancelled = spans::within(span.clone(), self.inner.core.cancel_as(run_id, request))
             .await
             .map(|cancelled| cancelled.unwrap_or(false));
         spans::cancelled(&span, &cancelled);
@@ -408,17 +399,15 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     pub async fn signal(&self, correlation_key: &str, payload: Vec<u8>) -> Result<SignalOutcome> {
         let (core, key) = (self.inner.core.clone(), correlation_key.to_string());
         let span = spans::signal(&core.queue_name, correlation_key, None);
-        detached(
-            async move {
-                let signalled = core.signal(&key, payload).await;
-                spans::signalled(&Span::current(), &signalled, |outcome| match outcome {
-                    SignalOutcome::Delivered => "delivered",
-                    SignalOutcome::Buffered => "buffered",
-                });
-                signalled
-            }
-            .instrument(span),
-        )
+        let recorded = span.clone();
+        detached(spans::within(span, async move {
+            let signalled = core.signal(&key, payload).await;
+            spans::signalled(&recorded, &signalled, |outcome| match outcome {
+                SignalOutcome::Delivered => "delivered",
+                SignalOutcome::Buffered => "buffered",
+            });
+            signalled
+        }))
         .await
     }
 
@@ -457,14 +446,12 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
             correlation_key.to_string(),
         );
         let span = spans::signal(&core.queue_name, correlation_key, Some(run_id.as_str()));
-        detached(
-            async move {
-                let signalled = core.signal_run(&run_id, &key, payload).await;
-                spans::signalled(&Span::current(), &signalled, |()| "delivered");
-                signalled
-            }
-            .instrument(span),
-        )
+        let recorded = span.clone();
+        detached(spans::within(span, async move {
+            let signalled = core.signal_run(&run_id, &key, payload).await;
+            spans::signalled(&recorded, &signalled, |()| "delivered");
+            signalled
+        }))
         .await
     }
 

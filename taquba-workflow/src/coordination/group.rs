@@ -502,10 +502,9 @@ impl RunGroup {
     ) -> Result<()> {
         let (group, options) = (self.clone(), options.clone());
         let span = crate::telemetry::spans::submit_group(&self.core.queue_name, &self.id);
-        detached(tracing::Instrument::instrument(
-            async move { group.submit_here(members, &options, stored_hash).await },
-            span,
-        ))
+        detached(crate::telemetry::spans::within(span, async move {
+            group.submit_here(members, &options, stored_hash).await
+        }))
         .await
     }
 
@@ -559,25 +558,22 @@ impl RunGroup {
     ) -> Result<()> {
         let (group, options) = (self.clone(), options.clone());
         let span = crate::telemetry::spans::submit_group(&self.core.queue_name, &self.id);
-        detached(tracing::Instrument::instrument(
-            async move {
-                let _lock = group.core.group_locks.lock(&group.id).await;
-                let members = group
-                    .manifest()
-                    .await?
-                    .members
-                    .into_iter()
-                    .map(|member| {
-                        Ok(HashedMember {
-                            input_hash: stored_hash(&member.input)?,
-                            member,
-                        })
+        detached(crate::telemetry::spans::within(span, async move {
+            let _lock = group.core.group_locks.lock(&group.id).await;
+            let members = group
+                .manifest()
+                .await?
+                .members
+                .into_iter()
+                .map(|member| {
+                    Ok(HashedMember {
+                        input_hash: stored_hash(&member.input)?,
+                        member,
                     })
-                    .collect::<Result<Vec<_>>>()?;
-                group.submit_members(members, &options).await
-            },
-            span,
-        ))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            group.submit_members(members, &options).await
+        }))
         .await
     }
 

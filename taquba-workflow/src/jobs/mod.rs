@@ -66,7 +66,6 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use taquba::object_store::ObjectStore;
 use taquba::{Clock, Queue};
-use tracing::Instrument;
 
 use crate::coordination::group::{GroupMember, GroupStatus, MemberResult, RunGroup};
 use crate::coordination::group_submit::HashedMember;
@@ -627,14 +626,12 @@ impl JobRunner {
         };
         let core = self.runtime.inner.core.clone();
         let span = crate::telemetry::spans::submit(&core.queue_name, spec.run_id.as_deref());
-        let outcome = detached(
-            async move {
-                let submitted = core.submit_hashed(spec, input_hash, on_terminated).await;
-                crate::telemetry::spans::submitted(&tracing::Span::current(), &submitted);
-                submitted
-            }
-            .instrument(span),
-        )
+        let recorded = span.clone();
+        let outcome = detached(crate::telemetry::spans::within(span, async move {
+            let submitted = core.submit_hashed(spec, input_hash, on_terminated).await;
+            crate::telemetry::spans::submitted(&recorded, &submitted);
+            submitted
+        }))
         .await?;
         Ok(self.handle(outcome.run_id, outcome.newly_submitted))
     }

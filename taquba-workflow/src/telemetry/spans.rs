@@ -16,12 +16,28 @@
 //! feature a step's span is parented on the trace context stored with its
 //! run (see `otel`).
 
+use std::future::Future;
+
+use futures_util::future::Either;
 use tracing::field::Empty;
-use tracing::{Span, info_span};
+use tracing::instrument::Instrumented;
+use tracing::{Instrument, Span, info_span};
 
 use crate::error::Error;
 use crate::run::settle::{SettleKind, Settlement};
 use crate::store::keys::{HEADER_RUN_ID, HEADER_STEP, HEADER_TERMINAL};
+
+/// `future` in `span`; as it is when the span is disabled (no subscriber
+/// wants it), so that it pays nothing per poll: a disabled span's enter and
+/// exit still run `tracing`'s `log` fallback, which a dependency (slatedb)
+/// turns on.
+pub(crate) fn within<F: Future>(span: Span, future: F) -> Either<F, Instrumented<F>> {
+    if span.is_disabled() {
+        Either::Left(future)
+    } else {
+        Either::Right(future.instrument(span))
+    }
+}
 
 /// The span of one attempt of a step job (or of a notification job) with
 /// the identity `job` carries; `names` gives the workflow and step names,

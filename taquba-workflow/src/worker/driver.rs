@@ -15,7 +15,7 @@ use taquba::{Claim, EnqueueResult, NackOutcome, Queue};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, Span, debug, warn};
+use tracing::{Span, debug, warn};
 
 use crate::error::Result;
 use crate::hooks::terminal::TerminalHook;
@@ -248,19 +248,14 @@ async fn process_and_settle<R: StepRunner, H: TerminalHook>(
     span: Span,
 ) {
     let lease = queue.lease_handle(&claim);
-    let settlement = inner
-        .process(&claim, &lease, runner_permit)
-        .instrument(span.clone())
-        .await;
+    let settlement =
+        spans::within(span.clone(), inner.process(&claim, &lease, runner_permit)).await;
     spans::settling(&span, &settlement);
     let (core, queue) = (inner.core.clone(), queue.clone());
-    let settled = detached(
-        async move {
-            settle(&core, &queue, &claim, settlement).await;
-            Ok::<(), crate::error::Error>(())
-        }
-        .instrument(span),
-    );
+    let settled = detached(spans::within(span, async move {
+        settle(&core, &queue, &claim, settlement).await;
+        Ok::<(), crate::error::Error>(())
+    }));
     if let Err(err) = settled.await {
         warn!("settlement task did not finish: {err}");
     }

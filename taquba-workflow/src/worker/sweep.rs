@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use taquba::{Expired, JobRecord, SettlementEffects};
-use tracing::{Instrument, debug, warn};
+use tracing::{debug, warn};
 
 use crate::coordination::group::Membership;
 use crate::coordination::group_forget::Swept;
@@ -278,9 +278,7 @@ pub(crate) async fn reconcile_job(core: &RuntimeCore, job: &JobRecord) -> Result
         return Ok(0);
     };
     let span = crate::telemetry::spans::reconcile(&core.queue_name, &run_id, step_number, job);
-    reconcile_step(core, job, run_id, step_number)
-        .instrument(span)
-        .await
+    crate::telemetry::spans::within(span, reconcile_step(core, job, run_id, step_number)).await
 }
 
 /// [`reconcile_job`] of the step job `job`, step `step_number` of `run_id`.
