@@ -23,6 +23,7 @@ use crate::run::commit::detached;
 use crate::run::core::{OpsSettings, RuntimeCore, Settings};
 use crate::runner::StepRunner;
 use crate::store::keys::RunId;
+use crate::telemetry::spans;
 use crate::view::WorkflowView;
 
 /// The default queue name of a runtime.
@@ -95,6 +96,7 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
             history_limit: DEFAULT_HISTORY_LIMIT,
             command_retention: DEFAULT_COMMAND_RETENTION,
             naming: Naming::default(),
+            runner_label: None,
         }
     }
 
@@ -140,7 +142,14 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// when the Tokio runtime shuts down first.
     pub async fn submit(&self, spec: RunSpec) -> Result<SubmitOutcome> {
         let core = self.inner.core.clone();
-        detached(async move { core.submit(spec).await }).await
+        let span = spans::submit(&core.queue_name, spec.run_id.as_deref());
+        let recorded = span.clone();
+        detached(spans::within(span, async move {
+            let submitted = core.submit(spec).await;
+            spans::submitted(&recorded, &submitted);
+            submitted
+        }))
+        .await
     }
 
     /// The runtime's read-only view.
@@ -237,7 +246,14 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// settlement was already committing, and for a dead-lettered step.
     pub async fn cancel(&self, run_id: &RunId) -> Result<bool> {
         let (core, run_id) = (self.inner.core.clone(), run_id.clone());
-        detached(async move { core.cancel(&run_id).await }).await
+        let span = spans::cancel(&core.queue_name, &run_id);
+        let recorded = span.clone();
+        detached(spans::within(span, async move {
+            let cancelled = core.cancel(&run_id).await;
+            spans::cancelled(&recorded, &cancelled);
+            cancelled
+        }))
+        .await
     }
 
     /// [`cancel`](Self::cancel), recording `reason` with the request: it is
@@ -262,9 +278,17 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
             ..Default::default()
         };
         let (core, run_id) = (self.inner.core.clone(), run_id.clone());
-        detached(async move { core.cancel_as(&run_id, request).await })
-            .await
-            .map(|answer| answer.unwrap_or(false))
+        let span = spans::cancel(&core.queue_name, &run_id);
+        let recorded = span.clone();
+        detached(spans::within(span, async move {
+            let cancelled = core
+                .cancel_as(&run_id, request)
+                .await
+                .map(|answer| answer.unwrap_or(false));
+            spans::cancelled(&recorded, &cancelled);
+            cancelled
+        }))
+        .await
     }
 
     /// Resume `run_id`, which failed because its step job was
@@ -395,7 +419,17 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// [`Error::RuntimeShutdown`](crate::Error::RuntimeShutdown).
     pub async fn signal(&self, correlation_key: &str, payload: Vec<u8>) -> Result<SignalOutcome> {
         let (core, key) = (self.inner.core.clone(), correlation_key.to_string());
-        detached(async move { core.signal(&key, payload).await }).await
+        let span = spans::signal(&core.queue_name, correlation_key, None);
+        let recorded = span.clone();
+        detached(spans::within(span, async move {
+            let signalled = core.signal(&key, payload).await;
+            spans::signalled(&recorded, &signalled, |outcome| match outcome {
+                SignalOutcome::Delivered => "delivered",
+                SignalOutcome::Buffered => "buffered",
+            });
+            signalled
+        }))
+        .await
     }
 
     /// Deliver a signal to `run_id`'s current wait on `correlation_key`, and
@@ -432,7 +466,14 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
             run_id.clone(),
             correlation_key.to_string(),
         );
-        detached(async move { core.signal_run(&run_id, &key, payload).await }).await
+        let span = spans::signal(&core.queue_name, correlation_key, Some(run_id.as_str()));
+        let recorded = span.clone();
+        detached(spans::within(span, async move {
+            let signalled = core.signal_run(&run_id, &key, payload).await;
+            spans::signalled(&recorded, &signalled, |()| "delivered");
+            signalled
+        }))
+        .await
     }
 
     /// Discard the signal buffered under `correlation_key`; `Ok(true)` when
@@ -467,6 +508,7 @@ pub struct WorkflowRuntimeBuilder<R, H> {
     history_limit: u32,
     command_retention: Duration,
     naming: Naming,
+    runner_label: Option<String>,
 }
 
 impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
@@ -582,6 +624,15 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
         self
     }
 
+    /// The name of a step neither the runner nor its payload names
+    /// (default: the runner type's name): the test kit names the runner it
+    /// wraps.
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    pub(crate) fn runner_label(mut self, label: String) -> Self {
+        self.runner_label = Some(label);
+        self
+    }
+
     /// Build the runtime. Nothing is written until the first submission or
     /// the first worker loop.
     ///
@@ -624,7 +675,7 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
             observes: Arc::new(move |outcome: &RunOutcome| guard::observes(&*observer, outcome)),
             ops: OpsSettings {
                 history_limit: self.history_limit,
-                runner_label: runner_label::<R>(),
+                runner_label: self.runner_label.unwrap_or_else(runner_label::<R>),
                 naming: self.naming,
                 command_retention: self.command_retention,
             },

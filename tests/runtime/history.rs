@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use common::*;
 use taquba_workflow::jobs::{Job, JobContext, JobRunner};
+use taquba_workflow::testing::{TEST_EPOCH_MS, TestRuntime};
 use taquba_workflow::{
     AttemptOutcome, MAX_HISTORY_TEXT_LEN, NoopTerminalHook, RunHistory, RunSpec, RunState, Step,
     StepError, StepErrorKind, StepOutcome, StepRunner, TerminalStatus, WorkflowRuntime,
@@ -77,42 +78,44 @@ fn four_steps() -> impl StepRunner {
     })
 }
 
+/// On the test kit: each step runs when the test says, so the history is
+/// read at exact points, and its times are exact on the clock.
 #[tokio::test(start_paused = true)]
 async fn each_attempt_is_recorded_with_what_it_led_to() {
-    let (queue, store, clock) = memory_queue().await;
-    let runtime = builder(&queue, &store, four_steps()).build();
-    let worker = runtime.spawn(std::future::pending::<()>());
-    submit_run(&runtime, "r").await;
-    until_step("the timer step", &runtime, "r", 2).await;
-    // Step 1 is on its 5 s timer: its entry is there, step 2 has none yet.
-    let history = history_of(&runtime, "r").await;
-    assert_eq!(history.steps.len(), 2, "{history:?}");
-    clock.advance(Duration::from_secs(5));
-    eventually("step 2 to wait on its signal", || async {
-        history_of(&runtime, "r").await.steps.len() == 3
+    let env = TestRuntime::builder(four_steps())
+        .retry_backoff(Duration::ZERO, Duration::ZERO)
+        .build()
+        .await
+        .unwrap();
+    env.submit(RunSpec {
+        run_id: Some(rid("r")),
+        ..Default::default()
     })
-    .await;
-    runtime.signal("k", b"go".to_vec()).await.unwrap();
-    until_terminated("the run", &runtime, "r").await;
+    .await
+    .unwrap();
+    assert_eq!(env.run_until_idle().await.unwrap(), 2, "steps 0 and 1");
+    // Step 1 is on its 5 s timer: its entry is there, step 2 has none yet.
+    let history = env.history(&rid("r")).await.unwrap();
+    assert_eq!(history.steps.len(), 2, "{history:?}");
+    assert_eq!(
+        env.advance(Duration::from_secs(5)).await.unwrap(),
+        2,
+        "step 2 fails once, then waits on its signal"
+    );
+    assert_eq!(env.history(&rid("r")).await.unwrap().steps.len(), 3);
+    env.signal_raw("k", b"go".to_vec()).await.unwrap();
+    assert_eq!(env.run_until_idle().await.unwrap(), 1);
 
-    let history = history_of(&runtime, "r").await;
+    let history = env.history(&rid("r")).await.unwrap();
+    let continued = |delay_ms| AttemptOutcome::Continued {
+        delay_ms,
+        signal: None,
+    };
     assert_eq!(
         outcomes(&history),
         vec![
-            (
-                0,
-                vec![AttemptOutcome::Continued {
-                    delay_ms: None,
-                    signal: None
-                }]
-            ),
-            (
-                1,
-                vec![AttemptOutcome::Continued {
-                    delay_ms: Some(5000),
-                    signal: None
-                }]
-            ),
+            (0, vec![continued(None)]),
+            (1, vec![continued(Some(5000))]),
             (2, outcomes(&history)[2].1.clone()),
             (3, vec![AttemptOutcome::Succeeded]),
         ]
@@ -141,18 +144,22 @@ async fn each_attempt_is_recorded_with_what_it_led_to() {
         step2.attempts.iter().map(|a| a.attempt).collect::<Vec<_>>(),
         [1, 2]
     );
+    // Steps 0 and 1 ran at the start, the rest once the timer fired.
+    let claimed: Vec<Option<u64>> = history
+        .steps
+        .iter()
+        .flat_map(|s| &s.attempts)
+        .map(|a| a.claimed_at_ms)
+        .collect();
+    let (t0, t5) = (Some(TEST_EPOCH_MS), Some(TEST_EPOCH_MS + 5000));
+    assert_eq!(claimed, [t0, t0, t5, t5, t5]);
     for attempt in history.steps.iter().flat_map(|s| &s.attempts) {
-        let claimed = attempt
-            .claimed_at_ms
-            .expect("a worker's attempt was claimed");
-        assert!(
-            claimed >= T0 && attempt.settled_at_ms >= claimed,
+        assert_eq!(
+            Some(attempt.settled_at_ms),
+            attempt.claimed_at_ms,
             "{attempt:?}"
         );
     }
-    // The timer step settled before the clock moved; step 3 after.
-    assert!(history.steps[3].attempts[0].settled_at_ms >= T0 + 5000);
-    worker.shutdown().await.unwrap();
 }
 
 /// A `#[workflow]` payload: `{workflow, step: {name: fields}}`, as the

@@ -20,6 +20,7 @@ use taquba_workflow::jobs::{
     GroupResult, Job, JobContext, JobError, JobRunner, JobRunnerBuilder, JoinError,
     payload_idempotency_key,
 };
+use taquba_workflow::testing::{TestError, TestJobs};
 use taquba_workflow::{Error, RunState, StepErrorKind, TerminalStatus};
 
 #[derive(Debug, thiserror::Error)]
@@ -480,13 +481,20 @@ async fn retention_forgets_a_keyed_job_which_then_runs_again() {
     worker.shutdown().await.unwrap();
 }
 
+/// On the test kit: the retries run at their backoff's end, each counted.
 #[tokio::test(start_paused = true)]
 async fn failures_are_classified_and_retried_up_to_the_attempt_limit() {
-    let fx = Fixture::new().await;
-    let runner = fx.runner();
-    let worker = runner.spawn(std::future::pending::<()>());
+    let calls = Calls::default();
+    let env = TestJobs::builder()
+        .register::<Fails>()
+        .register::<Flaky>()
+        .state(calls.clone())
+        .retry_backoff(Duration::from_secs(1), Duration::from_secs(60))
+        .build()
+        .await
+        .unwrap();
 
-    let permanent = runner
+    let permanent = env
         .submit(Fails {
             label: "permanent".into(),
             permanent: true,
@@ -494,8 +502,12 @@ async fn failures_are_classified_and_retried_up_to_the_attempt_limit() {
         })
         .await
         .unwrap();
-    match within(5, permanent.into_future()).await {
-        Err(JoinError::Job(JobError { kind, message })) => {
+    assert_eq!(env.run_until_idle().await.unwrap(), 1, "no retry");
+    match permanent.output().await {
+        Err(TestError::JobFailed {
+            error: JobError { kind, message },
+            ..
+        }) => {
             assert_eq!(kind, StepErrorKind::Permanent);
             assert_eq!(
                 message,
@@ -504,9 +516,9 @@ async fn failures_are_classified_and_retried_up_to_the_attempt_limit() {
         }
         other => panic!("expected a permanent job error, got {other:?}"),
     }
-    assert_eq!(fx.calls.of("permanent"), 1, "no retry");
+    assert_eq!(calls.of("permanent"), 1);
 
-    let transient = runner
+    let transient = env
         .submit(Fails {
             label: "transient".into(),
             permanent: false,
@@ -514,39 +526,35 @@ async fn failures_are_classified_and_retried_up_to_the_attempt_limit() {
         })
         .await
         .unwrap();
-    let error = within(30, transient.join()).await.unwrap().unwrap_err();
+    assert_eq!(env.run_until_idle().await.unwrap(), 1);
+    // Backoffs of 1, 2 and 4 s; the fourth attempt is the last.
+    for (wait, attempt) in [(1, 2), (2, 3), (4, 4)] {
+        assert_eq!(
+            env.advance(Duration::from_secs(wait - 1)).await.unwrap(),
+            0,
+            "attempt {attempt} waits {wait} s"
+        );
+        assert_eq!(env.advance(Duration::from_secs(1)).await.unwrap(), 1);
+    }
+    let Err(TestError::JobFailed { error, .. }) = transient.output().await else {
+        panic!("the transient job failed");
+    };
     assert_eq!(error.kind, StepErrorKind::Transient);
     assert_eq!(
         error.message,
         "math error: transient gave up on attempt 4 of 4 (last: true)"
     );
     assert_eq!(
-        fx.calls.of("transient"),
+        calls.of("transient"),
         4,
         "Job::max_attempts overrides the queue's 3"
     );
-    let fetched = transient
-        .fetch_result()
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap_err();
-    assert_eq!(fetched, error);
 
-    assert_eq!(
-        within(
-            30,
-            runner
-                .submit(Flaky { failures: 2 })
-                .await
-                .unwrap()
-                .into_future()
-        )
-        .await
-        .unwrap(),
-        3
-    );
-    worker.shutdown().await.unwrap();
+    let flaky = env.submit(Flaky { failures: 2 }).await.unwrap();
+    env.run_until_idle().await.unwrap();
+    env.advance(Duration::from_secs(1)).await.unwrap();
+    env.advance(Duration::from_secs(2)).await.unwrap();
+    assert_eq!(flaky.output().await.unwrap(), 3);
 }
 
 #[tokio::test(start_paused = true)]

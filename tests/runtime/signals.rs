@@ -10,6 +10,7 @@ use std::time::Duration;
 use common::*;
 use taquba::object_store::ObjectStore;
 use taquba::{MockClock, Queue};
+use taquba_workflow::testing::TestRuntime;
 use taquba_workflow::{
     NoopTerminalHook, RunId, RunSpec, SignalOutcome, Step, StepError, StepOutcome, StepRunner,
     TerminalStatus, WorkflowRuntime,
@@ -252,32 +253,31 @@ async fn a_signal_without_a_waiter_is_buffered_for_the_next_one() {
     worker.shutdown().await.unwrap();
 }
 
+/// On the test kit: the timeout fires at its millisecond, not one before.
 #[tokio::test(start_paused = true)]
 async fn a_timeout_runs_the_next_step_without_a_signal() {
-    let (queue, store, clock) = memory_queue().await;
-    let runner = Waiter::default();
-    let runtime = runtime(&queue, &store, &runner);
-    let worker = runtime.spawn(std::future::pending::<()>());
-    let run = submit(&runtime, "slow-approval", "approval:slow|10000").await;
-    reach_step(&runtime, &run, 1).await;
-    clock.advance(Duration::from_millis(9_999));
-    queue.promote_scheduled_now().await.unwrap();
-    assert!(
-        runtime
-            .wait_timeout(&run, Duration::from_secs(2))
-            .await
-            .unwrap()
-            .is_none(),
+    let env = TestRuntime::new(Waiter::default()).await.unwrap();
+    let run = env
+        .submit(RunSpec {
+            run_id: Some(rid("slow-approval")),
+            input: b"approval:slow|10000".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .run_id;
+    assert_eq!(env.run_until_idle().await.unwrap(), 1, "step 0 waits");
+    assert_eq!(
+        env.advance(Duration::from_millis(9_999)).await.unwrap(),
+        0,
         "the timeout has not elapsed yet"
     );
-    clock.advance(Duration::from_millis(1));
-    queue.promote_scheduled_now().await.unwrap();
-    let end = within(5, runtime.wait(&run)).await.unwrap();
-    assert_eq!(
-        end.outcome.unwrap().result.as_deref(),
-        Some(b"<timeout>".as_slice())
-    );
-    assert_eq!(runner.seen()[0].signal, None);
+    assert_eq!(env.advance(Duration::from_millis(1)).await.unwrap(), 1);
+    let runtime = env.runtime().unwrap();
+    let outcome = runtime.outcome(&run).await.unwrap().expect("ended");
+    assert_eq!(outcome.result.as_deref(), Some(b"<timeout>".as_slice()));
+    assert_eq!(env.runner().seen()[0].signal, None);
+    let queue = env.queue().unwrap();
     assert!(
         signal_keys(&queue).await.is_empty(),
         "the timed-out waiter is removed"
@@ -286,8 +286,7 @@ async fn a_timeout_runs_the_next_step_without_a_signal() {
     // A signal after the timeout finds no waiter and is buffered;
     // clear_signal discards it once.
     assert_eq!(
-        runtime
-            .signal("approval:slow", b"too late".to_vec())
+        env.signal_raw("approval:slow", b"too late".to_vec())
             .await
             .unwrap(),
         SignalOutcome::Buffered
@@ -296,7 +295,6 @@ async fn a_timeout_runs_the_next_step_without_a_signal() {
     assert!(!runtime.clear_signal("approval:slow").await.unwrap());
     assert!(!runtime.clear_signal("never-signalled").await.unwrap());
     assert!(signal_keys(&queue).await.is_empty());
-    worker.shutdown().await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]

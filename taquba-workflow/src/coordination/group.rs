@@ -501,7 +501,11 @@ impl RunGroup {
         stored_hash: StoredInputHash,
     ) -> Result<()> {
         let (group, options) = (self.clone(), options.clone());
-        detached(async move { group.submit_here(members, &options, stored_hash).await }).await
+        let span = crate::telemetry::spans::submit_group(&self.core.queue_name, &self.id);
+        detached(crate::telemetry::spans::within(span, async move {
+            group.submit_here(members, &options, stored_hash).await
+        }))
+        .await
     }
 
     async fn submit_here(
@@ -553,7 +557,8 @@ impl RunGroup {
         stored_hash: StoredInputHash,
     ) -> Result<()> {
         let (group, options) = (self.clone(), options.clone());
-        detached(async move {
+        let span = crate::telemetry::spans::submit_group(&self.core.queue_name, &self.id);
+        detached(crate::telemetry::spans::within(span, async move {
             let _lock = group.core.group_locks.lock(&group.id).await;
             let members = group
                 .manifest()
@@ -568,7 +573,7 @@ impl RunGroup {
                 })
                 .collect::<Result<Vec<_>>>()?;
             group.submit_members(members, &options).await
-        })
+        }))
         .await
     }
 

@@ -338,6 +338,14 @@ async fn commit_chunk(
         .await
     {
         Ok(Some(results)) => {
+            #[cfg(feature = "metrics")]
+            for candidate in &batch {
+                crate::telemetry::metrics::run_submitted(
+                    &core.queue_name,
+                    core.workflow_name_of(&candidate.member.member.input)
+                        .as_deref(),
+                );
+            }
             for ((run_id, job_id), result) in submitted.into_iter().zip(results) {
                 core.submitted(run_id, job_id, std::slice::from_ref(&result))
                     .await?;
@@ -467,6 +475,11 @@ async fn submit_member(
             .compare_commit(&member_key, guard.as_deref(), effects)
             .await?
         {
+            #[cfg(feature = "metrics")]
+            crate::telemetry::metrics::run_submitted(
+                &core.queue_name,
+                core.workflow_name_of(&member.member.input).as_deref(),
+            );
             core.submitted(run_id, job_id, &results).await?;
             return Ok(());
         }

@@ -78,6 +78,8 @@ pub(crate) fn waiter_cleanup(job: &JobRecord) -> Vec<Vec<u8>> {
     {
         keys.push(signal_delivered_kv_key(&run_id, step));
     }
+    #[cfg(feature = "opentelemetry")]
+    keys.extend(crate::telemetry::otel::sender_cleanup(job));
     keys
 }
 
@@ -134,6 +136,11 @@ impl RuntimeCore {
                     .job_record(&waiter.job_id)
                     .await?
                     .is_some_and(|job| job.status == JobStatus::Scheduled && job.attempts == 0);
+                #[cfg(feature = "opentelemetry")]
+                let sender = match waiting {
+                    true => self.note_signal_sender(&waiter.job_id).await?,
+                    false => None,
+                };
                 if waiting
                     && self
                         .commits
@@ -145,12 +152,22 @@ impl RuntimeCore {
                     debug!(correlation_key, run_id = %waiter.run_id, "signal delivered");
                     return Ok(SignalOutcome::Delivered);
                 }
+                #[cfg(feature = "opentelemetry")]
+                self.unnote_signal_sender(sender).await?;
             }
             // A stale waiter (timed out, or unreadable): forget it.
             self.commits.kv_compare_delete(&waiter_key, &bytes).await?;
         }
+        #[cfg(not(feature = "opentelemetry"))]
         self.commits
             .kv_put(&signal_buffer_kv_key(correlation_key), &payload)
+            .await?;
+        #[cfg(feature = "opentelemetry")]
+        self.commits
+            .commit(Self::buffer_sender(
+                correlation_key,
+                SettlementEffects::default().kv_put(signal_buffer_kv_key(correlation_key), payload),
+            ))
             .await?;
         debug!(correlation_key, "signal buffered");
         Ok(SignalOutcome::Buffered)
@@ -161,10 +178,17 @@ impl RuntimeCore {
         check_correlation_key(correlation_key)?;
         let _lock = self.signal_locks.lock(correlation_key).await;
         let key = signal_buffer_kv_key(correlation_key);
-        match self.queue.view().kv_get(&key).await? {
-            Some(bytes) => self.commits.kv_compare_delete(&key, &bytes).await,
-            None => Ok(false),
+        let cleared = match self.queue.view().kv_get(&key).await? {
+            Some(bytes) => self.commits.kv_compare_delete(&key, &bytes).await?,
+            None => false,
+        };
+        #[cfg(feature = "opentelemetry")]
+        if cleared {
+            self.commits
+                .commit(Self::clear_buffered_sender(correlation_key))
+                .await?;
         }
+        Ok(cleared)
     }
 
     /// The signal a claimed step observes and the signal state its
@@ -317,9 +341,21 @@ impl RuntimeCore {
             Some(signal) => {
                 opts.reserved_headers
                     .push((HEADER_SIGNAL_DELIVERED, correlation_key.to_string()));
-                self.advance(claimed, payload, opts)
+                let effects = self
+                    .advance(claimed, payload, opts)
                     .kv_put(signal_delivered_kv_key(run_id, next), signal.to_vec())
-                    .kv_delete(buffer_key)
+                    .kv_delete(buffer_key);
+                #[cfg(feature = "opentelemetry")]
+                let effects = {
+                    let job_id = effects
+                        .enqueues
+                        .first()
+                        .and_then(|request| request.options.id_override.clone())
+                        .unwrap_or_default();
+                    self.consume_buffered_sender(correlation_key, &job_id, effects)
+                        .await?
+                };
+                effects
             }
             None => {
                 opts.run_at = Some(self.run_at_after(timeout));

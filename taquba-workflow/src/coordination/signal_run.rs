@@ -48,7 +48,13 @@ impl RuntimeCore {
         let Some(waiter) = waiter else {
             return Err(self.not_waiting(run_id, correlation_key).await?);
         };
-        if self.waits_at(run_id, &waiter).await?
+        let waiting = self.waits_at(run_id, &waiter).await?;
+        #[cfg(feature = "opentelemetry")]
+        let sender = match waiting {
+            true => self.note_signal_sender(&waiter.job_id).await?,
+            false => None,
+        };
+        if waiting
             && self
                 .commits
                 .wake_scheduled(&waiter.job_id, Some(payload))
@@ -59,6 +65,8 @@ impl RuntimeCore {
             debug!(correlation_key, run_id = %run_id, "signal delivered to the run's wait");
             return Ok(());
         }
+        #[cfg(feature = "opentelemetry")]
+        self.unnote_signal_sender(sender).await?;
         Err(self.not_waiting(run_id, correlation_key).await?)
     }
 

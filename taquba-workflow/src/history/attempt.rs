@@ -29,15 +29,41 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
     /// The name of the claimed step: the runner's, else the payload's
     /// (`#[workflow]` step, job name), else the runner's label.
     pub(crate) fn step_name(&self, claimed: &ClaimedStep<'_>) -> Cow<'_, str> {
-        let payload = &claimed.job.payload;
+        self.name_of_step(claimed.step_number, &claimed.job.payload)
+    }
+
+    /// The name of step `step_number` with `payload` (see
+    /// [`step_name`](Self::step_name)).
+    pub(crate) fn name_of_step(&self, step_number: u32, payload: &[u8]) -> Cow<'_, str> {
         match self
             .runner
-            .step_name(claimed.step_number, payload)
+            .step_name(step_number, payload)
             .or_else(|| self.core.ops.naming.step_of(payload))
         {
             Some(name) => Cow::Owned(name),
             None => Cow::Borrowed(&self.core.ops.runner_label),
         }
+    }
+}
+
+impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
+    /// The workflow and step names of step job `job`, for its span: the
+    /// workflow (or job) its payload names, else the runner's label; the
+    /// step's name.
+    pub(crate) fn span_names(&self, job: &JobRecord) -> (Option<String>, String) {
+        let step_number = job
+            .headers
+            .get(crate::store::keys::HEADER_STEP)
+            .and_then(|step| step.parse().ok())
+            .unwrap_or(0);
+        let workflow = self
+            .core
+            .ops
+            .naming
+            .workflow_of(&job.payload)
+            .unwrap_or_else(|| self.core.ops.runner_label.clone());
+        let step = self.name_of_step(step_number, &job.payload).into_owned();
+        (Some(workflow), step)
     }
 }
 

@@ -159,9 +159,10 @@ pub fn payload_idempotency_key<J: Job>(job: &J) -> Result<String> {
     Ok(hex::encode(sha256(&bytes)))
 }
 
-/// Application state registered on a runner, by type.
-#[derive(Default)]
-struct StateMap(HashMap<TypeId, Box<dyn Any + Send + Sync>>);
+/// Application state registered on a runner, by type (shared by the
+/// clones of a builder, as the test kit rebuilds a runner after a crash).
+#[derive(Default, Clone)]
+pub(crate) struct StateMap(HashMap<TypeId, Arc<dyn Any + Send + Sync>>);
 
 /// What a job's [`Job::run`] receives: the delivery (through `Deref`) and
 /// the runner's state.
@@ -197,7 +198,7 @@ impl<'a> JobContext<'a> {
         self.state
             .0
             .get(&TypeId::of::<T>())
-            .and_then(|value| value.downcast_ref())
+            .and_then(|value| (**value).downcast_ref())
     }
 
     /// Whether a transient error now ends the job.
@@ -235,10 +236,10 @@ pub enum JoinError {
     Job(#[from] JobError),
 }
 
-type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// A registered job type, erased.
-trait Handler: Send + Sync {
+pub(crate) trait Handler: Send + Sync {
     fn run<'a>(
         &'a self,
         payload: &'a [u8],
@@ -307,13 +308,13 @@ impl StepRunner for JobDispatch {
     }
 }
 
-type JobRuntime = WorkflowRuntime<JobDispatch, NoopTerminalHook>;
+pub(crate) type JobRuntime = WorkflowRuntime<JobDispatch, NoopTerminalHook>;
 
 /// Runs typed jobs over one [`taquba::Queue`] (queue name `"jobs"` by
 /// default): submit, await, fetch results, group. Cheap to clone.
 #[derive(Clone)]
 pub struct JobRunner {
-    runtime: JobRuntime,
+    pub(crate) runtime: JobRuntime,
 }
 
 impl fmt::Debug for JobRunner {
@@ -323,6 +324,7 @@ impl fmt::Debug for JobRunner {
 }
 
 /// Configures a [`JobRunner`]; from [`JobRunner::builder`].
+#[derive(Clone)]
 pub struct JobRunnerBuilder {
     queue: Arc<Queue>,
     object_store: Arc<dyn ObjectStore>,
@@ -392,7 +394,7 @@ impl JobRunnerBuilder {
     /// Register application state, read in jobs with
     /// [`JobContext::state`]; one value per type (a later one replaces).
     pub fn state<T: Any + Send + Sync>(mut self, value: T) -> Self {
-        self.state.0.insert(TypeId::of::<T>(), Box::new(value));
+        self.state.0.insert(TypeId::of::<T>(), Arc::new(value));
         self
     }
 
@@ -426,6 +428,32 @@ impl JobRunnerBuilder {
     /// The clock (default: the queue's).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = Some(clock);
+        self
+    }
+
+    /// This builder over `queue` and `object_store` instead (the test kit
+    /// rebuilds its runner on a reopened queue).
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    pub(crate) fn on_queue(
+        mut self,
+        queue: Arc<Queue>,
+        object_store: Arc<dyn ObjectStore>,
+    ) -> Self {
+        self.queue = queue;
+        self.object_store = object_store;
+        self
+    }
+
+    /// Replace each registered handler with `wrap(name, handler)` (the
+    /// test kit's failure injection).
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    pub(crate) fn wrap_handlers(
+        mut self,
+        wrap: impl Fn(&'static str, Arc<dyn Handler>) -> Arc<dyn Handler>,
+    ) -> Self {
+        for (name, (_, handler)) in self.handlers.iter_mut() {
+            *handler = wrap(name, handler.clone());
+        }
         self
     }
 
@@ -597,13 +625,18 @@ impl JobRunner {
             ..Default::default()
         };
         let core = self.runtime.inner.core.clone();
-        let outcome =
-            detached(async move { core.submit_hashed(spec, input_hash, on_terminated).await })
-                .await?;
+        let span = crate::telemetry::spans::submit(&core.queue_name, spec.run_id.as_deref());
+        let recorded = span.clone();
+        let outcome = detached(crate::telemetry::spans::within(span, async move {
+            let submitted = core.submit_hashed(spec, input_hash, on_terminated).await;
+            crate::telemetry::spans::submitted(&recorded, &submitted);
+            submitted
+        }))
+        .await?;
         Ok(self.handle(outcome.run_id, outcome.newly_submitted))
     }
 
-    fn handle<J: Job>(&self, id: RunId, newly_submitted: bool) -> JobHandle<J> {
+    pub(crate) fn handle<J: Job>(&self, id: RunId, newly_submitted: bool) -> JobHandle<J> {
         JobHandle {
             runtime: self.runtime.clone(),
             id,

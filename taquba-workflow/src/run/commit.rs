@@ -134,6 +134,14 @@ impl Committer {
                 if let Some((run_id, end)) = ended
                     && committed(value)
                 {
+                    #[cfg(feature = "metrics")]
+                    crate::telemetry::metrics::run_ended_on(
+                        &self.queue,
+                        &self.queue_name,
+                        run_id,
+                        end,
+                    )
+                    .await;
                     self.watchers.notify(run_id, end);
                 }
             }

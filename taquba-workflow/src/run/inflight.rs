@@ -95,6 +95,13 @@ impl InFlightRegistry {
         }
     }
 
+    /// Whether no step is registered: every step that began in this
+    /// process has settled (or was dropped).
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.lock().entries.is_empty()
+    }
+
     /// Deliver an external cancellation to the running step of `run_id`.
     pub(crate) fn request_cancel(&self, run_id: &RunId) -> CancelVerdict {
         let mut registry = self.lock();

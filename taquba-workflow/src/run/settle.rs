@@ -150,15 +150,19 @@ impl<'a> ClaimedStep<'a> {
     /// The options of the run's next step: this step's priority, attempt
     /// limit and membership carry over.
     pub(crate) fn next_step_opts(&self) -> StepEnqueueOpts {
+        #[allow(unused_mut)]
+        let mut reserved_headers = self
+            .membership
+            .as_ref()
+            .map(Membership::reserved_headers)
+            .unwrap_or_default();
+        #[cfg(feature = "opentelemetry")]
+        reserved_headers.extend(crate::telemetry::otel::carried(&self.job.headers));
         StepEnqueueOpts {
             run_at: None,
             priority: Some(self.job.priority),
             max_attempts: Some(self.job.max_attempts),
-            reserved_headers: self
-                .membership
-                .as_ref()
-                .map(Membership::reserved_headers)
-                .unwrap_or_default(),
+            reserved_headers,
         }
     }
 
@@ -348,11 +352,14 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
         let run_id = &claimed.run_id;
         let step_number = claimed.step_number;
         let job = claimed.job;
-        let (signal, signal_deletes) =
+        #[allow(unused_mut)]
+        let (signal, mut signal_deletes) =
             match core.resolve_step_signal(job, run_id, step_number).await {
                 Ok(resolved) => resolved,
                 Err(err) => return Settlement::infrastructure(err),
             };
+        #[cfg(feature = "opentelemetry")]
+        signal_deletes.extend(crate::telemetry::otel::sender_cleanup(job));
 
         // A cancellation requested before this claim: settle as cancelled
         // without running.
@@ -411,6 +418,8 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
                 (Ok(outcome), Some(effects))
             }
             None => {
+                #[cfg(feature = "metrics")]
+                let started = std::time::Instant::now();
                 // The call happens inside the guarded future, so a runner
                 // that panics before returning its future is caught too.
                 let ran = AssertUnwindSafe(async { self.runner.run_step(&step).await })
@@ -423,6 +432,13 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
                         "step runner panicked: {message}"
                     )))
                 });
+                #[cfg(feature = "metrics")]
+                crate::telemetry::metrics::step_ran(
+                    &core.queue_name,
+                    record.workflow.as_deref(),
+                    started.elapsed(),
+                    outcome.as_ref().err().map(|error| error.kind),
+                );
                 (outcome, None)
             }
         };

@@ -154,7 +154,14 @@ impl RuntimeCore {
                     .await?
             };
             match committed {
-                Some(results) => return self.submitted(run_id, job_id, &results).await,
+                Some(results) => {
+                    #[cfg(feature = "metrics")]
+                    crate::telemetry::metrics::run_submitted(
+                        &self.queue_name,
+                        self.workflow_name_of(&input).as_deref(),
+                    );
+                    return self.submitted(run_id, job_id, &results).await;
+                }
                 // Another submission of this run id committed first.
                 None => continue,
             }
@@ -209,9 +216,12 @@ impl RuntimeCore {
             group: membership.map(|m| m.group_id.clone()),
             cancel_reason: None,
         };
-        let reserved_headers = membership
+        #[allow(unused_mut)]
+        let mut reserved_headers = membership
             .map(Membership::reserved_headers)
             .unwrap_or_default();
+        #[cfg(feature = "opentelemetry")]
+        reserved_headers.extend(crate::telemetry::otel::submit_headers());
         let step = self.prepare_step(
             run_id,
             0,

@@ -35,6 +35,13 @@ pub(crate) const HEADER_REQUEUED: &str = "workflow.requeued";
 pub(crate) const HEADER_GROUP: &str = "workflow.group";
 /// Header holding the member key of a group member's step job.
 pub(crate) const HEADER_GROUP_KEY: &str = "workflow.group_key";
+/// Header holding the W3C `traceparent` of the trace context current when
+/// the run was submitted, carried to every step job of the run (feature
+/// `opentelemetry`; absent when no trace context was current).
+pub const HEADER_TRACEPARENT: &str = "workflow.traceparent";
+/// Header holding the W3C `tracestate` beside [`HEADER_TRACEPARENT`], when
+/// the trace context had one.
+pub const HEADER_TRACESTATE: &str = "workflow.tracestate";
 /// Prefix of every header the runtime reserves; submissions carrying a user
 /// header with this prefix are rejected with
 /// [`Error::ReservedHeaderInSubmit`].
@@ -287,6 +294,22 @@ pub(crate) fn signal_waiter_kv_key(correlation_key: &str) -> Vec<u8> {
 /// The signal buffered for a correlation key with no waiter.
 pub(crate) fn signal_buffer_kv_key(correlation_key: &str) -> Vec<u8> {
     let mut key = kv_key(&["signals", "buffered", ""]);
+    key.extend_from_slice(correlation_key.as_bytes());
+    key
+}
+
+/// The trace context of the sender of the signal that woke step job
+/// `job_id` (feature `opentelemetry`), kept until that step settles.
+#[cfg_attr(not(feature = "opentelemetry"), allow(dead_code))]
+pub(crate) fn signal_sender_kv_key(job_id: &str) -> Vec<u8> {
+    kv_key(&["trace", "signal-senders", job_id])
+}
+
+/// The trace context of the sender of the signal buffered under a
+/// correlation key (feature `opentelemetry`).
+#[cfg_attr(not(feature = "opentelemetry"), allow(dead_code))]
+pub(crate) fn buffered_sender_kv_key(correlation_key: &str) -> Vec<u8> {
+    let mut key = kv_key(&["trace", "buffered-senders", ""]);
     key.extend_from_slice(correlation_key.as_bytes());
     key
 }

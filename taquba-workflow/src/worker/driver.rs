@@ -15,7 +15,7 @@ use taquba::{Claim, EnqueueResult, NackOutcome, Queue};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{Span, debug, warn};
 
 use crate::error::Result;
 use crate::hooks::terminal::TerminalHook;
@@ -26,6 +26,7 @@ use crate::runner::StepRunner;
 use crate::runtime::RuntimeInner;
 use crate::store::durable::{self, DurableCurrentStep};
 use crate::store::keys::step_kv_key;
+use crate::telemetry::spans;
 
 /// Settlements in flight per runner slot (at least [`MIN_SETTLING`]): a
 /// claimed job holds memory until it settles, so their number is bounded.
@@ -37,6 +38,32 @@ const MAX_CLAIM_BACKOFF: Duration = Duration::from_secs(5);
 
 /// Run the worker loop of `inner` until `shutdown` resolves, then drain.
 pub(crate) async fn run<R, H, F>(inner: Arc<RuntimeInner<R, H>>, shutdown: F) -> Result<()>
+where
+    R: StepRunner + 'static,
+    H: TerminalHook + 'static,
+    F: Future<Output = ()>,
+{
+    run_loop(inner, shutdown, Maintenance::Periodic).await
+}
+
+/// Who does the maintenance (dead-letter reconciliation, retention sweeps,
+/// the inbox) of a worker loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Maintenance {
+    /// A task beside the loop, at startup and every poll interval.
+    Periodic,
+    /// The caller, at points of its choosing (the test kit runs it when
+    /// the queue is idle, so that its rounds are deterministic).
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    ByCaller,
+}
+
+/// [`run`] with the maintenance done as `maintenance` says.
+pub(crate) async fn run_loop<R, H, F>(
+    inner: Arc<RuntimeInner<R, H>>,
+    shutdown: F,
+    maintenance: Maintenance,
+) -> Result<()>
 where
     R: StepRunner + 'static,
     H: TerminalHook + 'static,
@@ -56,7 +83,8 @@ where
     // Maintenance runs beside the claim loop, so a slow sweep (many expired
     // runs on a remote store) never holds up claiming.
     let stop_maintenance = CancellationToken::new();
-    let maintenance = tokio::spawn(maintain_until(core.clone(), stop_maintenance.clone()));
+    let maintenance = (maintenance == Maintenance::Periodic)
+        .then(|| tokio::spawn(maintain_until(core.clone(), stop_maintenance.clone())));
     // Stops the maintenance task also when this loop's future is dropped
     // (an aborted worker task), so it never outlives the loop.
     let _stop_on_drop = stop_maintenance.clone().drop_guard();
@@ -124,12 +152,19 @@ where
         for (claim, (runner_permit, settle_permit)) in claims.into_iter().zip(permits) {
             let inner = inner.clone();
             let queue = queue.clone();
+            let span = spans::step(&inner.core.queue_name, claim.job(), || {
+                inner.span_names(claim.job())
+            });
             tasks.spawn(async move {
+                #[cfg(feature = "metrics")]
+                let _in_flight = crate::telemetry::metrics::InFlight::begin(&inner.core.queue_name);
                 let job_id = claim.id.clone();
+                #[cfg(feature = "opentelemetry")]
+                crate::telemetry::otel::link_signal_sender(&inner.core, &span, claim.job()).await;
                 // Boxed: the step's future is kilobytes (the runner's own
                 // future inside it), and a task is moved several times on
                 // its way into the scheduler; a box moves as one pointer.
-                let work = AssertUnwindSafe(Box::pin(process_and_settle(&inner, &queue, claim, runner_permit)));
+                let work = AssertUnwindSafe(Box::pin(process_and_settle(&inner, &queue, claim, runner_permit, span)));
                 if let Err(panic) = work.catch_unwind().await {
                     // The runner's own panics are caught inside; this is the
                     // runtime's, and the claim is left to its lease.
@@ -144,7 +179,9 @@ where
         note_task(done);
     }
     stop_maintenance.cancel();
-    if let Err(err) = maintenance.await {
+    if let Some(maintenance) = maintenance
+        && let Err(err) = maintenance.await
+    {
         warn!("maintenance task ended abnormally: {err}");
     }
     if closed.is_cancelled() {
@@ -208,14 +245,17 @@ async fn process_and_settle<R: StepRunner, H: TerminalHook>(
     queue: &Arc<Queue>,
     claim: Claim,
     runner_permit: tokio::sync::OwnedSemaphorePermit,
+    span: Span,
 ) {
     let lease = queue.lease_handle(&claim);
-    let settlement = inner.process(&claim, &lease, runner_permit).await;
+    let settlement =
+        spans::within(span.clone(), inner.process(&claim, &lease, runner_permit)).await;
+    spans::settling(&span, &settlement);
     let (core, queue) = (inner.core.clone(), queue.clone());
-    let settled = detached(async move {
+    let settled = detached(spans::within(span, async move {
         settle(&core, &queue, &claim, settlement).await;
         Ok::<(), crate::error::Error>(())
-    });
+    }));
     if let Err(err) = settled.await {
         warn!("settlement task did not finish: {err}");
     }
@@ -231,13 +271,33 @@ async fn settle(core: &RuntimeCore, queue: &Queue, claim: &Claim, settlement: Se
         continued: _,
         history,
     } = settlement;
+    #[cfg(feature = "metrics")]
+    let transition = match &ended {
+        Some((_, end)) => end.termination.status.as_str(),
+        None => "continued",
+    };
     let result = match kind {
-        SettleKind::Ack(effects) => core
-            .commits
-            .ending_here(ended.as_ref(), queue.ack_with(claim, effects), |_| true)
-            .await
-            .map(Some),
-        SettleKind::Retry(error) => queue.nack(claim, &error).await.map(|()| None),
+        SettleKind::Ack(effects) => {
+            let acked = core
+                .commits
+                .ending_here(ended.as_ref(), queue.ack_with(claim, effects), |_| true)
+                .await
+                .map(Some);
+            // A notification's acknowledgement moves no run.
+            #[cfg(feature = "metrics")]
+            if acked.is_ok() && (ended.is_some() || next_step.is_some()) {
+                crate::telemetry::metrics::transition(&core.queue_name, transition);
+            }
+            acked
+        }
+        SettleKind::Retry(error) => {
+            let retried = queue.nack(claim, &error).await.map(|()| None);
+            #[cfg(feature = "metrics")]
+            if retried.is_ok() {
+                crate::telemetry::metrics::retried(&core.queue_name);
+            }
+            retried
+        }
         SettleKind::Fail {
             error,
             permanent,
@@ -266,6 +326,13 @@ async fn settle(core: &RuntimeCore, queue: &Queue, claim: &Claim, settlement: Se
                 .await;
             if !matches!(dead_lettered, Ok(true)) {
                 core.forget_own_dead_letter();
+            }
+            #[cfg(feature = "metrics")]
+            if matches!(dead_lettered, Ok(true)) {
+                crate::telemetry::metrics::dead_lettered(&core.queue_name, "worker");
+                if ended.is_some() {
+                    crate::telemetry::metrics::transition(&core.queue_name, transition);
+                }
             }
             dead_lettered.map(|_| None)
         }

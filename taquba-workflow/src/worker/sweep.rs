@@ -37,6 +37,10 @@ const RECONCILE_RETRIES: usize = 4;
 impl RuntimeCore {
     /// One round of maintenance; failures are logged and retried next round.
     pub(crate) async fn maintain(&self) {
+        #[cfg(feature = "metrics")]
+        if let Ok(stats) = self.queue.view().stats(&self.queue_name).await {
+            crate::telemetry::metrics::steps_due(&self.queue_name, stats.pending);
+        }
         if let Err(err) = self.reconcile_if_dead_count_changed().await {
             self.note_error(&err);
             warn!(queue = %self.queue_name, "dead-letter reconciliation failed: {err}");
@@ -273,6 +277,17 @@ pub(crate) async fn reconcile_job(core: &RuntimeCore, job: &JobRecord) -> Result
     let (Ok(run_id), Ok(step_number)) = (RunId::new(run_id.as_str()), step.parse::<u32>()) else {
         return Ok(0);
     };
+    let span = crate::telemetry::spans::reconcile(&core.queue_name, &run_id, step_number, job);
+    crate::telemetry::spans::within(span, reconcile_step(core, job, run_id, step_number)).await
+}
+
+/// [`reconcile_job`] of the step job `job`, step `step_number` of `run_id`.
+async fn reconcile_step(
+    core: &RuntimeCore,
+    job: &JobRecord,
+    run_id: RunId,
+    step_number: u32,
+) -> Result<usize> {
     for _ in 0..RECONCILE_RETRIES {
         let Some(pointer_bytes) = core.queue.view().kv_get(&step_kv_key(&run_id)).await? else {
             return Ok(0);
@@ -343,6 +358,8 @@ pub(crate) async fn reconcile_job(core: &RuntimeCore, job: &JobRecord) -> Result
             .await?
             .is_some()
         {
+            #[cfg(feature = "metrics")]
+            crate::telemetry::metrics::dead_lettered(&core.queue_name, "reconciled");
             return Ok(1);
         }
     }

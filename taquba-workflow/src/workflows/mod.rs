@@ -695,7 +695,7 @@ fn from_outcome<W: Workflow>(
     }
 }
 
-fn from_end<W: Workflow>(run_id: &RunId, end: RunEnd) -> Result<WorkflowResult<W>> {
+pub(crate) fn from_end<W: Workflow>(run_id: &RunId, end: RunEnd) -> Result<WorkflowResult<W>> {
     let kind = end.termination.error_kind;
     match end.outcome {
         Some(outcome) => from_outcome::<W>(outcome, kind),

@@ -1,0 +1,172 @@
+//! What the kit puts around the application's code: [`TestRunner`] and the
+//! job handler wrapper count calls and inject the failures queued with
+//! `fail_next`; [`TestHook`] shares one terminal hook across crashes.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::hooks::terminal::TerminalHook;
+use crate::jobs::{BoxFuture, Handler};
+use crate::model::{RunOutcome, StepError, StepOutcome};
+use crate::run::effects::TerminalEffects;
+use crate::runner::{Step, StepRunner};
+
+/// Failures queued by step name, each returned by one delivery instead of
+/// calling the runner.
+#[derive(Default)]
+pub(crate) struct Faults {
+    queued: Mutex<HashMap<String, VecDeque<StepError>>>,
+    /// How many are queued, so a delivery with none to take does not read
+    /// its step's name.
+    count: AtomicUsize,
+}
+
+impl Faults {
+    /// Queue `error` for the next delivery of the step named `step`.
+    pub(crate) fn push(&self, step: &str, error: StepError) {
+        let mut queued = self.queued.lock().unwrap_or_else(PoisonError::into_inner);
+        queued.entry(step.to_string()).or_default().push_back(error);
+        self.count.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The failure queued for the step `name()` names, if any.
+    pub(crate) fn take(&self, name: impl FnOnce() -> String) -> Option<StepError> {
+        if self.count.load(Ordering::SeqCst) == 0 {
+            return None;
+        }
+        let name = name();
+        let mut queued = self.queued.lock().unwrap_or_else(PoisonError::into_inner);
+        let errors = queued.get_mut(&name)?;
+        let error = errors.pop_front();
+        if errors.is_empty() {
+            queued.remove(&name);
+        }
+        if error.is_some() {
+            self.count.fetch_sub(1, Ordering::SeqCst);
+        }
+        error
+    }
+}
+
+/// What the wrappers share with the environment.
+#[derive(Default, Clone)]
+pub(crate) struct Probe {
+    pub(crate) calls: Arc<AtomicUsize>,
+    pub(crate) faults: Arc<Faults>,
+}
+
+/// The application's runner as the test kit runs it: every delivery is
+/// counted, and one queued with `fail_next` for its step returns that error
+/// instead of calling the runner. The runner is shared by every runtime the
+/// environment builds, so its state survives a
+/// [`crash`](super::TestRuntime::crash); it is [`inner`](Self::inner).
+pub struct TestRunner<R> {
+    runner: Arc<R>,
+    probe: Probe,
+    /// The name of a step that neither the runner nor its payload names.
+    label: Arc<str>,
+}
+
+impl<R> TestRunner<R> {
+    pub(crate) fn new(runner: Arc<R>, probe: Probe, label: Arc<str>) -> Self {
+        Self {
+            runner,
+            probe,
+            label,
+        }
+    }
+
+    /// The application's runner.
+    pub fn inner(&self) -> &R {
+        &self.runner
+    }
+}
+
+impl<R: StepRunner> StepRunner for TestRunner<R> {
+    async fn run_step(&self, step: &Step) -> Result<StepOutcome, StepError> {
+        self.probe.calls.fetch_add(1, Ordering::SeqCst);
+        let injected = self.probe.faults.take(|| {
+            self.runner
+                .step_name(step.step_number, &step.payload)
+                .or_else(|| crate::history::naming::Naming::Envelopes.step_of(&step.payload))
+                .unwrap_or_else(|| self.label.to_string())
+        });
+        match injected {
+            Some(error) => Err(error),
+            None => self.runner.run_step(step).await,
+        }
+    }
+
+    fn step_name(&self, step_number: u32, payload: &[u8]) -> Option<String> {
+        self.runner.step_name(step_number, payload)
+    }
+}
+
+/// The application's terminal hook, shared by every runtime the
+/// environment builds (see [`TestRunner`]).
+pub struct TestHook<H> {
+    hook: Arc<H>,
+}
+
+impl<H> TestHook<H> {
+    pub(crate) fn new(hook: Arc<H>) -> Self {
+        Self { hook }
+    }
+
+    /// The application's hook.
+    pub fn inner(&self) -> &H {
+        &self.hook
+    }
+}
+
+impl<H: TerminalHook> TerminalHook for TestHook<H> {
+    async fn on_termination(
+        &self,
+        outcome: &RunOutcome,
+        effects: &TerminalEffects,
+    ) -> Result<(), StepError> {
+        self.hook.on_termination(outcome, effects).await
+    }
+
+    fn observes(&self, outcome: &RunOutcome) -> bool {
+        self.hook.observes(outcome)
+    }
+}
+
+/// A registered job type as the kit runs it (see [`TestRunner`]): a job's
+/// step is named by the job's `NAME`.
+pub(crate) struct TestHandler {
+    name: &'static str,
+    handler: Arc<dyn Handler>,
+    probe: Probe,
+}
+
+impl TestHandler {
+    pub(crate) fn wrap(
+        name: &'static str,
+        handler: Arc<dyn Handler>,
+        probe: Probe,
+    ) -> Arc<dyn Handler> {
+        Arc::new(Self {
+            name,
+            handler,
+            probe,
+        })
+    }
+}
+
+impl Handler for TestHandler {
+    fn run<'a>(
+        &'a self,
+        payload: &'a [u8],
+        step: &'a Step,
+        state: &'a crate::jobs::StateMap,
+    ) -> BoxFuture<'a, Result<StepOutcome, StepError>> {
+        self.probe.calls.fetch_add(1, Ordering::SeqCst);
+        match self.probe.faults.take(|| self.name.to_string()) {
+            Some(error) => Box::pin(std::future::ready(Err(error))),
+            None => self.handler.run(payload, step, state),
+        }
+    }
+}
