@@ -62,6 +62,7 @@ pub enum CliError {
     Timeout(String),
     /// The dashboard could not listen on its address, or its server
     /// failed.
+    #[cfg(feature = "ui")]
     #[error("{0}")]
     Serve(String),
     /// Writing the output failed (other than a closed pipe).

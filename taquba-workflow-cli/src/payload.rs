@@ -56,6 +56,8 @@ impl Decoded {
     }
 }
 
+// For the dashboard's pages.
+#[cfg(feature = "ui")]
 impl Decoded {
     /// The value as text for reading: indented JSON, the text, or `0x…`
     /// hex.
@@ -124,6 +126,7 @@ mod tests {
         assert_eq!(Decoded::of(&bytes).text(), r#"{"files":3,"path":"/r.md"}"#);
     }
 
+    #[cfg(feature = "ui")]
     #[test]
     fn pretty_json_is_indented_and_names_its_encoding() {
         let bytes = rmp_serde::to_vec_named(&Report {

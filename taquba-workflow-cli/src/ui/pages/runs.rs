@@ -375,7 +375,7 @@ fn count_chips(listing: &Listing<'_>, counts: &Counts) -> Markup {
     html! {
         nav.counts aria-label="Runs by status" {
             a.chip href=(link("all")) class=[(listing.status == "all").then_some("current")] {
-                span.n { (counts.total) } " runs"
+                span.n { (counts.total) } (if counts.total == 1 { " run" } else { " runs" })
             }
             @for state in STATES {
                 a href=(link(state)) class={ "chip c-" (state) @if listing.status == state { " current" } } {
