@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use futures_util::StreamExt;
-use taquba::object_store::ObjectStore;
 use taquba::object_store::local::LocalFileSystem;
 use taquba::object_store::memory::InMemory;
+use taquba::object_store::{ObjectStore, ObjectStoreExt};
 use taquba::{EnqueueOptions, EnqueueRequest, OpenOptions, Queue, SettlementEffects};
 use taquba_workflow::jobs::{Job, JobContext, JobRunner};
 use taquba_workflow::{
@@ -56,7 +56,8 @@ struct Args {
     /// `shaped100`, `rt16`, `rt100`, `defaults`, `replay`, `memo`,
     /// `history` (interleaved pairs with run history off and on),
     /// `submit_wait` (runs timed from their submission to their result),
-    /// `jobs` (always InMemory), `group`, `latency` (sequential submits) or
+    /// `jobs` (always InMemory), `group`, `raw_group` (a group member's
+    /// transactions straight on the queue), `latency` (sequential submits) or
     /// `goals` (the goal rows, interleaved). A case with a
     /// baseline measures it in the same process, interleaved, and prints
     /// the ratio, unless `--bare`.
@@ -508,6 +509,118 @@ async fn group_members(kind: StoreKind, members: usize, sample_memory: bool) -> 
     (figure, peak)
 }
 
+/// The queue's floor for a group member, in the same process: the
+/// transactions and objects a member of [`group_members`] costs, straight on
+/// `taquba` and the object store. Members are submitted in chunks of 256,
+/// one transaction each (a step-0 enqueue with a caller-chosen id and a
+/// dedup key, the pointer, the run record and the member record per
+/// member, and the group's counter), while a loop of 100 in flight claims
+/// them; each is settled as a run's termination is (its result object
+/// written first, then an acknowledgement deleting the run record and the
+/// pointer and writing the terminal and member records); then every
+/// member's record is scanned and its result object read back.
+async fn raw_group_once(kind: StoreKind, members: usize) -> Figure {
+    let opened = open(kind).await;
+    let (queue, store) = (opened.queue.clone(), opened.store.clone());
+    let record = vec![0u8; 64];
+    measure(members as u64, async {
+        let worker = {
+            let (queue, store, record) = (queue.clone(), store.clone(), record.clone());
+            tokio::spawn(async move {
+                let mut done = 0;
+                let slots = Arc::new(tokio::sync::Semaphore::new(100));
+                let mut tasks = tokio::task::JoinSet::new();
+                while done < members {
+                    let first = slots.clone().acquire_owned().await.expect("open");
+                    let mut permits = vec![first];
+                    while let Ok(p) = slots.clone().try_acquire_owned() {
+                        permits.push(p);
+                    }
+                    let claims = queue
+                        .claim_batch("rawg", permits.len(), Duration::from_secs(30))
+                        .await
+                        .expect("claim");
+                    if claims.is_empty() {
+                        drop(permits);
+                        queue
+                            .wait_for_jobs_on("rawg", Duration::from_millis(5))
+                            .await;
+                        continue;
+                    }
+                    done += claims.len();
+                    for (claim, permit) in claims.into_iter().zip(permits) {
+                        let (queue, store, record) = (queue.clone(), store.clone(), record.clone());
+                        tasks.spawn(async move {
+                            let m =
+                                u64::from_le_bytes(claim.payload[..8].try_into().expect("8 bytes"));
+                            let path = taquba::object_store::path::Path::from(format!(
+                                "bench-memo/runs/{m}/run.workflow.outcome"
+                            ));
+                            store.put(&path, record.clone().into()).await.expect("put");
+                            let effects = SettlementEffects::default()
+                                .kv_delete(format!("bench/runs/{m}"))
+                                .kv_delete(format!("bench/steps/{m}"))
+                                .kv_put(format!("bench/outcomes/{m}"), record.clone())
+                                .kv_put(format!("bench/members/{m}"), record);
+                            queue.ack_with(&claim, effects).await.expect("ack");
+                            drop(permit);
+                        });
+                    }
+                    while tasks.try_join_next().is_some() {}
+                }
+                while tasks.join_next().await.is_some() {}
+            })
+        };
+        let ids: Vec<u64> = (0..members as u64).collect();
+        for chunk in ids.chunks(256) {
+            let mut effects = SettlementEffects::default();
+            for &m in chunk {
+                let id = queue.next_job_id();
+                effects = effects
+                    .enqueue(EnqueueRequest {
+                        queue: "rawg".into(),
+                        payload: m.to_le_bytes().to_vec(),
+                        options: EnqueueOptions::default()
+                            .dedup_key(format!("run:{m}:0"))
+                            .id_override(id.clone()),
+                    })
+                    .kv_put(format!("bench/steps/{m}"), id.into_bytes())
+                    .kv_put(format!("bench/runs/{m}"), record.clone())
+                    .kv_put(format!("bench/members/{m}"), record.clone());
+            }
+            effects = effects.kv_put("bench/counter", queue.next_job_id().into_bytes());
+            queue.commit_effects(effects).await.expect("chunk");
+        }
+        worker.await.expect("worker");
+        let scanned = queue
+            .view()
+            .kv_scan(b"bench/members/", .., members + 1)
+            .await
+            .expect("scan");
+        assert_eq!(scanned.entries.len(), members);
+        futures_util::stream::iter(0..members)
+            .map(|m| {
+                let store = store.clone();
+                async move {
+                    let path = taquba::object_store::path::Path::from(format!(
+                        "bench-memo/runs/{m}/run.workflow.outcome"
+                    ));
+                    store
+                        .get(&path)
+                        .await
+                        .expect("get")
+                        .bytes()
+                        .await
+                        .expect("bytes");
+                }
+            })
+            .buffer_unordered(32)
+            .collect::<Vec<_>>()
+            .await;
+    })
+    .await
+}
+
 /// Jobs/s and group members/s against steps/s at the runtime's defaults,
 /// all on InMemory, from interleaved rounds.
 async fn jobs_and_groups(args: &Args) {
@@ -808,17 +921,21 @@ async fn goals(args: &Args) {
         Vec::new(),
     );
     let (mut raws, mut defaults_all) = (Vec::new(), Vec::new());
+    let (mut raw_group, mut group_vs_raw) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
         let raw = raw_loop_once(kind, args, 100, false).await;
         let defaults = runtime_steps_once(kind, args, RuntimeCase::plain(None)).await;
         let submitted = submit_wait_once(kind, args).await;
         let members = group_members(kind, args.jobs, false).await.0;
+        let raw_members = raw_group_once(kind, args.jobs).await;
         let burst = jobs_per_sec(args).await;
         steps.push(defaults.per_sec / raw.per_sec);
         cpu.push(defaults.cpu_us / raw.cpu_us);
         e2e.push(submitted.per_sec / raw.per_sec);
         e2e_cpu.push(submitted.cpu_us / raw.cpu_us);
         group.push(members.per_sec / defaults.per_sec);
+        raw_group.push(raw_members.per_sec / raw.per_sec);
+        group_vs_raw.push(members.per_sec / raw_members.per_sec);
         jobs.push(burst.per_sec / defaults.per_sec);
         raws.push(raw);
         defaults_all.push(defaults);
@@ -848,6 +965,11 @@ async fn goals(args: &Args) {
         "group of {} members, submit + results vs steps: {group} (goal ≥ 0.75) {}",
         args.jobs,
         verdict(group.median >= 0.75)
+    );
+    println!(
+        "  the queue's floor: a member's transactions straight on taquba {} of raw 100's steps/s; the group {} of that floor",
+        Spread::of(raw_group),
+        Spread::of(group_vs_raw)
     );
     println!(
         "{} jobs at once, each awaited vs steps:   {} (hold: 0.69 before this work)",
@@ -928,6 +1050,16 @@ async fn main() {
                         })
                         .await,
                     );
+                    paired_rows(
+                        "raw queue, a group member's transactions",
+                        &format!("group of {} members vs the raw queue's", args.jobs),
+                        paired(
+                            rounds,
+                            || raw_group_once(kind, args.jobs),
+                            || async { group_members(kind, args.jobs, false).await.0 },
+                        )
+                        .await,
+                    );
                     return;
                 }
                 _ => {}
@@ -974,6 +1106,7 @@ async fn main() {
                 return;
             }
             "group" => group_members(kind, args.jobs, false).await.0,
+            "raw_group" => raw_group_once(kind, args.jobs).await,
             "memo" => {
                 runtime_steps(
                     kind,
