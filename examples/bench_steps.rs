@@ -6,7 +6,7 @@
 //! ```
 //!
 //! Every figure is measured here, now: steps/s (wall clock) and CPU µs per
-//! step (user + system time of the process, from `/proc/self/stat`) for
+//! step (user + system time of the process, from `getrusage`) for
 //! `runs` concurrent runs of `steps` steps whose runner continues at once, on
 //! `InMemory` and on a temporary directory, with a 1 ms WAL flush interval.
 //! The baseline ("raw") does the same transitions directly on `taquba`:
@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use futures_util::StreamExt;
-use taquba::object_store::ObjectStore;
 use taquba::object_store::local::LocalFileSystem;
 use taquba::object_store::memory::InMemory;
+use taquba::object_store::{ObjectStore, ObjectStoreExt};
 use taquba::{EnqueueOptions, EnqueueRequest, OpenOptions, Queue, SettlementEffects};
 use taquba_workflow::jobs::{Job, JobContext, JobRunner};
 use taquba_workflow::{
@@ -52,29 +52,45 @@ struct Args {
     /// Only the step figures (skip jobs and groups).
     #[arg(long)]
     steps_only: bool,
-    /// Run one case alone (for instruction counts under valgrind):
-    /// `raw16`, `raw100`, `shaped100`, `rt16`, `rt100`, `defaults`, `replay`, `memo`,
+    /// Run one case (on InMemory unless `--dir`): `raw16`, `raw100`,
+    /// `shaped100`, `rt16`, `rt100`, `defaults`, `replay`, `memo`,
     /// `history` (interleaved pairs with run history off and on),
-    /// `jobs` (always InMemory) or `group`, on InMemory.
+    /// `submit_wait` (runs timed from their submission to their result),
+    /// `jobs` (always InMemory), `group`, `raw_group` (a group member's
+    /// transactions straight on the queue), `latency` (sequential submits) or
+    /// `goals` (the issue's goal rows, interleaved). A case with a
+    /// baseline measures it in the same process, interleaved, and prints
+    /// the ratio, unless `--bare`.
     #[arg(long)]
     only: Option<String>,
     /// With `--only`: on a temporary directory instead of InMemory.
     #[arg(long)]
     dir: bool,
+    /// With `--only`: the case alone, without its baseline (for instruction
+    /// counts under valgrind).
+    #[arg(long)]
+    bare: bool,
+    /// Sequential submissions in the latency figure.
+    #[arg(long, default_value_t = 1000)]
+    sequential: usize,
+    /// The WAL flush interval every store is opened with, in ms.
+    #[arg(long, default_value_t = 1.0)]
+    flush_ms: f64,
 }
 
-/// Process CPU time (user + system), from /proc/self/stat, in µs.
+/// Process CPU time (user + system, every thread), from `getrusage`, in µs.
 fn cpu_micros() -> u64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return 0;
+    // SAFETY: `getrusage` writes the whole struct it is given and reads
+    // nothing else; a zeroed `rusage` is a valid value of it.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut usage) != 0 {
+            return 0;
+        }
+        usage
     };
-    // Fields after the parenthesised command name; utime and stime are the
-    // 14th and 15th fields of the line, in clock ticks (100 per second).
-    let rest = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
-        + fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
-    ticks * 10_000
+    let micros = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    micros(usage.ru_utime) + micros(usage.ru_stime)
 }
 
 /// Resident set size, from /proc/self/status, in KiB.
@@ -161,7 +177,7 @@ async fn open(kind: StoreKind) -> Opened {
             )
         }
     };
-    let options = OpenOptions::default().flush_interval(Duration::from_millis(1));
+    let options = OpenOptions::default().flush_interval(Duration::from_secs_f64(flush_ms() / 1e3));
     let queue = Queue::open_with_options(store.clone(), "bench", options)
         .await
         .expect("open");
@@ -176,6 +192,8 @@ async fn open(kind: StoreKind) -> Opened {
 struct Continue {
     steps: u32,
     memo: bool,
+    /// Bytes of the result the last step returns.
+    result_len: usize,
 }
 
 impl StepRunner for Continue {
@@ -184,7 +202,9 @@ impl StepRunner for Continue {
             step.memo.put("m", &step.payload).await?;
         }
         if step.step_number + 1 >= self.steps {
-            Ok(StepOutcome::Succeed { result: Vec::new() })
+            Ok(StepOutcome::Succeed {
+                result: vec![7; self.result_len],
+            })
         } else {
             Ok(StepOutcome::continue_now(step.payload.clone()))
         }
@@ -268,6 +288,7 @@ async fn runtime_steps_once(kind: StoreKind, args: &Args, case: RuntimeCase) -> 
         Continue {
             steps: args.steps,
             memo: case.memo,
+            result_len: 0,
         },
         NoopTerminalHook,
     );
@@ -488,6 +509,118 @@ async fn group_members(kind: StoreKind, members: usize, sample_memory: bool) -> 
     (figure, peak)
 }
 
+/// The queue's floor for a group member, in the same process: the
+/// transactions and objects a member of [`group_members`] costs, straight on
+/// `taquba` and the object store. Members are submitted in chunks of 256,
+/// one transaction each (a step-0 enqueue with a caller-chosen id and a
+/// dedup key, the pointer, the run record and the member record per
+/// member, and the group's counter), while a loop of 100 in flight claims
+/// them; each is settled as a run's termination is (its result object
+/// written first, then an acknowledgement deleting the run record and the
+/// pointer and writing the terminal and member records); then every
+/// member's record is scanned and its result object read back.
+async fn raw_group_once(kind: StoreKind, members: usize) -> Figure {
+    let opened = open(kind).await;
+    let (queue, store) = (opened.queue.clone(), opened.store.clone());
+    let record = vec![0u8; 64];
+    measure(members as u64, async {
+        let worker = {
+            let (queue, store, record) = (queue.clone(), store.clone(), record.clone());
+            tokio::spawn(async move {
+                let mut done = 0;
+                let slots = Arc::new(tokio::sync::Semaphore::new(100));
+                let mut tasks = tokio::task::JoinSet::new();
+                while done < members {
+                    let first = slots.clone().acquire_owned().await.expect("open");
+                    let mut permits = vec![first];
+                    while let Ok(p) = slots.clone().try_acquire_owned() {
+                        permits.push(p);
+                    }
+                    let claims = queue
+                        .claim_batch("rawg", permits.len(), Duration::from_secs(30))
+                        .await
+                        .expect("claim");
+                    if claims.is_empty() {
+                        drop(permits);
+                        queue
+                            .wait_for_jobs_on("rawg", Duration::from_millis(5))
+                            .await;
+                        continue;
+                    }
+                    done += claims.len();
+                    for (claim, permit) in claims.into_iter().zip(permits) {
+                        let (queue, store, record) = (queue.clone(), store.clone(), record.clone());
+                        tasks.spawn(async move {
+                            let m =
+                                u64::from_le_bytes(claim.payload[..8].try_into().expect("8 bytes"));
+                            let path = taquba::object_store::path::Path::from(format!(
+                                "bench-memo/runs/{m}/run.workflow.outcome"
+                            ));
+                            store.put(&path, record.clone().into()).await.expect("put");
+                            let effects = SettlementEffects::default()
+                                .kv_delete(format!("bench/runs/{m}"))
+                                .kv_delete(format!("bench/steps/{m}"))
+                                .kv_put(format!("bench/outcomes/{m}"), record.clone())
+                                .kv_put(format!("bench/members/{m}"), record);
+                            queue.ack_with(&claim, effects).await.expect("ack");
+                            drop(permit);
+                        });
+                    }
+                    while tasks.try_join_next().is_some() {}
+                }
+                while tasks.join_next().await.is_some() {}
+            })
+        };
+        let ids: Vec<u64> = (0..members as u64).collect();
+        for chunk in ids.chunks(256) {
+            let mut effects = SettlementEffects::default();
+            for &m in chunk {
+                let id = queue.next_job_id();
+                effects = effects
+                    .enqueue(EnqueueRequest {
+                        queue: "rawg".into(),
+                        payload: m.to_le_bytes().to_vec(),
+                        options: EnqueueOptions::default()
+                            .dedup_key(format!("run:{m}:0"))
+                            .id_override(id.clone()),
+                    })
+                    .kv_put(format!("bench/steps/{m}"), id.into_bytes())
+                    .kv_put(format!("bench/runs/{m}"), record.clone())
+                    .kv_put(format!("bench/members/{m}"), record.clone());
+            }
+            effects = effects.kv_put("bench/counter", queue.next_job_id().into_bytes());
+            queue.commit_effects(effects).await.expect("chunk");
+        }
+        worker.await.expect("worker");
+        let scanned = queue
+            .view()
+            .kv_scan(b"bench/members/", .., members + 1)
+            .await
+            .expect("scan");
+        assert_eq!(scanned.entries.len(), members);
+        futures_util::stream::iter(0..members)
+            .map(|m| {
+                let store = store.clone();
+                async move {
+                    let path = taquba::object_store::path::Path::from(format!(
+                        "bench-memo/runs/{m}/run.workflow.outcome"
+                    ));
+                    store
+                        .get(&path)
+                        .await
+                        .expect("get")
+                        .bytes()
+                        .await
+                        .expect("bytes");
+                }
+            })
+            .buffer_unordered(32)
+            .collect::<Vec<_>>()
+            .await;
+    })
+    .await
+}
+
 /// Jobs/s and group members/s against steps/s at the runtime's defaults,
 /// all on InMemory, from interleaved rounds.
 async fn jobs_and_groups(args: &Args) {
@@ -563,6 +696,295 @@ impl PeakRss {
     }
 }
 
+/// Runs timed from their submission to their result, the way an
+/// application uses the runtime: `args.runs` runs of `args.steps` steps at
+/// the runtime's defaults, submitted at once while the worker runs, each
+/// awaited for its outcome. The last step returns an 8-byte result, so
+/// every run writes its result record and every wait returns it.
+async fn submit_wait_once(kind: StoreKind, args: &Args) -> Figure {
+    let opened = open(kind).await;
+    let runtime = WorkflowRuntime::builder(
+        opened.queue.clone(),
+        opened.store.clone(),
+        Continue {
+            steps: args.steps,
+            memo: false,
+            result_len: 8,
+        },
+        NoopTerminalHook,
+    )
+    .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let total = args.runs as u64 * u64::from(args.steps);
+    let figure = measure(total, async {
+        futures_util::stream::iter(0..args.runs)
+            .map(|_| {
+                let runtime = runtime.clone();
+                async move {
+                    let id = runtime
+                        .submit(RunSpec::default())
+                        .await
+                        .expect("submit")
+                        .run_id;
+                    let end = runtime.wait(&id).await.expect("wait");
+                    let result = end.outcome.and_then(|outcome| outcome.result);
+                    assert_eq!(result.map(|r| r.len()), Some(8), "the run's result");
+                }
+            })
+            .buffer_unordered(args.runs.max(1))
+            .collect::<Vec<_>>()
+            .await;
+    })
+    .await;
+    worker.shutdown().await.expect("shutdown");
+    figure
+}
+
+/// Latency percentiles, in ms.
+#[derive(Clone, Copy)]
+struct Latency {
+    p50_ms: f64,
+    p90_ms: f64,
+}
+
+fn latency_of(mut samples: Vec<Duration>) -> Latency {
+    samples.sort();
+    let at = |q: f64| {
+        let i = ((samples.len() as f64 * q) as usize).min(samples.len().saturating_sub(1));
+        samples.get(i).map_or(0.0, |d| d.as_secs_f64() * 1e3)
+    };
+    Latency {
+        p50_ms: at(0.5),
+        p90_ms: at(0.9),
+    }
+}
+
+/// `args.sequential` submissions one after another (each awaited before
+/// the next starts), no worker running: what one caller waits for.
+async fn submit_latency(kind: StoreKind, args: &Args) -> Latency {
+    let opened = open(kind).await;
+    let runtime = WorkflowRuntime::builder(
+        opened.queue.clone(),
+        opened.store.clone(),
+        Echo,
+        NoopTerminalHook,
+    )
+    .build();
+    let mut samples = Vec::with_capacity(args.sequential);
+    for _ in 0..args.sequential {
+        let start = Instant::now();
+        runtime.submit(RunSpec::default()).await.expect("submit");
+        samples.push(start.elapsed());
+    }
+    latency_of(samples)
+}
+
+/// The queue's floor for [`submit_latency`]: as many sequential commits
+/// straight on `taquba`, each of a submission's shape (an enqueue with a
+/// caller-chosen id and a dedup key, and two small KV puts: the pointer
+/// and the run record).
+async fn raw_commit_latency(kind: StoreKind, args: &Args) -> Latency {
+    let opened = open(kind).await;
+    let queue = opened.queue.clone();
+    let mut samples = Vec::with_capacity(args.sequential);
+    for run in 0..args.sequential {
+        let id = queue.next_job_id();
+        let effects = SettlementEffects::default()
+            .enqueue(EnqueueRequest {
+                queue: "raw".into(),
+                payload: Vec::new(),
+                options: EnqueueOptions::default()
+                    .dedup_key(format!("run:{run}:0"))
+                    .id_override(id.clone()),
+            })
+            .kv_put(format!("bench/steps/{run}"), id.into_bytes())
+            .kv_put(format!("bench/runs/{run}"), vec![0; 48]);
+        let start = Instant::now();
+        queue.commit_effects(effects).await.expect("commit");
+        samples.push(start.elapsed());
+    }
+    latency_of(samples)
+}
+
+/// The median, least and greatest of per-round ratios.
+struct Spread {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Spread {
+    fn of(mut values: Vec<f64>) -> Self {
+        values.sort_by(f64::total_cmp);
+        Self {
+            median: values[values.len() / 2],
+            min: values[0],
+            max: values[values.len() - 1],
+        }
+    }
+}
+
+impl std::fmt::Display for Spread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.2} [{:.2}–{:.2}]", self.median, self.min, self.max)
+    }
+}
+
+/// `rounds` interleaved measurements of `base` and `case` (each on a fresh
+/// store): their medians and the spread of the per-round ratios of rate
+/// and CPU per item (case / base).
+async fn paired<B, FB, C, FC>(
+    rounds: usize,
+    mut base: B,
+    mut case: C,
+) -> (Figure, Figure, Spread, Spread)
+where
+    B: FnMut() -> FB,
+    FB: std::future::Future<Output = Figure>,
+    C: FnMut() -> FC,
+    FC: std::future::Future<Output = Figure>,
+{
+    let (mut bases, mut cases, mut rates, mut cpus) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds.max(1) {
+        let b = base().await;
+        let c = case().await;
+        rates.push(c.per_sec / b.per_sec);
+        cpus.push(c.cpu_us / b.cpu_us);
+        bases.push(b);
+        cases.push(c);
+    }
+    (
+        median_of(bases),
+        median_of(cases),
+        Spread::of(rates),
+        Spread::of(cpus),
+    )
+}
+
+/// Print a [`paired`] measurement.
+fn paired_rows(
+    base_label: &str,
+    label: &str,
+    (base, case, rate, cpu): (Figure, Figure, Spread, Spread),
+) {
+    row(base_label, base, None);
+    row(label, case, Some(base));
+    println!("  per-round ratios, median [min–max]: rate {rate}, CPU ×{cpu}");
+}
+
+/// Print the sequential-submit latency against the flush interval and the
+/// queue's own commit of the same shape.
+async fn latency_rows(kind: StoreKind, args: &Args) -> (Latency, Latency) {
+    let raw = raw_commit_latency(kind, args).await;
+    let ours = submit_latency(kind, args).await;
+    println!(
+        "{} sequential raw taquba commits (a submission's shape): p50 {:.2} ms, p90 {:.2} ms",
+        args.sequential, raw.p50_ms, raw.p90_ms
+    );
+    println!(
+        "{} sequential submits: p50 {:.2} ms ({:.2} flush intervals; raw ×{:.2}), p90 {:.2} ms",
+        args.sequential,
+        ours.p50_ms,
+        ours.p50_ms / flush_ms(),
+        ours.p50_ms / raw.p50_ms,
+        ours.p90_ms
+    );
+    (raw, ours)
+}
+
+/// The WAL flush interval every store here is opened with, in ms
+/// (`--flush-ms`, set once at start).
+static FLUSH: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+
+fn flush_ms() -> f64 {
+    *FLUSH.get().unwrap_or(&1.0)
+}
+
+/// The issue's goal rows, from interleaved rounds on InMemory (raw loop at
+/// 100 in flight, steps at defaults, runs timed from submit to result, a
+/// group, a burst of jobs), then the sequential-submit latency: each row
+/// the median [least–greatest] of the per-round ratios, against its goal.
+async fn goals(args: &Args) {
+    let kind = StoreKind::Memory;
+    let rounds = args.repeat.max(1);
+    let flush = flush_ms();
+    println!(
+        "\n== goals (InMemory, {flush} ms WAL flush; {rounds} interleaved rounds; median [min–max] of the per-round ratios)"
+    );
+    let (mut steps, mut cpu, mut e2e, mut e2e_cpu, mut group, mut jobs) = (
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+    );
+    let (mut raws, mut defaults_all) = (Vec::new(), Vec::new());
+    let (mut raw_group, mut group_vs_raw) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let raw = raw_loop_once(kind, args, 100, false).await;
+        let defaults = runtime_steps_once(kind, args, RuntimeCase::plain(None)).await;
+        let submitted = submit_wait_once(kind, args).await;
+        let members = group_members(kind, args.jobs, false).await.0;
+        let raw_members = raw_group_once(kind, args.jobs).await;
+        let burst = jobs_per_sec(args).await;
+        steps.push(defaults.per_sec / raw.per_sec);
+        cpu.push(defaults.cpu_us / raw.cpu_us);
+        e2e.push(submitted.per_sec / raw.per_sec);
+        e2e_cpu.push(submitted.cpu_us / raw.cpu_us);
+        group.push(members.per_sec / defaults.per_sec);
+        raw_group.push(raw_members.per_sec / raw.per_sec);
+        group_vs_raw.push(members.per_sec / raw_members.per_sec);
+        jobs.push(burst.per_sec / defaults.per_sec);
+        raws.push(raw);
+        defaults_all.push(defaults);
+    }
+    let (raw, defaults) = (median_of(raws), median_of(defaults_all));
+    row("raw taquba loop, 100 in flight", raw, None);
+    row("runtime, defaults vs raw 100", defaults, Some(raw));
+    let verdict = |met: bool| if met { "met" } else { "NOT met" };
+    let (steps, cpu) = (Spread::of(steps), Spread::of(cpu));
+    println!(
+        "steps at defaults vs raw 100:          {steps} (goal ≥ 0.50) {}",
+        verdict(steps.median >= 0.5)
+    );
+    println!(
+        "CPU per step at defaults vs raw 100:  ×{cpu} (goal ≤ 2.00) {}",
+        verdict(cpu.median <= 2.0)
+    );
+    println!(
+        "{} runs × {} steps, submit → result vs raw 100: {} (CPU ×{})",
+        args.runs,
+        args.steps,
+        Spread::of(e2e),
+        Spread::of(e2e_cpu)
+    );
+    let group = Spread::of(group);
+    println!(
+        "group of {} members, submit + results vs steps: {group} (goal ≥ 0.75) {}",
+        args.jobs,
+        verdict(group.median >= 0.75)
+    );
+    println!(
+        "  the queue's floor: a member's transactions straight on taquba {} of raw 100's steps/s; the group {} of that floor",
+        Spread::of(raw_group),
+        Spread::of(group_vs_raw)
+    );
+    println!(
+        "{} jobs at once, each awaited vs steps:   {} (hold: 0.69 before this work)",
+        args.jobs,
+        Spread::of(jobs)
+    );
+    let (_, latency) = latency_rows(kind, args).await;
+    let limit = 1.5 * flush + 0.3;
+    println!(
+        "sequential submit p50: {:.2} ms (goal ≤ 1.5 × {flush} ms + 0.3 ms = {limit:.2} ms) {}",
+        latency.p50_ms,
+        verdict(latency.p50_ms <= limit)
+    );
+}
+
 fn row(label: &str, figure: Figure, baseline: Option<Figure>) {
     match baseline {
         Some(base) => println!(
@@ -582,9 +1004,10 @@ fn row(label: &str, figure: Figure, baseline: Option<Figure>) {
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     let args = Args::parse();
+    FLUSH.set(args.flush_ms).expect("set once");
     println!(
-        "{} runs x {} steps, runner continues at once, 1 ms WAL flush; CPU = process user+system time; median of {}",
-        args.runs, args.steps, args.repeat
+        "{} runs x {} steps, runner continues at once, {} ms WAL flush; CPU = process user+system time (getrusage); median of {}",
+        args.runs, args.steps, args.flush_ms, args.repeat
     );
     if let Some(case) = &args.only {
         let kind = if args.dir {
@@ -593,6 +1016,55 @@ async fn main() {
             StoreKind::Memory
         };
         let plain = RuntimeCase::plain;
+        let rounds = args.repeat;
+        if !args.bare {
+            let defaults = || runtime_steps_once(kind, &args, plain(None));
+            match case.as_str() {
+                "submit_wait" => {
+                    paired_rows(
+                        "raw taquba loop, 100 in flight",
+                        "runs timed from submit to result vs raw 100",
+                        paired(
+                            rounds,
+                            || raw_loop_once(kind, &args, 100, false),
+                            || submit_wait_once(kind, &args),
+                        )
+                        .await,
+                    );
+                    return;
+                }
+                "jobs" => {
+                    paired_rows(
+                        "runtime, defaults",
+                        &format!("{} jobs at once, each awaited vs steps", args.jobs),
+                        paired(rounds, defaults, || jobs_per_sec(&args)).await,
+                    );
+                    return;
+                }
+                "group" => {
+                    paired_rows(
+                        "runtime, defaults",
+                        &format!("group of {} members, submit + results vs steps", args.jobs),
+                        paired(rounds, defaults, || async {
+                            group_members(kind, args.jobs, false).await.0
+                        })
+                        .await,
+                    );
+                    paired_rows(
+                        "raw queue, a group member's transactions",
+                        &format!("group of {} members vs the raw queue's", args.jobs),
+                        paired(
+                            rounds,
+                            || raw_group_once(kind, args.jobs),
+                            || async { group_members(kind, args.jobs, false).await.0 },
+                        )
+                        .await,
+                    );
+                    return;
+                }
+                _ => {}
+            }
+        }
         let figure = match case.as_str() {
             "raw16" => raw_steps(kind, &args, 16).await,
             "raw100" => raw_steps(kind, &args, 100).await,
@@ -616,7 +1088,25 @@ async fn main() {
                 return;
             }
             "jobs" => jobs_per_sec(&args).await,
+            "submit_wait" => median(rounds, || submit_wait_once(kind, &args)).await,
+            "latency" => {
+                if args.bare {
+                    let latency = submit_latency(kind, &args).await;
+                    println!(
+                        "sequential submits: p50 {:.2} ms, p90 {:.2} ms",
+                        latency.p50_ms, latency.p90_ms
+                    );
+                } else {
+                    latency_rows(kind, &args).await;
+                }
+                return;
+            }
+            "goals" => {
+                goals(&args).await;
+                return;
+            }
             "group" => group_members(kind, args.jobs, false).await.0,
+            "raw_group" => raw_group_once(kind, args.jobs).await,
             "memo" => {
                 runtime_steps(
                     kind,
@@ -662,6 +1152,15 @@ async fn main() {
         );
         let defaults = runtime_steps(kind, &args, RuntimeCase::plain(None)).await;
         row("runtime, defaults vs raw 100", defaults, Some(raw_full));
+        let submitted = median(args.repeat, || submit_wait_once(kind, &args)).await;
+        row(
+            "runs timed from submit to result vs raw 100",
+            submitted,
+            Some(raw_full),
+        );
+        if matches!(kind, StoreKind::Dir) {
+            latency_rows(kind, &args).await;
+        }
         let replay = runtime_steps(
             kind,
             &args,
@@ -694,6 +1193,7 @@ async fn main() {
         if matches!(kind, StoreKind::Memory) && !args.steps_only {
             // Before the temp-dir cases, whose write-back would slow them.
             jobs_and_groups(&args).await;
+            goals(&args).await;
         }
     }
     if args.steps_only {

@@ -318,8 +318,9 @@ fn attempt_outcome(
         let error = termination.error.as_deref().unwrap_or_default();
         // The reason of a cancellation from outside, from the terminal
         // record the settlement commits (the request may be newer than the
-        // run record the step was claimed with).
-        let committed_reason = match &settlement.kind {
+        // run record the step was claimed with). Decoded for a cancellation
+        // only: no other outcome reads it.
+        let committed_reason = || match &settlement.kind {
             SettleKind::Ack(effects) | SettleKind::Fail { effects, .. } => effects
                 .kv_writes
                 .get(&outcome_kv_key(run_id))
@@ -334,13 +335,19 @@ fn attempt_outcome(
                 error,
             ),
             // A runner's reason, else the reason given from outside.
-            TerminalStatus::Cancelled => DurableAttemptOutcome::cancelled(
-                termination
-                    .error
-                    .as_deref()
-                    .or(committed_reason.as_deref())
-                    .or(run.cancel_reason.as_deref()),
-            ),
+            TerminalStatus::Cancelled => {
+                let committed = match termination.error {
+                    Some(_) => None,
+                    None => committed_reason(),
+                };
+                DurableAttemptOutcome::cancelled(
+                    termination
+                        .error
+                        .as_deref()
+                        .or(committed.as_deref())
+                        .or(run.cancel_reason.as_deref()),
+                )
+            }
         });
     }
     match &settlement.kind {

@@ -35,26 +35,35 @@ use crate::model::RunEnd;
 use crate::run::watch::RunWatchers;
 use crate::store::keys::RunId;
 
-/// Run `work` on a Tokio task of its own and return its result. Dropping
-/// the returned future detaches the task, which runs `work` to its end.
-/// A panic of `work` resumes in the caller.
+/// Run `work` on a Tokio task of its own and return its result. The task
+/// is spawned at the call, so dropping the returned future (even before its
+/// first poll) detaches the task, which runs `work` to its end. A panic of
+/// `work` resumes in the caller.
+///
+/// `work` is boxed before it is spawned: the futures that commit hold the
+/// queue's transaction futures, tens of KiB, which the task's cell, its
+/// output slot and every move on the way into the scheduler would copy
+/// whole; boxed, they are copied once and then moved as one pointer.
 ///
 /// # Errors
 /// `work`'s error; [`Error::RuntimeShutdown`] when the Tokio runtime shut
 /// down before `work` finished (the only way the task can be cancelled:
 /// its handle is never aborted).
-pub(crate) async fn detached<T, E, F>(work: F) -> Result<T>
+pub(crate) fn detached<T, E, F>(work: F) -> impl Future<Output = Result<T>> + Send + 'static
 where
     F: Future<Output = std::result::Result<T, E>> + Send + 'static,
     T: Send + 'static,
     E: Into<Error> + Send + 'static,
 {
-    match tokio::spawn(work).await {
-        Ok(result) => result.map_err(Into::into),
-        Err(err) => match err.try_into_panic() {
-            Ok(panic) => std::panic::resume_unwind(panic),
-            Err(_) => Err(Error::RuntimeShutdown),
-        },
+    let task = tokio::spawn(Box::pin(work));
+    async move {
+        match task.await {
+            Ok(result) => result.map_err(Into::into),
+            Err(err) => match err.try_into_panic() {
+                Ok(panic) => std::panic::resume_unwind(panic),
+                Err(_) => Err(Error::RuntimeShutdown),
+            },
+        }
     }
 }
 
@@ -258,7 +267,7 @@ mod tests {
             let _ = tx.send("finished");
             Ok::<_, Error>(())
         });
-        // Started by its first poll, then dropped.
+        // Polled once, then dropped.
         let mut call = Box::pin(call);
         let polled =
             std::future::poll_fn(|cx| std::task::Poll::Ready(call.as_mut().poll(cx))).await;

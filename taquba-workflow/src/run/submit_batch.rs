@@ -121,7 +121,8 @@ async fn drain(queue: Arc<Queue>, pending: Arc<Mutex<Pending>>, in_flight: Arc<S
             let take = batch_len(pending.items.iter().map(|item| &item.effects));
             pending.items.drain(..take).collect()
         };
-        tokio::spawn(commit_batch(queue.clone(), batch, permit));
+        // Boxed: the commit's future is tens of KiB (see `detached`).
+        tokio::spawn(Box::pin(commit_batch(queue.clone(), batch, permit)));
     }
 }
 
