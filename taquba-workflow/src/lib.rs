@@ -78,6 +78,21 @@
 //! Every timestamp is read through a [`taquba::Clock`], by default the
 //! queue's own, so a [`taquba::MockClock`] drives timers, replay schedules
 //! and retention in tests ([`WorkflowRuntimeBuilder::clock`] overrides it).
+//!
+//! # Features
+//!
+//! * `macros` (default): `#[job]`, `#[workflow]` and `#[step]`.
+//! * `testing`: the `testing` module, a test environment on a mock clock
+//!   (run until idle, advance time, crash and reopen, inject failures).
+//! * `opentelemetry`: the W3C trace context current at submission is
+//!   stored with the run ([`HEADER_TRACEPARENT`], [`HEADER_TRACESTATE`]) and
+//!   parents every step attempt's `workflow.step` span; a signal's sender
+//!   is a span link of the step it wakes. (The spans themselves are always
+//!   there, through `tracing`.)
+//! * `metrics`: counters, histograms and gauges through the `metrics`
+//!   facade (the README lists them).
+//! * `webhooks`: `WebhookTerminalHook`; `aws`, `gcp`, `azure`: `taquba`'s
+//!   object stores.
 
 #![warn(missing_docs)]
 

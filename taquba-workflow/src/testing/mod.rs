@@ -22,6 +22,10 @@
 //! Tokio's paused time advances whenever every task waits, so a test takes
 //! the time of the work it does, nothing more. (It works on a runtime with
 //! real time too, only slower.) The clock starts at [`TEST_EPOCH_MS`].
+//! Move time with `advance`, not `tokio::time::sleep`: the runtime's
+//! durable times are all on the clock, and under paused time Tokio fires
+//! the queue's 1 ms WAL flush timer for every millisecond a sleep skips, so
+//! a sleep of an hour costs seconds.
 //!
 //! # A workflow with a timer, a signal and a crash
 //!

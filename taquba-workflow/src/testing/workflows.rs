@@ -316,6 +316,8 @@ impl<R, H> fmt::Debug for TestRuntimeBuilder<R, H> {
 
 impl<R: StepRunner + 'static, H: TerminalHook + 'static> TestRuntimeBuilder<R, H> {
     /// Tell `hook` of every termination (replacing the hook given before).
+    /// Call it before [`configure`](Self::configure), whose closure names
+    /// the hook's type: a hook set after drops it.
     pub fn hook<H2: TerminalHook + 'static>(self, hook: H2) -> TestRuntimeBuilder<R, H2> {
         TestRuntimeBuilder {
             runner: self.runner,

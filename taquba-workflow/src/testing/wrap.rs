@@ -170,3 +170,36 @@ impl Handler for TestHandler {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queued_failures_are_taken_in_order_by_name_and_only_then() {
+        let faults = Faults::default();
+        let mut asked = 0;
+        assert!(
+            faults
+                .take(|| {
+                    asked += 1;
+                    "a".into()
+                })
+                .is_none()
+        );
+        assert_eq!(asked, 0, "with nothing queued the name is not read");
+        faults.push("a", StepError::transient("first"));
+        faults.push("b", StepError::permanent("other"));
+        faults.push("a", StepError::transient("second"));
+        assert!(faults.take(|| "c".into()).is_none());
+        let taken: Vec<_> = std::iter::from_fn(|| faults.take(|| "a".into()))
+            .map(|error| error.message)
+            .collect();
+        assert_eq!(taken, ["first", "second"]);
+        assert_eq!(
+            faults.take(|| "b".into()).map(|error| error.kind),
+            Some(crate::StepErrorKind::Permanent)
+        );
+        assert_eq!(faults.count.load(Ordering::SeqCst), 0);
+    }
+}

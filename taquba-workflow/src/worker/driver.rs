@@ -152,13 +152,13 @@ where
         for (claim, (runner_permit, settle_permit)) in claims.into_iter().zip(permits) {
             let inner = inner.clone();
             let queue = queue.clone();
-            let span = spans::step(&inner.core.queue_name, claim.job(), || {
-                inner.span_names(claim.job())
-            });
             tasks.spawn(async move {
                 #[cfg(feature = "metrics")]
                 let _in_flight = crate::telemetry::metrics::InFlight::begin(&inner.core.queue_name);
                 let job_id = claim.id.clone();
+                let span = spans::step(&inner.core.queue_name, claim.job(), || {
+                    inner.span_names(claim.job())
+                });
                 #[cfg(feature = "opentelemetry")]
                 crate::telemetry::otel::link_signal_sender(&inner.core, &span, claim.job()).await;
                 // Boxed: the step's future is kilobytes (the runner's own

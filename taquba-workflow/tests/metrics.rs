@@ -2,7 +2,7 @@
 //! debugging recorder: the names and labels the README's table lists, with
 //! the values a known set of runs produces.
 //!
-//! `cargo test --features metrics --test metrics`
+//! `cargo test -p taquba-workflow --features testing,metrics --test metrics`
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! signal's sender a link of the step it woke, not its parent; a run
 //! failed by dead-letter reconciliation after a restart in that trace too.
 //!
-//! `cargo test --features opentelemetry --test trace_context`
+//! `cargo test -p taquba-workflow --features testing,opentelemetry --test trace_context`
 
 use std::time::Duration;
 
