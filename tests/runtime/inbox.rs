@@ -37,6 +37,12 @@ impl StepRunner for Runner {
     async fn run_step(&self, step: &Step) -> Result<StepOutcome, StepError> {
         let id = step.run_id.to_string();
         match step.step_number {
+            0 if id.starts_with("hold") => {
+                // Outlives the inbox round's wait for it once cancelled.
+                step.cancel_token.cancelled().await;
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                Ok(StepOutcome::Succeed { result: vec![] })
+            }
             0 if id.starts_with("slow") => Ok(StepOutcome::continue_now(vec![])),
             1 if id.starts_with("slow") => Ok(StepOutcome::continue_after(vec![], HOUR)),
             0 if id.starts_with("wait") => Ok(StepOutcome::continue_on_signal(
@@ -726,4 +732,48 @@ async fn a_command_written_by_another_tool_in_the_documented_format_is_applied()
     assert_eq!(details.cancel_reason.as_deref(), Some("from elsewhere"));
     assert!(details.cancel_requested);
     worker.shutdown().await.unwrap();
+}
+
+/// A cancel command whose running step settles after the round that
+/// accepted it gets its answer when the owner shuts down right after the
+/// run ended (as a process that exits once its run ended does), not only at
+/// its next start.
+#[tokio::test(start_paused = true)]
+async fn a_cancel_accepted_for_a_running_step_is_answered_before_the_owner_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = taquba::MockClock::new(T0);
+    let store = dir_store(dir.path());
+    let queue = open(&store, &clock).await;
+    let runtime = runtime_over(&queue, &store, &Runner::default());
+    let worker = runtime.spawn(std::future::pending::<()>());
+    submit_run(&runtime, "hold-1").await;
+    for _ in 0..1_000 {
+        if matches!(
+            runtime
+                .view()
+                .run(&rid("hold-1"))
+                .await
+                .unwrap()
+                .map(|d| d.state),
+            Some(RunState::Running)
+        ) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let inbox = Inbox::new(store.clone(), MEMO_PREFIX);
+    let id = inbox
+        .send(Command::cancel(rid("hold-1"), Some("stop it".into())))
+        .await
+        .unwrap();
+    let end = runtime.wait(&rid("hold-1")).await.unwrap();
+    assert_eq!(end.termination.status, TerminalStatus::Cancelled);
+    worker.shutdown().await.unwrap();
+    match runtime.view().command(&id).await.unwrap() {
+        CommandState::Applied {
+            answer: CommandAnswer::Cancelled { cancelled, .. },
+            ..
+        } => assert!(cancelled),
+        other => panic!("the cancel command is {other:?} after the owner stopped"),
+    }
 }

@@ -179,10 +179,20 @@ where
         note_task(done);
     }
     stop_maintenance.cancel();
+    let periodic = maintenance.is_some();
     if let Some(maintenance) = maintenance
         && let Err(err) = maintenance.await
     {
         warn!("maintenance task ended abnormally: {err}");
+    }
+    if periodic && !closed.is_cancelled() {
+        // A cancel command accepted in a round whose running step settled
+        // during the drain gets its answer now, not at the next start
+        // (a process that exits once its run ended would leave it
+        // `Accepted` until then).
+        if let Err(err) = core.apply_inbox().await {
+            warn!("inbox round at shutdown: {err}");
+        }
     }
     if closed.is_cancelled() {
         // The store is closed to this process (another process opened it):
