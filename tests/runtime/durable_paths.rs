@@ -34,10 +34,10 @@ use taquba_workflow_suite::testing::{
 };
 
 /// The most polls any call here takes to complete on its own.
-const MAX_POLLS: usize = 400;
+pub(super) const MAX_POLLS: usize = 400;
 /// Long enough never to pass in a test (timers and signal timeouts run on
 /// the queue's mock clock, which only the test advances).
-const HOUR: Duration = Duration::from_secs(3600);
+pub(super) const HOUR: Duration = Duration::from_secs(3600);
 
 /// The step runner of most tests, driven by the run's input:
 /// `"<n>"` counts down through n more steps, `"wait"` waits an hour then
@@ -106,7 +106,7 @@ impl StepRunner for Script {
     }
 }
 
-fn spec(id: &str, input: &str) -> RunSpec {
+pub(super) fn spec(id: &str, input: &str) -> RunSpec {
     RunSpec {
         run_id: Some(rid(id)),
         input: input.as_bytes().to_vec(),
@@ -119,7 +119,7 @@ async fn settle_down() {
     tokio::time::sleep(Duration::from_secs(1)).await;
 }
 
-async fn state<R: StepRunner, H: TerminalHook>(
+pub(super) async fn state<R: StepRunner, H: TerminalHook>(
     runtime: &WorkflowRuntime<R, H>,
     id: &str,
 ) -> Option<RunState> {
@@ -164,7 +164,7 @@ async fn submission_converges<R: StepRunner, H: TerminalHook>(
 /// An in-memory queue (and memo store) with a mock clock, each object-store
 /// call taking 0.2 to 2 ms of paused time: every store access is an await
 /// of its own that a drop can cut, as over a remote bucket.
-async fn slow_store_queue() -> (Arc<Queue>, Arc<dyn ObjectStore>, taquba::MockClock) {
+pub(super) async fn slow_store_queue() -> (Arc<Queue>, Arc<dyn ObjectStore>, taquba::MockClock) {
     let clock = taquba::MockClock::new(T0);
     let store: Arc<dyn ObjectStore> = Arc::new(FaultyStore::new(
         Arc::new(InMemory::new()),
@@ -180,7 +180,10 @@ async fn slow_store_queue() -> (Arc<Queue>, Arc<dyn ObjectStore>, taquba::MockCl
 }
 
 /// A queue over `store` whose timers and leases follow paused tokio time.
-async fn tokio_clock_queue(store: Arc<dyn ObjectStore>, options: OpenOptions) -> Arc<Queue> {
+pub(super) async fn tokio_clock_queue(
+    store: Arc<dyn ObjectStore>,
+    options: OpenOptions,
+) -> Arc<Queue> {
     let options = options
         .clock(Arc::new(TokioClock::new(T0)))
         .flush_interval(Duration::from_millis(1))

@@ -10,21 +10,19 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::common::*;
+use crate::durable_paths::{HOUR, MAX_POLLS, slow_store_queue, spec, state, tokio_clock_queue};
+use taquba::OpenOptions;
 use taquba::object_store::memory::InMemory;
 use taquba::object_store::path::Path;
 use taquba::object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-use taquba::{MockClock, OpenOptions, Queue, QueueConfig};
 use taquba_workflow::{
     Command, CommandAnswer, CommandId, CommandState, Error, Inbox, MAX_RUN_ID_LEN, Memo, MemoStore,
     RunId, RunOptions, RunSpec, RunState, SignalOutcome, Step, StepError, StepOutcome, StepRunner,
     TerminalStatus, WorkflowRuntime, WorkflowView,
 };
 use taquba_workflow_suite::testing::{
-    FaultConfig, FaultyStore, INJECTED, TokioClock, drop_at_each_poll, poll_then_drop,
+    FaultConfig, FaultyStore, INJECTED, drop_at_each_poll, poll_then_drop,
 };
-
-const HOUR: Duration = Duration::from_secs(3600);
-const MAX_POLLS: usize = 400;
 
 /// The runner of most attacks, driven by the run's input (step 0):
 /// `"ok"` succeeds; `"perm"` fails permanently; `"trans"` fails
@@ -93,21 +91,6 @@ impl StepRunner for Script {
     }
 }
 
-fn spec(id: &str, input: &str) -> RunSpec {
-    RunSpec {
-        run_id: Some(rid(id)),
-        input: input.as_bytes().to_vec(),
-        ..Default::default()
-    }
-}
-
-async fn state<R: StepRunner, H: taquba_workflow::TerminalHook>(
-    runtime: &WorkflowRuntime<R, H>,
-    id: &str,
-) -> Option<RunState> {
-    runtime.status(&rid(id)).await.unwrap().map(|s| s.state)
-}
-
 /// The status run `id` ends with within `secs` s of (paused) time; panics
 /// naming `what` with the state it is stuck in otherwise.
 async fn ends_within<R: StepRunner, H: taquba_workflow::TerminalHook>(
@@ -127,41 +110,6 @@ async fn ends_within<R: StepRunner, H: taquba_workflow::TerminalHook>(
             state(runtime, id).await
         ),
     }
-}
-
-/// An in-memory store whose every call takes 0.2 to 2 ms of paused time
-/// (each store access is an await a drop can cut), with a mock clock.
-async fn slow_store_queue() -> (Arc<Queue>, Arc<dyn ObjectStore>, MockClock) {
-    let clock = MockClock::new(T0);
-    let store: Arc<dyn ObjectStore> = Arc::new(FaultyStore::new(
-        Arc::new(InMemory::new()),
-        FaultConfig {
-            latency: Some(Duration::from_micros(200)..Duration::from_millis(2)),
-            ..FaultConfig::default()
-        },
-    ));
-    let queue = Queue::open_with_options(store.clone(), "db", options(&clock))
-        .await
-        .expect("open queue");
-    (Arc::new(queue), store, clock)
-}
-
-/// A queue over `store` whose timers and leases follow paused tokio time.
-async fn tokio_clock_queue(store: Arc<dyn ObjectStore>) -> Arc<Queue> {
-    let options = OpenOptions::default()
-        .clock(Arc::new(TokioClock::new(T0)))
-        .flush_interval(Duration::from_millis(1))
-        .default_queue_config(
-            QueueConfig::default()
-                .retry_backoff_base(Duration::ZERO)
-                .lease_duration(Duration::from_secs(5))
-                .max_attempts(3),
-        );
-    Arc::new(
-        Queue::open_with_options(store, "db", options)
-            .await
-            .expect("open queue"),
-    )
 }
 
 // ---------------------------------------------------------------------------
@@ -312,7 +260,7 @@ async fn a_submission_while_every_put_fails_then_recovers_without_restart() {
     let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let faulty = FaultyStore::new(inner, FaultConfig::default());
     let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
-    let queue = tokio_clock_queue(store.clone()).await;
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
     let runtime = workflow_builder(&queue, &store, &Script::default()).build();
     let worker = runtime.spawn(std::future::pending::<()>());
     runtime.submit(spec("before", "ok")).await.unwrap();
@@ -372,7 +320,7 @@ async fn reads_under_failing_gets_err_clearly_and_the_runtime_recovers() {
     let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let faulty = FaultyStore::new(inner, FaultConfig::default());
     let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
-    let queue = tokio_clock_queue(store.clone()).await;
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
     let runtime = workflow_builder(&queue, &store, &Script::default()).build();
     let worker = runtime.spawn(std::future::pending::<()>());
     runtime.submit(spec("done", "ok")).await.unwrap();
@@ -442,7 +390,7 @@ impl taquba_workflow::TerminalHook for Counting {
 #[tokio::test(start_paused = true)]
 async fn a_cancel_racing_every_ending_leaves_one_termination_and_one_hook_call() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let queue = tokio_clock_queue(store.clone()).await;
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
     let hook = Counting::default();
     let runtime = WorkflowRuntime::builder(
         queue.clone(),
@@ -520,7 +468,7 @@ async fn a_cancel_racing_every_ending_leaves_one_termination_and_one_hook_call()
 #[tokio::test(start_paused = true)]
 async fn a_runner_that_always_panics_fails_the_run_and_the_worker_goes_on() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let queue = tokio_clock_queue(store.clone()).await;
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
     let runner = Script::default();
     let runtime = workflow_builder(&queue, &store, &runner).build();
     let worker = runtime.spawn(std::future::pending::<()>());
@@ -853,7 +801,7 @@ async fn nested_inbox_objects_do_not_block_later_commands() {
 async fn a_crash_at_different_moments_resumes_every_run() {
     for crash_after_ms in [0u64, 1, 2, 3, 5, 8, 13, 21, 34, 55] {
         let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-        let queue = tokio_clock_queue(store.clone()).await;
+        let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
         let runtime = workflow_builder(&queue, &store, &Script::default()).build();
         let worker = {
             let runtime = runtime.clone();
@@ -877,7 +825,7 @@ async fn a_crash_at_different_moments_resumes_every_run() {
         let _ = worker.await;
         drop(runtime);
         drop(queue);
-        let queue = tokio_clock_queue(store.clone()).await;
+        let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
         let runtime = workflow_builder(&queue, &store, &Script::default()).build();
         let worker = runtime.spawn(std::future::pending::<()>());
         for (id, input) in &runs {
@@ -928,14 +876,14 @@ async fn a_submission_dropped_at_any_poll_then_a_crash_never_answers_for_a_phant
     ));
     let phantom = Arc::new(AtomicUsize::new(0));
     for n in [1usize, 2, 3, 5, 8, 13, 21, 34] {
-        let queue = tokio_clock_queue(store.clone()).await;
+        let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
         let runtime = workflow_builder(&queue, &store, &Script::default()).build();
         let id = format!("phantom-{n}");
         let _ = poll_then_drop(runtime.submit(spec(&id, "ok")), n).await;
         // Crash right away, before the detached submission had time.
         drop(runtime);
         drop(queue);
-        let queue = tokio_clock_queue(store.clone()).await;
+        let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
         let runtime = workflow_builder(&queue, &store, &Script::default()).build();
         let worker = runtime.spawn(std::future::pending::<()>());
         let again = runtime.submit(spec(&id, "ok")).await.unwrap();
@@ -961,13 +909,13 @@ async fn a_submission_dropped_at_any_poll_then_a_crash_never_answers_for_a_phant
 #[tokio::test(start_paused = true)]
 async fn a_signal_answered_before_a_crash_is_delivered_after_it() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let queue = tokio_clock_queue(store.clone()).await;
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
     let runtime = workflow_builder(&queue, &store, &Script::default()).build();
     let outcome = runtime.signal("early", b"first".to_vec()).await.unwrap();
     assert!(matches!(outcome, SignalOutcome::Buffered), "{outcome:?}");
     drop(runtime);
     drop(queue);
-    let queue = tokio_clock_queue(store.clone()).await;
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
     let runtime = workflow_builder(&queue, &store, &Script::default()).build();
     let worker = runtime.spawn(std::future::pending::<()>());
     runtime.submit(spec("late", "signal:early")).await.unwrap();
@@ -986,7 +934,7 @@ async fn a_signal_answered_before_a_crash_is_delivered_after_it() {
 #[tokio::test(start_paused = true)]
 async fn a_step_waiting_on_an_oversized_signal_key_fails_or_waits() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let queue = tokio_clock_queue(store.clone()).await;
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
     let runner = Script::default();
     let runtime = workflow_builder(&queue, &store, &runner).build();
     let worker = runtime.spawn(std::future::pending::<()>());
