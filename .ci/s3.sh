@@ -19,6 +19,8 @@ if ! command -v s3s-fs >/dev/null 2>&1 || ! s3s-fs --version 2>/dev/null | grep 
   started=$(date +%s)
   # Its own target directory: the install must not touch the project's.
   cargo install "s3s-fs@$S3S_VERSION" --features binary --locked --target-dir /tmp/s3s-fs-target
+  # Its build is not needed once the binary is installed: free the disk.
+  rm -rf /tmp/s3s-fs-target
   echo "== s3s-fs installed in $(( $(date +%s) - started ))s"
 fi
 
