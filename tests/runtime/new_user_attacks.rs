@@ -862,10 +862,10 @@ async fn a_crash_at_different_moments_resumes_every_run() {
     }
 }
 
-/// After a dropped signal and a crash, a signal wait never misses or
-/// doubles: counts the runs' attempts to make sure steps ran.
+/// A submission dropped at any poll, then a crash: a re-submission of the
+/// same id answers for a run that ends, never for a phantom one.
 #[tokio::test(start_paused = true)]
-#[ignore = "open (intermittent, about 1 run in 3): a submission dropped after 34 polls keeps committing on its own task through the old queue while a second queue over the same store opens in the same process (two writers, the old one not yet fenced); the re-submission through the new queue answers newly_submitted=false and the run stays Running past its 5 s lease. Not reproduced with a real crash (tests/runtime/kill9.rs)"]
+#[ignore = "open, upstream (intermittent): taquba 0.14 registers a claim's lease before the claim commits, and its reaper drops a due lease whose claimed record it does not find yet; under paused time the clock can pass the 5 s lease while the new queue's first claim commits, so the job stays claimed with no lease and no attempt redelivers it until the queue is next opened (the driver logs an error naming the job). With a 600 s lease it passes every time; not reproduced with a real crash (tests/runtime/kill9.rs)"]
 async fn a_submission_dropped_at_any_poll_then_a_crash_never_answers_for_a_phantom_run() {
     let store: Arc<dyn ObjectStore> = Arc::new(FaultyStore::new(
         Arc::new(InMemory::new()),

@@ -15,7 +15,7 @@ use taquba::{Claim, EnqueueResult, NackOutcome, Queue};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{Span, debug, warn};
+use tracing::{Span, debug, error, warn};
 
 use crate::error::Result;
 use crate::hooks::terminal::TerminalHook;
@@ -271,6 +271,39 @@ async fn process_and_settle<R: StepRunner, H: TerminalHook>(
     }
 }
 
+/// Logs a settlement refused because the claim has ended. Normally its
+/// lease expired and the queue's reaper redelivered the step, so the new
+/// attempt settles it. taquba 0.14's reaper can also drop the lease of a
+/// claim whose own commit took longer than the lease (the lease is
+/// registered before the commit; the reaper finds no claimed record yet
+/// and discards the entry): the job then stays claimed with no lease, and
+/// nothing in this process redelivers it until the queue is next opened,
+/// which re-queues every claimed record. That case is told apart — the
+/// record is still this attempt's claim and the queue holds no lease for
+/// it — and logged as an error naming the job and the remedy, since the
+/// run shows `Running` until then.
+async fn report_lost_claim(queue: &Queue, claim: &Claim) {
+    let orphaned = queue.lease_expiry(&claim.queue, &claim.id).is_none()
+        && matches!(
+            queue.view().job_record(&claim.id).await,
+            Ok(Some(record))
+                if record.status == taquba::JobStatus::Claimed && record.attempts == claim.attempts
+        );
+    if orphaned {
+        error!(
+            job_id = %claim.id,
+            attempt = claim.attempts,
+            "the queue holds this step claimed with no lease (its lease was dropped while the \
+             claim committed): it is redelivered when the queue is next opened"
+        );
+    } else {
+        warn!(
+            job_id = %claim.id,
+            "step outlived its lease; the redelivered attempt settles it"
+        );
+    }
+}
+
 async fn settle(core: &RuntimeCore, queue: &Queue, claim: &Claim, settlement: Settlement) {
     let Settlement {
         kind,
@@ -390,10 +423,7 @@ async fn settle(core: &RuntimeCore, queue: &Queue, claim: &Claim, settlement: Se
             }
         }
         Ok(None) => {}
-        Err(taquba::Error::ClaimLost) => warn!(
-            job_id = %claim.id,
-            "step outlived its lease; the redelivered attempt settles it"
-        ),
+        Err(taquba::Error::ClaimLost) => report_lost_claim(queue, claim).await,
         Err(err) => {
             let err = crate::error::Error::from(err);
             core.note_error(&err);
