@@ -32,7 +32,7 @@ use taquba_workflow::{
     WorkflowRuntime,
 };
 
-use crate::commands::mutate::{Change, answer};
+use crate::commands::answer::{Change, answer};
 use crate::error::{CliError, CliResult};
 use crate::location::LocationError;
 use crate::output::{Output, Times, short_duration};

@@ -1,18 +1,12 @@
-//! The dashboard's shared state ([`App`]) and its routes ([`router`]).
+//! The dashboard's shared state ([`App`]): what every request of one
+//! dashboard process reads. Its routes are in [`crate::ui::routes`].
 
-use std::sync::Arc;
-
-use axum::Router;
-use axum::response::Redirect;
-use axum::routing::get;
 use taquba_workflow::Inbox;
 
 use crate::commands::mutate;
 use crate::output::Times;
 use crate::session::{Runtime, Session};
-use crate::ui::pages::{actions, dead, groups, run, runs, store};
-use crate::ui::security::{self, Guard};
-use crate::ui::{assets, error};
+use crate::ui::security::Guard;
 
 /// The name the dashboard's inbox commands record as their sender's tool.
 pub const SENDER_TOOL: &str = "taquba-workflow ui";
@@ -56,32 +50,4 @@ impl App {
             self.session.target.location, self.session.target.db_path
         )
     }
-}
-
-/// Every route of the dashboard, behind [`security::guard`].
-pub fn router(app: Arc<App>) -> Router {
-    Router::new()
-        .route("/", get(|| async { Redirect::to("/runs") }))
-        .route("/runs", get(runs::page))
-        .route("/runs/{id}", get(run::page))
-        .route(
-            "/runs/{id}/cancel",
-            get(actions::confirm_cancel).post(actions::cancel),
-        )
-        .route("/runs/{id}/requeue", axum::routing::post(actions::requeue))
-        .route("/signal", get(actions::signal_form).post(actions::signal))
-        .route("/commands/{id}", get(actions::command_page))
-        .route("/groups", get(groups::list))
-        .route("/groups/{id}", get(groups::page))
-        .route("/dead-letters", get(dead::page))
-        .route("/store", get(store::page))
-        .route(assets::HTMX_PATH, get(assets::htmx))
-        .route(assets::STYLE_PATH, get(assets::style))
-        .route(assets::ICON_PATH, get(assets::icon))
-        .fallback(error::not_found)
-        .layer(axum::middleware::from_fn_with_state(
-            app.clone(),
-            security::guard,
-        ))
-        .with_state(app)
 }

@@ -22,6 +22,7 @@ pub mod assets;
 pub mod error;
 pub mod layout;
 pub mod pages;
+pub mod routes;
 pub mod security;
 
 use std::net::SocketAddr;
@@ -66,7 +67,7 @@ pub async fn run(global: &Global, args: &UiArgs) -> CliResult<()> {
     let guard = Guard::new(bound, args.allow_remote)?;
     let app = Arc::new(App::new(session, runtime, guard, args.read_only));
     announce(&app, bound, args.read_only);
-    let served = axum::serve(listener, app::router(app.clone()))
+    let served = axum::serve(listener, routes::router(app.clone()))
         .with_graceful_shutdown(stopped())
         .await
         .map_err(|e| CliError::Serve(format!("the dashboard's server failed: {e}")));

@@ -13,23 +13,17 @@
 //! - [`Guard::verify_token`]: every form carries the per-process token
 //!   (32 bytes from the OS's random source, new with each start), which a
 //!   page of another origin cannot read.
-//! - [`guard`]: the middleware applying the checks and the response
-//!   headers: a Content-Security-Policy allowing only the dashboard's own
+//! - [`CONTENT_SECURITY_POLICY`] and the other response headers, which
+//!   the routes' middleware ([`crate::ui::routes::guard`]) sets with the
+//!   checks above: a Content-Security-Policy allowing only the dashboard's own
 //!   scripts and styles (no inline script runs, whatever a value holds),
 //!   no framing, no MIME sniffing, no caching of pages.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 
-use axum::extract::{Request, State};
-use axum::http::header::{self, HeaderMap, HeaderValue};
-use axum::http::{Method, StatusCode};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::http::header::{self, HeaderMap};
 
 use crate::error::{CliError, CliResult};
-use crate::ui::app::App;
-use crate::ui::error::UiError;
 
 /// The Content-Security-Policy of every response.
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
@@ -171,59 +165,10 @@ fn authority(url: &str) -> Option<String> {
     (!authority.is_empty()).then(|| authority.to_ascii_lowercase())
 }
 
-/// The middleware of every route: the Host allowlist, the same-origin
-/// check of state-changing requests, and the security headers of every
-/// response.
-pub async fn guard(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
-    let host = request
-        .headers()
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok());
-    let mut response = if !app.guard.host_allowed(host) {
-        UiError::new(
-            StatusCode::MISDIRECTED_REQUEST,
-            "Not this dashboard",
-            format!(
-                "This dashboard answers only to its loopback names (Host {:?} is not one of them).",
-                host.unwrap_or("")
-            ),
-        )
-        .into_response()
-    } else if !matches!(*request.method(), Method::GET | Method::HEAD)
-        && let Err(why) = app.guard.same_origin(request.headers())
-    {
-        UiError::new(
-            StatusCode::FORBIDDEN,
-            "Refused: not from this dashboard",
-            format!("{why}: nothing was sent."),
-        )
-        .into_response()
-    } else {
-        next.run(request).await
-    };
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(CONTENT_SECURITY_POLICY),
-    );
-    headers.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    headers.insert(
-        header::REFERRER_POLICY,
-        HeaderValue::from_static("same-origin"),
-    );
-    if !headers.contains_key(header::CACHE_CONTROL) {
-        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    }
-    response
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::header::HeaderValue;
 
     fn loopback() -> Guard {
         Guard::with_token("t0k3n".into(), "127.0.0.1:8233".parse().unwrap(), false)

@@ -23,27 +23,13 @@ use serde_bytes::ByteBuf;
 use taquba::SettlementEffects;
 
 use crate::history::{AttemptOutcome, SignalWaitSpec, StepAttempt, cut};
+pub(crate) use crate::store::durable::PendingHistory;
 use crate::store::durable::{self, DurableErrorKind};
 use crate::store::keys::{RunId, history_kv_key};
 
 /// Entries a chunk record holds: the pending entries move to a chunk once
 /// there are this many.
 pub(crate) const CHUNK_ENTRIES: u32 = 8;
-
-/// The entries of a run not yet in a chunk, with the run's chunk count.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct PendingHistory {
-    /// The encoded entries, concatenated (each a self-delimiting
-    /// MessagePack value), oldest first.
-    #[serde(default)]
-    pub(crate) entries: ByteBuf,
-    /// How many entries `entries` holds.
-    #[serde(default)]
-    pub(crate) count: u32,
-    /// Chunks written so far: the number of the next one.
-    #[serde(default)]
-    pub(crate) chunks: u32,
-}
 
 /// A chunk record: [`CHUNK_ENTRIES`] entries of one execution.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -6,11 +6,11 @@ use std::collections::HashMap;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use serde_bytes::ByteBuf;
 use taquba::QueueView;
 use tracing::warn;
 
 use crate::error::Result;
-use crate::history::record::PendingHistory;
 use crate::model::RunTermination;
 use crate::model::StepErrorKind;
 use crate::model::{RunOutcome, TerminalStatus};
@@ -104,6 +104,24 @@ pub(crate) struct DurableRunRecord {
     /// The reason given to a cancellation request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) cancel_reason: Option<String>,
+}
+
+/// The entries of a run's history not yet in a chunk, with the run's chunk
+/// count: kept on the step pointer ([`DurableCurrentStep::history`]), so
+/// it is a record of this module; `history::record` appends to it and
+/// moves full chunks out.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PendingHistory {
+    /// The encoded entries, concatenated (each a self-delimiting
+    /// MessagePack value), oldest first.
+    #[serde(default)]
+    pub(crate) entries: ByteBuf,
+    /// How many entries `entries` holds.
+    #[serde(default)]
+    pub(crate) count: u32,
+    /// Chunks written so far: the number of the next one.
+    #[serde(default)]
+    pub(crate) chunks: u32,
 }
 
 /// The current-step pointer of an active run, under `workflow/steps/{id}`.

@@ -26,10 +26,9 @@ use maud::{Markup, html};
 use serde::Deserialize;
 use taquba_workflow::{Command, CommandId, MAX_COMMAND_TEXT_LEN, RunId, RunState};
 
+use crate::commands::answer::{AnswerJson, command_json, state_note};
 use crate::commands::json::state_word;
-use crate::commands::mutate::{
-    AnswerJson, cancel_effect, check_requeue, command_json, existing_run, state_note, where_it_is,
-};
+use crate::commands::mutate::{cancel_effect, check_requeue, existing_run, where_it_is};
 use crate::output::short_duration;
 use crate::payload::encode_json;
 use crate::ui::app::App;

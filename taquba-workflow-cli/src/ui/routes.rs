@@ -1,0 +1,94 @@
+//! The dashboard's routes ([`router`]) and the middleware in front of
+//! every one of them ([`guard`]): the checks of [`crate::ui::security`]
+//! and the response headers.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::header::{self, HeaderValue};
+use axum::http::{Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::get;
+
+use crate::ui::app::App;
+use crate::ui::error::UiError;
+use crate::ui::pages::{actions, dead, groups, run, runs, store};
+use crate::ui::security::CONTENT_SECURITY_POLICY;
+use crate::ui::{assets, error};
+
+/// Every route of the dashboard, behind [`guard`].
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/", get(|| async { Redirect::to("/runs") }))
+        .route("/runs", get(runs::page))
+        .route("/runs/{id}", get(run::page))
+        .route(
+            "/runs/{id}/cancel",
+            get(actions::confirm_cancel).post(actions::cancel),
+        )
+        .route("/runs/{id}/requeue", axum::routing::post(actions::requeue))
+        .route("/signal", get(actions::signal_form).post(actions::signal))
+        .route("/commands/{id}", get(actions::command_page))
+        .route("/groups", get(groups::list))
+        .route("/groups/{id}", get(groups::page))
+        .route("/dead-letters", get(dead::page))
+        .route("/store", get(store::page))
+        .route(assets::HTMX_PATH, get(assets::htmx))
+        .route(assets::STYLE_PATH, get(assets::style))
+        .route(assets::ICON_PATH, get(assets::icon))
+        .fallback(error::not_found)
+        .layer(axum::middleware::from_fn_with_state(app.clone(), guard))
+        .with_state(app)
+}
+
+/// The middleware of every route: the Host allowlist, the same-origin
+/// check of state-changing requests, and the security headers of every
+/// response.
+pub async fn guard(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok());
+    let mut response = if !app.guard.host_allowed(host) {
+        UiError::new(
+            StatusCode::MISDIRECTED_REQUEST,
+            "Not this dashboard",
+            format!(
+                "This dashboard answers only to its loopback names (Host {:?} is not one of them).",
+                host.unwrap_or("")
+            ),
+        )
+        .into_response()
+    } else if !matches!(*request.method(), Method::GET | Method::HEAD)
+        && let Err(why) = app.guard.same_origin(request.headers())
+    {
+        UiError::new(
+            StatusCode::FORBIDDEN,
+            "Refused: not from this dashboard",
+            format!("{why}: nothing was sent."),
+        )
+        .into_response()
+    } else {
+        next.run(request).await
+    };
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
+    if !headers.contains_key(header::CACHE_CONTROL) {
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    response
+}
