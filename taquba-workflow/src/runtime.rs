@@ -15,7 +15,7 @@ use crate::coordination::signal::SignalOutcome;
 use crate::error::Result;
 use crate::history::DEFAULT_HISTORY_LIMIT;
 use crate::history::naming::{Naming, runner_label};
-use crate::hooks::guard::{self, default_hook_timeout};
+use crate::hooks::guard::{self, MAX_HOOK_TIMEOUT, default_hook_timeout};
 use crate::hooks::terminal::TerminalHook;
 use crate::model::RunOutcome;
 use crate::model::{RunEnd, RunSpec, RunStatus, SubmitOutcome};
@@ -382,7 +382,11 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     ///
     /// # Errors
     /// None in practice: storage errors are logged and retried at the poll
-    /// interval, so the loop keeps serving runs through an outage.
+    /// interval, so the loop keeps serving runs through an outage. Writes
+    /// of the queue itself wait out an outage (SlateDB retries them until
+    /// the store answers), so during one the loop, and the drain of a
+    /// shutdown, wait too: bound a shutdown with `tokio::time::timeout`
+    /// where the process must exit (README, "Storage outages").
     pub async fn run<F>(&self, shutdown: F) -> Result<()>
     where
         F: Future<Output = ()>,
@@ -589,7 +593,8 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
     /// most 5 s less: 25 s for taquba's default 30 s lease. Before each
     /// call the notification's lease is extended to cover the timeout, so
     /// a longer timeout than the lease is safe: the queue never hands a
-    /// notification still running here to another slot.
+    /// notification still running here to another slot. At most a year: a
+    /// longer timeout (`Duration::MAX` for "no timeout") is taken as a year.
     pub fn hook_timeout(mut self, timeout: Duration) -> Self {
         self.hook_timeout = Some(timeout);
         self
@@ -658,9 +663,12 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
             .memo_prefix
             .unwrap_or_else(|| format!("{}-memo", self.queue_name));
         let clock = self.clock.unwrap_or_else(|| self.queue.clock());
-        let hook_timeout = self.hook_timeout.unwrap_or_else(|| {
-            default_hook_timeout(self.queue.queue_lease_duration(&self.queue_name))
-        });
+        let hook_timeout = self
+            .hook_timeout
+            .unwrap_or_else(|| {
+                default_hook_timeout(self.queue.queue_lease_duration(&self.queue_name))
+            })
+            .min(MAX_HOOK_TIMEOUT);
         let core = RuntimeCore::new(Settings {
             queue: self.queue,
             object_store: self.object_store,

@@ -29,6 +29,15 @@ use crate::store::durable::{self, DurableRunOutcome, DurableRunRecord};
 use crate::store::keys::{HEADER_RUN_ID, HEADER_STEP, HEADER_TERMINAL, RunId};
 use crate::store::kv::KvReadHandle;
 
+/// The first pause before a run result record write is tried again.
+const RECORD_RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(50);
+/// The longest pause between two tries of a run result record write.
+const RECORD_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
+fn duration_ms(duration: std::time::Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// How a claimed job is settled.
 pub(crate) enum SettleKind {
     /// Acknowledge with these effects.
@@ -212,7 +221,10 @@ impl RuntimeCore {
             &claimed.job.id,
             claimed.membership.as_ref(),
         );
-        if let Err(err) = self.store_run_result(&outcome, &termination).await {
+        if let Err(err) = self
+            .store_run_result_within_lease(claimed, &outcome, &termination)
+            .await
+        {
             return Settlement::infrastructure(err);
         }
         let (effects, ended) = self.terminate_effects(
@@ -223,6 +235,50 @@ impl RuntimeCore {
             true,
         );
         Settlement::of(SettleKind::Ack(effects)).ending(ended)
+    }
+
+    /// [`store_run_result`](Self::store_run_result) for the step job of
+    /// `claimed`, a failed write tried again (after 50 ms, doubling up to
+    /// 2 s) while the step's lease leaves room for the settlement: a blip
+    /// of the object store then neither spends one of the step's attempts
+    /// nor calls its runner again (a step whose result cannot be recorded
+    /// is retried as a whole, and once its attempts are spent its run
+    /// fails). Permanent errors, a closed store and a lease too short for
+    /// the next try end the retries.
+    async fn store_run_result_within_lease(
+        &self,
+        claimed: &ClaimedStep<'_>,
+        outcome: &RunOutcome,
+        termination: &crate::store::durable::DurableTermination,
+    ) -> Result<()> {
+        let lease = self.queue.queue_lease_duration(&self.queue_name);
+        let margin = crate::hooks::guard::settlement_margin(lease);
+        // A bound on the caller's clock too, for a queue clock that only a
+        // test moves.
+        let give_up = tokio::time::Instant::now() + lease.saturating_sub(margin);
+        let mut delay = RECORD_RETRY_FIRST;
+        loop {
+            let err = match self.store_run_result(outcome, termination).await {
+                Ok(()) => return Ok(()),
+                Err(err) => err,
+            };
+            let retry_until = self
+                .queue
+                .lease_expiry(&self.queue_name, &claimed.job.id)
+                .map(|expiry| expiry.saturating_sub(duration_ms(margin)));
+            let room = retry_until
+                .is_some_and(|until| self.now_ms().saturating_add(duration_ms(delay)) < until)
+                && tokio::time::Instant::now() + delay < give_up;
+            if err.is_permanent() || !room || self.store_closed.is_cancelled() {
+                return Err(err);
+            }
+            warn!(run_id = %claimed.run_id, "failed to write the run result record, trying again in {delay:?}: {err}");
+            tokio::select! {
+                () = self.store_closed.cancelled() => return Err(err),
+                () = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(RECORD_RETRY_MAX);
+        }
     }
 
     /// The settlement of a step error that ends the run (permanent, or
