@@ -30,8 +30,14 @@ use crate::view::WorkflowView;
 pub(crate) const DEFAULT_QUEUE_NAME: &str = "workflow-steps";
 /// The default bound on concurrent runner calls.
 pub(crate) const DEFAULT_MAX_CONCURRENT_STEPS: usize = 8;
+/// The highest bound on concurrent runner calls; a higher one is taken as
+/// this (Tokio's semaphores hold at most `usize::MAX >> 3` permits, and
+/// the worker keeps four settlements in flight per slot).
+pub(crate) const MAX_CONCURRENT_STEPS: usize = 1 << 16;
 /// The default poll interval of the worker loop.
 pub(crate) const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// The shortest poll interval.
+pub(crate) const MIN_POLL_INTERVAL: Duration = Duration::from_millis(1);
 /// The default retention of inbox command records.
 pub(crate) const DEFAULT_COMMAND_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
@@ -381,7 +387,12 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// complete, so no committed step is left unclaimed.
     ///
     /// # Errors
-    /// None in practice: storage errors are logged and retried at the poll
+    /// [`Error::Queue`](crate::Error::Queue) with
+    /// [`taquba::Error::InvalidQueueName`] at once for a
+    /// [`queue_name`](crate::WorkflowRuntimeBuilder::queue_name) the queue
+    /// refuses (over 255 bytes); the store-closed error
+    /// ([`Error::is_store_closed`](crate::Error::is_store_closed)) once
+    /// another process opened the store. Otherwise none: storage errors are logged and retried at the poll
     /// interval, so the loop keeps serving runs through an outage. Writes
     /// of the queue itself wait out an outage (SlateDB retries them until
     /// the store answers), so during one the loop, and the drain of a
@@ -532,19 +543,22 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
     }
 
     /// The most runner (and terminal hook) calls in flight at once (default
-    /// 8; at least 1). Size it for the APIs your steps call. Settlements
-    /// waiting for the durable commit do not hold a slot, so the queue
-    /// stays busy without raising it.
+    /// 8; at least 1, at most 65 536: a higher bound, `usize::MAX`
+    /// included, is taken as 65 536). Size it for the APIs your steps
+    /// call. Settlements waiting for the durable commit do not hold a
+    /// slot, so the queue stays busy without raising it.
     pub fn max_concurrent_steps(mut self, n: usize) -> Self {
-        self.max_concurrent_steps = n.max(1);
+        self.max_concurrent_steps = n.clamp(1, MAX_CONCURRENT_STEPS);
         self
     }
 
     /// How long an idle worker waits before re-checking the queue (default
-    /// 500 ms), and the period of retention sweeps and dead-letter
-    /// reconciliation. New work wakes the worker at once regardless.
+    /// 500 ms; at least 1 ms, a shorter interval is taken as 1 ms so an
+    /// idle worker never re-claims in a busy loop), and the period of
+    /// retention sweeps and dead-letter reconciliation. New work wakes the
+    /// worker at once regardless.
     pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.poll_interval = interval;
+        self.poll_interval = interval.max(MIN_POLL_INTERVAL);
         self
     }
 

@@ -798,3 +798,86 @@ async fn a_shutdown_and_a_submission_bounded_during_a_write_outage_leave_every_r
     assert_eq!(end.termination.status, TerminalStatus::Succeeded);
     worker.shutdown().await.unwrap();
 }
+
+// ---------------------------------------------------------------------------
+// 6. Builder options at their edges.
+
+/// `max_concurrent_steps(usize::MAX)`, a plausible spelling of "no
+/// bound": the doc says "The most runner (and terminal hook) calls in
+/// flight at once (default 8; at least 1)". The worker must run the run,
+/// not panic.
+#[tokio::test(start_paused = true)]
+async fn an_unbounded_max_concurrent_steps_runs_steps() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let runtime = workflow_builder(&queue, &store, &Script::default())
+        .max_concurrent_steps(usize::MAX)
+        .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime.submit(spec("many", "ok")).await.unwrap();
+    let end = ends_within(&runtime, "many", 30, "usize::MAX slots").await;
+    assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+    worker.shutdown().await.unwrap();
+}
+
+/// A runtime whose queue name the queue refuses (over taquba's 255
+/// bytes): `submit` must refuse with an error naming the problem, and the
+/// worker loop must end with that error rather than retry forever a claim
+/// that can never work.
+#[tokio::test(start_paused = true)]
+async fn an_invalid_queue_name_is_refused_naming_it() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let runtime = workflow_builder(&queue, &store, &Script::default())
+        .queue_name("q".repeat(256))
+        .build();
+    let err = runtime.submit(spec("bad-queue", "ok")).await.unwrap_err();
+    assert!(err.to_string().contains("255 bytes"), "unclear: {err}");
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let ended = tokio::time::timeout(Duration::from_secs(30), worker.wait()).await;
+    match ended {
+        Ok(Err(err)) => assert!(err.to_string().contains("255 bytes"), "{err}"),
+        Ok(Ok(())) => panic!("the worker ended without an error"),
+        Err(_) => panic!("the worker loop keeps retrying a queue name that can never work"),
+    }
+}
+
+/// `poll_interval(Duration::ZERO)`: the doc says it is "How long an idle
+/// worker waits before re-checking the queue". An idle worker must still
+/// wait (for new work, or a short floor) instead of re-claiming in a loop
+/// that keeps a core busy. Under paused time such a loop also keeps the
+/// clock from ever moving, so the run's first commit (which waits for a
+/// WAL flush on a 1 ms timer) never returns: the test runs the paused
+/// runtime on a thread of its own and gives up on it after a minute of
+/// real time (it takes milliseconds when nothing spins).
+#[test]
+fn a_zero_poll_interval_does_not_spin_the_idle_worker() {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let status = rt.block_on(async {
+            let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+            let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+            let runtime = workflow_builder(&queue, &store, &Script::default())
+                .poll_interval(Duration::ZERO)
+                .build();
+            let worker = runtime.spawn(std::future::pending::<()>());
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            runtime.submit(spec("zero", "timer:500")).await.unwrap();
+            let end = ends_within(&runtime, "zero", 30, "poll interval 0").await;
+            worker.shutdown().await.unwrap();
+            end.termination.status
+        });
+        let _ = done.send(status);
+    });
+    match finished.recv_timeout(Duration::from_secs(60)) {
+        Ok(status) => assert_eq!(status, TerminalStatus::Succeeded),
+        Err(_) => panic!(
+            "a worker with poll_interval(0) spins: a minute of real time and the paused clock never moved"
+        ),
+    }
+}

@@ -72,10 +72,13 @@ where
     let core = inner.core.clone();
     let queue = core.queue.clone();
     let queue_name = core.queue_name.clone();
+    // A name the queue refuses fails every claim: say so at once rather
+    // than retry a claim that can never work.
+    taquba::QueueName::new(queue_name.as_str())?;
     let slots = core.max_concurrent_steps;
     let runner_slots = Arc::new(Semaphore::new(slots));
     let settling = Arc::new(Semaphore::new(
-        (slots * SETTLING_PER_SLOT).max(MIN_SETTLING),
+        slots.saturating_mul(SETTLING_PER_SLOT).max(MIN_SETTLING),
     ));
     let lease = queue.queue_lease_duration(&queue_name);
     let mut tasks = JoinSet::new();
