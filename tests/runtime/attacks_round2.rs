@@ -881,3 +881,238 @@ fn a_zero_poll_interval_does_not_spin_the_idle_worker() {
         ),
     }
 }
+
+// ---------------------------------------------------------------------------
+// 7. Runner outcomes at their edges.
+
+/// Runners returning the longest durations (`continue_after(MAX)`,
+/// `continue_on_signal(.., MAX)`) and the empty correlation key: nothing
+/// panics; the runs are readable (`status`, `view().run`, `view().runs`,
+/// `view().steps`) while they wait; the signal wait is woken by a signal
+/// on the empty key; the timer run is cancelled.
+#[tokio::test(start_paused = true)]
+async fn the_longest_delays_and_the_empty_key_are_waited_on_read_and_ended() {
+    #[derive(Clone)]
+    struct Extremes;
+    impl StepRunner for Extremes {
+        async fn run_step(&self, step: &Step) -> Result<StepOutcome, StepError> {
+            if step.step_number > 0 {
+                return Ok(StepOutcome::Succeed {
+                    result: step.signal.clone().unwrap_or_default(),
+                });
+            }
+            Ok(match step.payload.as_slice() {
+                b"timer" => StepOutcome::continue_after(b"later".to_vec(), Duration::MAX),
+                _ => StepOutcome::continue_on_signal(b"woken".to_vec(), "", Duration::MAX),
+            })
+        }
+    }
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let runtime = workflow_builder(&queue, &store, &Extremes).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime.submit(spec("far-timer", "timer")).await.unwrap();
+    runtime.submit(spec("empty-key", "signal")).await.unwrap();
+    until_step("the timer", &runtime, "far-timer", 1).await;
+    until_step("the wait", &runtime, "empty-key", 1).await;
+    for id in ["far-timer", "empty-key"] {
+        let details = runtime.view().run(&rid(id)).await.unwrap().unwrap();
+        assert!(details.scheduled_at_ms.is_some(), "{id}: {details:?}");
+        runtime.view().steps(&rid(id)).await.unwrap();
+    }
+    let page = runtime
+        .view()
+        .runs(&taquba_workflow::RunFilter::new())
+        .await
+        .unwrap();
+    assert_eq!(page.runs.len(), 2);
+    assert_eq!(
+        runtime.signal("", b"hi".to_vec()).await.unwrap(),
+        SignalOutcome::Delivered
+    );
+    let end = ends_within(&runtime, "empty-key", 30, "the empty key").await;
+    assert_eq!(
+        end.outcome.and_then(|o| o.result).as_deref(),
+        Some(&b"hi"[..])
+    );
+    assert!(runtime.cancel(&rid("far-timer")).await.unwrap());
+    let end = ends_within(&runtime, "far-timer", 30, "the far timer").await;
+    assert_eq!(end.termination.status, TerminalStatus::Cancelled);
+    worker.shutdown().await.unwrap();
+}
+
+/// Memo keys a step might build from user input, on a local directory:
+/// `.`, `..`, `a/b`, `a%2Fb`, a 300-byte key, unicode, a trailing `#1`, a
+/// control character. Each `put` succeeds or fails with an error naming
+/// the key's trouble (never a panic); each key that was put reads back its
+/// own value, and no two keys share an entry.
+#[tokio::test]
+async fn odd_memo_keys_round_trip_or_are_refused_and_never_alias() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir_store(dir.path());
+    let memos = taquba_workflow::MemoStore::new(store, "memo");
+    let memo = memos.new_memo(&rid("odd"), 0);
+    let long = "k".repeat(300);
+    let keys = [
+        ".",
+        "..",
+        "a/b",
+        "a%2Fb",
+        "a",
+        long.as_str(),
+        "ключ-🔑",
+        "part#1",
+        "tab\tkey",
+        " ",
+        "run.x",
+    ];
+    let mut stored = Vec::new();
+    for (i, key) in keys.iter().enumerate() {
+        let value = format!("value-{i}");
+        match memo.put(key, value.as_bytes()).await {
+            Ok(()) => stored.push((*key, value)),
+            Err(err) => eprintln!("memo key {key:?} refused: {err}"),
+        }
+    }
+    for (key, value) in &stored {
+        assert_eq!(
+            memo.get(key).await.unwrap().as_deref(),
+            Some(value.as_bytes()),
+            "key {key:?} reads another key's value"
+        );
+    }
+    assert!(
+        stored.len() >= keys.len() - 2,
+        "most keys are stored: {stored:?}"
+    );
+    // A step memo and the run memo of the same run never share a key.
+    let run_memo = memos.new_run_memo(&rid("odd"));
+    run_memo.put("x", b"run").await.unwrap();
+    memo.put("run.x", b"step").await.unwrap();
+    assert_eq!(
+        run_memo.get("x").await.unwrap().as_deref(),
+        Some(&b"run"[..])
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 8. Submissions at their edges.
+
+/// Headers at their edges: an empty name, a 1 MiB value, 5 000 headers.
+/// Each submission is refused with an error naming the problem, or it runs
+/// to its end with its headers reported to the hook; never a panic, never
+/// a run that is accepted and then stuck.
+#[tokio::test(start_paused = true)]
+async fn headers_at_their_edges_are_refused_or_carried_to_the_end() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let hook = Recorder::default();
+    let runtime = WorkflowRuntime::builder(
+        queue.clone(),
+        store.clone(),
+        Script::default(),
+        hook.clone(),
+    )
+    .poll_interval(Duration::from_millis(20))
+    .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let cases: Vec<(&str, std::collections::HashMap<String, String>)> = vec![
+        ("empty-name", [(String::new(), "v".to_string())].into()),
+        (
+            "huge-value",
+            [("big".to_string(), "v".repeat(1 << 20))].into(),
+        ),
+        (
+            "many",
+            (0..5_000)
+                .map(|i| (format!("h{i}"), format!("{i}")))
+                .collect(),
+        ),
+    ];
+    for (id, headers) in cases {
+        let mut submission = spec(id, "timer:10");
+        submission.options.headers = headers.clone();
+        match runtime.submit(submission).await {
+            Err(err) => eprintln!("{id}: refused: {err}"),
+            Ok(_) => {
+                let end = ends_within(&runtime, id, 60, "accepted headers").await;
+                assert_eq!(end.termination.status, TerminalStatus::Succeeded, "{id}");
+                eventually("the hook call", || async {
+                    hook.calls().iter().any(|o| o.run_id.as_str() == id)
+                })
+                .await;
+                let seen = hook
+                    .calls()
+                    .into_iter()
+                    .find(|o| o.run_id.as_str() == id)
+                    .unwrap();
+                assert_eq!(seen.headers, headers, "{id}: headers reported");
+            }
+        }
+    }
+    worker.shutdown().await.unwrap();
+}
+
+/// With `step_output_replay`, every step writes its replay record before
+/// it settles. A 3 s blip of memo-prefix writes (shorter than the 5 s
+/// lease) while a run goes through three steps must not spend the steps'
+/// attempts nor call a runner twice: the builder doc promises a replay
+/// "instead of calling the runner when the same step is delivered again",
+/// and the worker's "storage errors are logged and retried".
+#[tokio::test(start_paused = true)]
+async fn a_replay_record_write_blip_does_not_run_steps_again() {
+    #[derive(Clone, Default)]
+    struct Steps {
+        calls: Arc<Mutex<Vec<u32>>>,
+    }
+    impl StepRunner for Steps {
+        async fn run_step(&self, step: &Step) -> Result<StepOutcome, StepError> {
+            self.calls.lock().unwrap().push(step.step_number);
+            Ok(if step.step_number < 2 {
+                StepOutcome::continue_now(b"next".to_vec())
+            } else {
+                StepOutcome::Succeed {
+                    result: b"done".to_vec(),
+                }
+            })
+        }
+    }
+    let faulty = FaultyStore::new(Arc::new(InMemory::new()), FaultConfig::default());
+    faulty.set_enabled(false);
+    let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
+    let queue = queue_with(
+        store.clone(),
+        Duration::from_secs(5),
+        Duration::from_millis(500),
+    )
+    .await;
+    let steps = Steps::default();
+    let runtime = workflow_builder(&queue, &store, &steps)
+        .step_output_replay()
+        .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    faulty.set_config(FaultConfig {
+        rates: [1.0, 0.0, 0.0, 0.0],
+        only_under: vec![MEMO_PREFIX.to_string()],
+        ..FaultConfig::default()
+    });
+    faulty.set_enabled(true);
+    runtime.submit(spec("replayed", "go")).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    faulty.set_enabled(false);
+    assert!(faulty.injected(Op::Put) > 0, "the blip hit no write");
+    let end = ends_within(&runtime, "replayed", 120, "after the blip").await;
+    assert_eq!(
+        end.termination.status,
+        TerminalStatus::Succeeded,
+        "{:?}, runner calls {:?}",
+        end.termination,
+        steps.calls.lock().unwrap()
+    );
+    assert_eq!(
+        *steps.calls.lock().unwrap(),
+        vec![0, 1, 2],
+        "a step ran again"
+    );
+    worker.shutdown().await.unwrap();
+}

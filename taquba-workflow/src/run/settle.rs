@@ -238,19 +238,38 @@ impl RuntimeCore {
     }
 
     /// [`store_run_result`](Self::store_run_result) for the step job of
-    /// `claimed`, a failed write tried again (after 50 ms, doubling up to
-    /// 2 s) while the step's lease leaves room for the settlement: a blip
-    /// of the object store then neither spends one of the step's attempts
-    /// nor calls its runner again (a step whose result cannot be recorded
-    /// is retried as a whole, and once its attempts are spent its run
-    /// fails). Permanent errors, a closed store and a lease too short for
-    /// the next try end the retries.
+    /// `claimed`, tried again within its lease ([`within_lease`](Self::within_lease)).
     async fn store_run_result_within_lease(
         &self,
         claimed: &ClaimedStep<'_>,
         outcome: &RunOutcome,
         termination: &crate::store::durable::DurableTermination,
     ) -> Result<()> {
+        self.within_lease(claimed, "write the run result record", || {
+            self.store_run_result(outcome, termination)
+        })
+        .await
+    }
+
+    /// Run `op`, an object-store access of the step job of `claimed` (its
+    /// run result record, its replay record), trying a failure again after
+    /// 50 ms, doubling up to 2 s, while the step's lease leaves room for
+    /// the settlement (a fifth of the lease, at most 5 s): a blip of the
+    /// object store then neither spends one of the step's attempts nor
+    /// calls its runner again. A step whose access still fails is retried
+    /// as a whole (once its attempts are spent, its run fails). Permanent
+    /// errors, a closed store and a lease too short for the next try end
+    /// the tries; `what` names the access in the log.
+    async fn within_lease<T, F, Fut>(
+        &self,
+        claimed: &ClaimedStep<'_>,
+        what: &str,
+        mut op: F,
+    ) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
         let lease = self.queue.queue_lease_duration(&self.queue_name);
         let margin = crate::hooks::guard::settlement_margin(lease);
         // A bound on the caller's clock too, for a queue clock that only a
@@ -258,8 +277,8 @@ impl RuntimeCore {
         let give_up = tokio::time::Instant::now() + lease.saturating_sub(margin);
         let mut delay = RECORD_RETRY_FIRST;
         loop {
-            let err = match self.store_run_result(outcome, termination).await {
-                Ok(()) => return Ok(()),
+            let err = match op().await {
+                Ok(value) => return Ok(value),
                 Err(err) => err,
             };
             let retry_until = self
@@ -272,7 +291,7 @@ impl RuntimeCore {
             if err.is_permanent() || !room || self.store_closed.is_cancelled() {
                 return Err(err);
             }
-            warn!(run_id = %claimed.run_id, "failed to write the run result record, trying again in {delay:?}: {err}");
+            warn!(run_id = %claimed.run_id, "failed to {what}, trying again in {delay:?}: {err}");
             tokio::select! {
                 () = self.store_closed.cancelled() => return Err(err),
                 () = tokio::time::sleep(delay) => {}
@@ -454,12 +473,14 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
 
         let replayed = if core.step_output_replay {
             match core
-                .load_step_output(
-                    run_id,
-                    record.execution.as_deref(),
-                    step_number,
-                    &job.payload,
-                )
+                .within_lease(claimed, "read the step's replay record", || {
+                    core.load_step_output(
+                        run_id,
+                        record.execution.as_deref(),
+                        step_number,
+                        &job.payload,
+                    )
+                })
                 .await
             {
                 Ok(found) => found,
@@ -512,14 +533,16 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
             && !external_cancel
             && let Ok(outcome) = &outcome
             && let Err(err) = core
-                .store_step_output(
-                    run_id,
-                    record.execution.as_deref(),
-                    step_number,
-                    &job.payload,
-                    outcome,
-                    &staged,
-                )
+                .within_lease(claimed, "write the step's replay record", || {
+                    core.store_step_output(
+                        run_id,
+                        record.execution.as_deref(),
+                        step_number,
+                        &job.payload,
+                        outcome,
+                        &staged,
+                    )
+                })
                 .await
         {
             return Settlement::infrastructure(err);
