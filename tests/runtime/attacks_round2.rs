@@ -1116,3 +1116,60 @@ async fn a_replay_record_write_blip_does_not_run_steps_again() {
     );
     worker.shutdown().await.unwrap();
 }
+
+/// Signals racing the timeout of the wait they are meant for, sent at
+/// moments around it. `signal`'s answer must say what happened: a run
+/// whose signal was answered `Delivered` ends with its payload, and one
+/// answered `Buffered` timed out (its payload then waits for the next
+/// waiter). `signal_run` answered `Ok` must have reached the run, and a
+/// refusal (`NotWaitingForSignal`) means the run timed out.
+#[tokio::test(start_paused = true)]
+async fn signals_racing_the_timeout_of_their_wait_answer_what_happened() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let runtime = workflow_builder(&queue, &store, &Script::default())
+        .poll_interval(Duration::from_millis(5))
+        .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    for targeted in [false, true] {
+        let mut seen = (0, 0);
+        for k in 0..30u64 {
+            let id = format!("late-{targeted}-{k}");
+            let key = format!("late-key-{targeted}-{k}");
+            runtime
+                .submit(spec(&id, &format!("signal:{key}:20")))
+                .await
+                .unwrap();
+            until_step("the wait", &runtime, &id, 1).await;
+            // Around the moment the 20 ms timeout is acted on (the queue's
+            // scheduler promotes due jobs at its own interval).
+            tokio::time::sleep(Duration::from_millis(37 * k)).await;
+            let delivered = if targeted {
+                match runtime.signal_run(&rid(&id), &key, b"sig".to_vec()).await {
+                    Ok(()) => true,
+                    Err(taquba_workflow::Error::NotWaitingForSignal { .. }) => false,
+                    Err(err) => panic!("{id}: {err}"),
+                }
+            } else {
+                runtime.signal(&key, b"sig".to_vec()).await.unwrap() == SignalOutcome::Delivered
+            };
+            let result = ends_within(&runtime, &id, 30, "raced timeout")
+                .await
+                .outcome
+                .and_then(|o| o.result)
+                .unwrap();
+            if delivered {
+                seen.0 += 1;
+                assert_eq!(result, b"sig", "{id}: answered delivered, the run timed out");
+            } else {
+                seen.1 += 1;
+                assert_eq!(
+                    result, b"timed out",
+                    "{id}: answered not delivered, the run got it"
+                );
+            }
+        }
+        assert!(seen.0 > 0 && seen.1 > 0, "both sides of the race: {seen:?}");
+    }
+    worker.shutdown().await.unwrap();
+}
