@@ -133,8 +133,8 @@ pub use inbox::{
     SubmitCommand,
 };
 pub use model::{
-    RunEnd, RunOptions, RunOutcome, RunSpec, RunState, RunStatus, RunTermination, StepError,
-    StepErrorKind, StepOutcome, SubmitOutcome, TerminalStatus, Trigger,
+    MAX_TERMINATION_ERROR_LEN, RunEnd, RunOptions, RunOutcome, RunSpec, RunState, RunStatus,
+    RunTermination, StepError, StepErrorKind, StepOutcome, SubmitOutcome, TerminalStatus, Trigger,
 };
 pub use run::effects::{EffectsHandle, TerminalEffects};
 pub use runner::{Delivery, Step, StepRunner};

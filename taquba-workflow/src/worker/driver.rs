@@ -18,7 +18,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Span, debug, warn};
 
 use crate::error::Result;
+use crate::history::cut_to;
 use crate::hooks::terminal::TerminalHook;
+use crate::model::MAX_TERMINATION_ERROR_LEN;
 use crate::run::commit::detached;
 use crate::run::core::RuntimeCore;
 use crate::run::settle::{SettleKind, Settlement, panic_message};
@@ -304,6 +306,7 @@ async fn settle(core: &RuntimeCore, queue: &Queue, claim: &Claim, settlement: Se
             acked
         }
         SettleKind::Retry(error) => {
+            let error = cut_to(&error, MAX_TERMINATION_ERROR_LEN);
             let retried = queue.nack(claim, &error).await.map(|()| None);
             #[cfg(feature = "metrics")]
             if retried.is_ok() {
@@ -316,6 +319,7 @@ async fn settle(core: &RuntimeCore, queue: &Queue, claim: &Claim, settlement: Se
             permanent,
             effects,
         } => {
+            let error = cut_to(&error, MAX_TERMINATION_ERROR_LEN);
             // Counted before the commit, so a look between the commit and
             // the count cannot take it for a foreign dead letter; uncounted
             // when no dead letter happened.
