@@ -16,8 +16,8 @@ use taquba::object_store::ObjectStore;
 use taquba::object_store::memory::InMemory;
 use taquba::{OpenOptions, Queue, QueueConfig};
 use taquba_workflow::{
-    GroupMember, MAX_TERMINATION_ERROR_LEN, MemberResult, RunGroup, RunOptions, RunOutcome,
-    RunState, SignalOutcome, Step, StepError, StepOutcome, StepRunner, TerminalEffects,
+    GroupMember, MAX_MEMBER_KEY_LEN, MAX_TERMINATION_ERROR_LEN, MemberResult, RunGroup, RunOptions,
+    RunOutcome, RunState, SignalOutcome, Step, StepError, StepOutcome, StepRunner, TerminalEffects,
     TerminalHook, TerminalStatus, WorkflowRuntime,
 };
 use taquba_workflow_suite::testing::{FaultConfig, FaultyStore, INJECTED, Op, TokioClock};
@@ -1246,6 +1246,72 @@ async fn failures_with_huge_messages_end_their_runs_with_the_message() {
             hook.calls().iter().any(|o| o.run_id.as_str() == id)
         })
         .await;
+    }
+    worker.shutdown().await.unwrap();
+}
+
+/// Group member keys of `MAX_MEMBER_KEY_LEN` bytes, 200 KiB and 300 KiB
+/// ("The member's key (any text)"), one member of each group succeeding,
+/// one failing with a 1 MiB error. A key the runtime cannot carry to the member's end must
+/// be refused at submission naming its length; an accepted member must
+/// end, and `results` report it. (With 200 KiB keys the submission was
+/// accepted, and the failing member's termination, carrying the key twice
+/// beside the error, was over the queue's 256 KiB KV value limit: it never
+/// committed and `results` failed with `KvValueTooLarge`.)
+#[tokio::test(start_paused = true)]
+async fn huge_member_keys_are_refused_or_their_members_end() {
+    #[derive(Clone)]
+    struct Members;
+    impl StepRunner for Members {
+        async fn run_step(&self, step: &Step) -> Result<StepOutcome, StepError> {
+            match step.payload.as_slice() {
+                b"fail" => Err(StepError::permanent("e".repeat(1 << 20))),
+                _ => Ok(StepOutcome::Succeed {
+                    result: b"ok".to_vec(),
+                }),
+            }
+        }
+    }
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let runtime = workflow_builder(&queue, &store, &Members).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    for (g, len) in [MAX_MEMBER_KEY_LEN, 200 << 10, 300 << 10]
+        .into_iter()
+        .enumerate()
+    {
+        let group = runtime.group(rid(&format!("huge-keys-{g}")));
+        let key = |name: &str| format!("{name}{}", "k".repeat(len - name.len()));
+        let members = vec![
+            GroupMember {
+                key: key("ok-"),
+                input: b"ok".to_vec(),
+            },
+            GroupMember {
+                key: key("fail-"),
+                input: b"fail".to_vec(),
+            },
+        ];
+        match within(60, group.submit(members, &RunOptions::default())).await {
+            Err(err) => {
+                assert!(len > MAX_MEMBER_KEY_LEN, "{len} bytes refused: {err}");
+                assert!(
+                    matches!(err, taquba_workflow::Error::MemberKeyTooLong { len: l, .. } if l == len),
+                    "{len} bytes: {:.200}",
+                    err.to_string()
+                );
+            }
+            Ok(()) => {
+                let results = join_all(&group).await;
+                let mut statuses: Vec<_> = results.iter().map(|r| r.termination.status).collect();
+                statuses.sort_by_key(|s| s.as_str());
+                assert_eq!(
+                    statuses,
+                    vec![TerminalStatus::Failed, TerminalStatus::Succeeded],
+                    "{len}-byte keys"
+                );
+            }
+        }
     }
     worker.shutdown().await.unwrap();
 }
