@@ -172,6 +172,18 @@ pub enum Error {
         /// The key's first 64 bytes (at a character boundary).
         start: String,
     },
+    /// A group member key longer than
+    /// [`MAX_MEMBER_KEY_LEN`](crate::MAX_MEMBER_KEY_LEN) bytes, given to a
+    /// group's `submit`. Nothing was submitted.
+    #[error("group member key {start:?}… is {len} bytes long, more than the {max} bytes allowed")]
+    MemberKeyTooLong {
+        /// The key's length, in bytes.
+        len: usize,
+        /// The longest key allowed, in bytes.
+        max: usize,
+        /// The key's first 64 bytes (at a character boundary).
+        start: String,
+    },
     /// The Tokio runtime shut down while an operation ran on a task of its
     /// own (every call that commits does, so a dropped caller cannot stop
     /// it halfway): whether it took effect is unknown. Look at the state

@@ -133,16 +133,16 @@ pub use inbox::{
     SubmitCommand,
 };
 pub use model::{
-    RunEnd, RunOptions, RunOutcome, RunSpec, RunState, RunStatus, RunTermination, StepError,
-    StepErrorKind, StepOutcome, SubmitOutcome, TerminalStatus, Trigger,
+    MAX_TERMINATION_ERROR_LEN, RunEnd, RunOptions, RunOutcome, RunSpec, RunState, RunStatus,
+    RunTermination, StepError, StepErrorKind, StepOutcome, SubmitOutcome, TerminalStatus, Trigger,
 };
 pub use run::effects::{EffectsHandle, TerminalEffects};
 pub use runner::{Delivery, Step, StepRunner};
 pub use runtime::{RunnerHandle, WorkflowRuntime, WorkflowRuntimeBuilder};
 pub use store::keys::{
     HEADER_RUN_ID, HEADER_SIGNAL_DELIVERED, HEADER_SIGNAL_WAIT, HEADER_STEP, HEADER_TERMINAL,
-    HEADER_TRACEPARENT, HEADER_TRACESTATE, MAX_CORRELATION_KEY_LEN, MAX_RUN_ID_LEN,
-    RESERVED_HEADER_PREFIX, RESERVED_KV_PREFIX, RunId,
+    HEADER_TRACEPARENT, HEADER_TRACESTATE, MAX_CORRELATION_KEY_LEN, MAX_MEMBER_KEY_LEN,
+    MAX_RUN_ID_LEN, RESERVED_HEADER_PREFIX, RESERVED_KV_PREFIX, RunId,
 };
 pub use store::kv::KvReadHandle;
 pub use store::memo::{Memo, MemoStore};

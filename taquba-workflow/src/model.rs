@@ -87,13 +87,22 @@ pub struct RunStatus {
     pub current_step: u32,
 }
 
+/// The longest error a run's terminal record keeps
+/// ([`RunTermination::error`]), and a step job's last error in the queue:
+/// 64 KiB. A longer one (a runner's error or `Fail` reason) is cut at a
+/// character boundary, ending with `…`, so the records stay within the
+/// queue's KV value limit; the run's outcome ([`RunOutcome::error`], in
+/// its run result record and the terminal hook's notification) keeps it
+/// whole.
+pub const MAX_TERMINATION_ERROR_LEN: usize = 64 * 1024;
+
 /// How a run terminated, from its terminal record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunTermination {
     /// How it ended.
     pub status: TerminalStatus,
     /// The error (or runner-issued cancel reason); `None` on success and
-    /// for an external cancellation.
+    /// for an external cancellation. Cut to [`MAX_TERMINATION_ERROR_LEN`].
     pub error: Option<String>,
     /// For a failure from a step error or a runner `Fail` verdict
     /// (`Permanent`), its kind; `None` otherwise (including a dead letter

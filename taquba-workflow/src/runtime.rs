@@ -15,7 +15,7 @@ use crate::coordination::signal::SignalOutcome;
 use crate::error::Result;
 use crate::history::DEFAULT_HISTORY_LIMIT;
 use crate::history::naming::{Naming, runner_label};
-use crate::hooks::guard::{self, default_hook_timeout};
+use crate::hooks::guard::{self, MAX_HOOK_TIMEOUT, default_hook_timeout};
 use crate::hooks::terminal::TerminalHook;
 use crate::model::RunOutcome;
 use crate::model::{RunEnd, RunSpec, RunStatus, SubmitOutcome};
@@ -30,8 +30,14 @@ use crate::view::WorkflowView;
 pub(crate) const DEFAULT_QUEUE_NAME: &str = "workflow-steps";
 /// The default bound on concurrent runner calls.
 pub(crate) const DEFAULT_MAX_CONCURRENT_STEPS: usize = 8;
+/// The highest bound on concurrent runner calls; a higher one is taken as
+/// this (Tokio's semaphores hold at most `usize::MAX >> 3` permits, and
+/// the worker keeps four settlements in flight per slot).
+pub(crate) const MAX_CONCURRENT_STEPS: usize = 1 << 16;
 /// The default poll interval of the worker loop.
 pub(crate) const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// The shortest poll interval.
+pub(crate) const MIN_POLL_INTERVAL: Duration = Duration::from_millis(1);
 /// The default retention of inbox command records.
 pub(crate) const DEFAULT_COMMAND_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
@@ -381,8 +387,17 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// complete, so no committed step is left unclaimed.
     ///
     /// # Errors
-    /// None in practice: storage errors are logged and retried at the poll
-    /// interval, so the loop keeps serving runs through an outage.
+    /// [`Error::Queue`](crate::Error::Queue) with
+    /// [`taquba::Error::InvalidQueueName`] at once for a
+    /// [`queue_name`](crate::WorkflowRuntimeBuilder::queue_name) the queue
+    /// refuses (over 255 bytes); the store-closed error
+    /// ([`Error::is_store_closed`](crate::Error::is_store_closed)) once
+    /// another process opened the store. Otherwise none: storage errors are logged and retried at the poll
+    /// interval, so the loop keeps serving runs through an outage. Writes
+    /// of the queue itself wait out an outage (SlateDB retries them until
+    /// the store answers), so during one the loop, and the drain of a
+    /// shutdown, wait too: bound a shutdown with `tokio::time::timeout`
+    /// where the process must exit (README, "Storage outages").
     pub async fn run<F>(&self, shutdown: F) -> Result<()>
     where
         F: Future<Output = ()>,
@@ -528,19 +543,22 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
     }
 
     /// The most runner (and terminal hook) calls in flight at once (default
-    /// 8; at least 1). Size it for the APIs your steps call. Settlements
-    /// waiting for the durable commit do not hold a slot, so the queue
-    /// stays busy without raising it.
+    /// 8; at least 1, at most 65 536: a higher bound, `usize::MAX`
+    /// included, is taken as 65 536). Size it for the APIs your steps
+    /// call. Settlements waiting for the durable commit do not hold a
+    /// slot, so the queue stays busy without raising it.
     pub fn max_concurrent_steps(mut self, n: usize) -> Self {
-        self.max_concurrent_steps = n.max(1);
+        self.max_concurrent_steps = n.clamp(1, MAX_CONCURRENT_STEPS);
         self
     }
 
     /// How long an idle worker waits before re-checking the queue (default
-    /// 500 ms), and the period of retention sweeps and dead-letter
-    /// reconciliation. New work wakes the worker at once regardless.
+    /// 500 ms; at least 1 ms, a shorter interval is taken as 1 ms so an
+    /// idle worker never re-claims in a busy loop), and the period of
+    /// retention sweeps and dead-letter reconciliation. New work wakes the
+    /// worker at once regardless.
     pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.poll_interval = interval;
+        self.poll_interval = interval.max(MIN_POLL_INTERVAL);
         self
     }
 
@@ -589,7 +607,8 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
     /// most 5 s less: 25 s for taquba's default 30 s lease. Before each
     /// call the notification's lease is extended to cover the timeout, so
     /// a longer timeout than the lease is safe: the queue never hands a
-    /// notification still running here to another slot.
+    /// notification still running here to another slot. At most a year: a
+    /// longer timeout (`Duration::MAX` for "no timeout") is taken as a year.
     pub fn hook_timeout(mut self, timeout: Duration) -> Self {
         self.hook_timeout = Some(timeout);
         self
@@ -658,9 +677,12 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
             .memo_prefix
             .unwrap_or_else(|| format!("{}-memo", self.queue_name));
         let clock = self.clock.unwrap_or_else(|| self.queue.clock());
-        let hook_timeout = self.hook_timeout.unwrap_or_else(|| {
-            default_hook_timeout(self.queue.queue_lease_duration(&self.queue_name))
-        });
+        let hook_timeout = self
+            .hook_timeout
+            .unwrap_or_else(|| {
+                default_hook_timeout(self.queue.queue_lease_duration(&self.queue_name))
+            })
+            .min(MAX_HOOK_TIMEOUT);
         let core = RuntimeCore::new(Settings {
             queue: self.queue,
             object_store: self.object_store,

@@ -10,6 +10,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod attacks_round2;
 mod cancel_and_hooks;
 mod cancel_lease;
 mod durability;

@@ -27,8 +27,9 @@ use crate::store::durable::{
     DurableTermination,
 };
 use crate::store::keys::{
-    DIGESTED_MEMBER_KEY, HEADER_GROUP, HEADER_GROUP_KEY, RunId, group_manifest_claim_kv_key,
-    group_member_kv_key, group_members_kv_prefix, member_key_is_digested, sha256,
+    DIGESTED_MEMBER_KEY, HEADER_GROUP, HEADER_GROUP_KEY, MAX_MEMBER_KEY_LEN, RunId,
+    group_manifest_claim_kv_key, group_member_kv_key, group_members_kv_prefix,
+    member_key_is_digested, sha256,
 };
 use crate::store::memo::MemoStore;
 
@@ -481,6 +482,8 @@ impl RunGroup {
     ///
     /// # Errors
     /// [`Error::DuplicateMemberKey`] for two members with one key;
+    /// [`Error::MemberKeyTooLong`] for a key over
+    /// [`MAX_MEMBER_KEY_LEN`](crate::MAX_MEMBER_KEY_LEN) bytes;
     /// [`Error::GroupMismatch`] for a member set that differs from the
     /// manifest; [`Error::MemberRunIdTaken`] for a member whose run id an
     /// active run outside the group holds; errors of
@@ -516,6 +519,7 @@ impl RunGroup {
     ) -> Result<()> {
         let mut seen = HashSet::with_capacity(members.len());
         for member in &members {
+            check_member_key(&member.member.key)?;
             if !seen.insert(member.member.key.as_str()) {
                 return Err(Error::DuplicateMemberKey(member.member.key.clone()));
             }
@@ -764,6 +768,22 @@ impl RunGroup {
         let group = self.clone();
         detached(async move { group.core.forget_group(&group.id).await }).await
     }
+}
+
+/// Refuse a member key over [`MAX_MEMBER_KEY_LEN`].
+fn check_member_key(key: &str) -> Result<()> {
+    if key.len() <= MAX_MEMBER_KEY_LEN {
+        return Ok(());
+    }
+    let mut end = 64.min(key.len());
+    while !key.is_char_boundary(end) {
+        end -= 1;
+    }
+    Err(Error::MemberKeyTooLong {
+        len: key.len(),
+        max: MAX_MEMBER_KEY_LEN,
+        start: key[..end].to_string(),
+    })
 }
 
 /// The member record written with the submission of the member's run

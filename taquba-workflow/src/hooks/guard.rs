@@ -21,12 +21,24 @@ const DEFAULT_MARGIN_FRACTION: u32 = 5;
 /// The most the default hook timeout leaves for settling.
 const MAX_DEFAULT_MARGIN: Duration = Duration::from_secs(5);
 
+/// The longest hook timeout: a year. A longer one (`Duration::MAX`, the
+/// spelling of "no timeout") is taken as this, since the lease extension
+/// that covers the call is counted in milliseconds on the queue's clock
+/// and would overflow it.
+pub(crate) const MAX_HOOK_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// The default bound on one `on_termination` call for a queue whose jobs
 /// are leased for `lease`: the lease less a fifth of it, at most 5 s less
 /// (25 s for taquba's default 30 s lease), so the call ends, and its
 /// settlement commits, while the notification is still leased.
 pub(crate) fn default_hook_timeout(lease: Duration) -> Duration {
-    lease - (lease / DEFAULT_MARGIN_FRACTION).min(MAX_DEFAULT_MARGIN)
+    lease - settlement_margin(lease)
+}
+
+/// The part of a `lease` left for a settlement to commit once the work
+/// under it is done: a fifth of it, at most 5 s.
+pub(crate) fn settlement_margin(lease: Duration) -> Duration {
+    (lease / DEFAULT_MARGIN_FRACTION).min(MAX_DEFAULT_MARGIN)
 }
 
 /// Whether `hook` wants a notification for `outcome`. A panic is logged

@@ -21,7 +21,7 @@ use crate::coordination::signal::SignalLocks;
 use crate::error::{Error, Result};
 use crate::model::RunEnd;
 use crate::model::StepErrorKind;
-use crate::model::{RunOutcome, TerminalStatus};
+use crate::model::{MAX_TERMINATION_ERROR_LEN, RunOutcome, TerminalStatus};
 use crate::run::commit::Committer;
 use crate::run::ids::IdGenerator;
 use crate::run::inflight::InFlightRegistry;
@@ -319,7 +319,10 @@ impl RuntimeCore {
     ) -> DurableTermination {
         DurableTermination {
             status: outcome.status.into(),
-            error: outcome.error.clone(),
+            error: outcome
+                .error
+                .as_deref()
+                .map(|error| crate::history::cut_to(error, MAX_TERMINATION_ERROR_LEN)),
             error_kind: error_kind.map(Into::into),
             final_step: outcome.final_step,
             terminated_at_ms: self.now_ms(),

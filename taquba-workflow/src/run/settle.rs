@@ -29,6 +29,15 @@ use crate::store::durable::{self, DurableRunOutcome, DurableRunRecord};
 use crate::store::keys::{HEADER_RUN_ID, HEADER_STEP, HEADER_TERMINAL, RunId};
 use crate::store::kv::KvReadHandle;
 
+/// The first pause before a run result record write is tried again.
+const RECORD_RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(50);
+/// The longest pause between two tries of a run result record write.
+const RECORD_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
+fn duration_ms(duration: std::time::Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// How a claimed job is settled.
 pub(crate) enum SettleKind {
     /// Acknowledge with these effects.
@@ -212,7 +221,10 @@ impl RuntimeCore {
             &claimed.job.id,
             claimed.membership.as_ref(),
         );
-        if let Err(err) = self.store_run_result(&outcome, &termination).await {
+        if let Err(err) = self
+            .store_run_result_within_lease(claimed, &outcome, &termination)
+            .await
+        {
             return Settlement::infrastructure(err);
         }
         let (effects, ended) = self.terminate_effects(
@@ -223,6 +235,69 @@ impl RuntimeCore {
             true,
         );
         Settlement::of(SettleKind::Ack(effects)).ending(ended)
+    }
+
+    /// [`store_run_result`](Self::store_run_result) for the step job of
+    /// `claimed`, tried again within its lease ([`within_lease`](Self::within_lease)).
+    async fn store_run_result_within_lease(
+        &self,
+        claimed: &ClaimedStep<'_>,
+        outcome: &RunOutcome,
+        termination: &crate::store::durable::DurableTermination,
+    ) -> Result<()> {
+        self.within_lease(claimed, "write the run result record", || {
+            self.store_run_result(outcome, termination)
+        })
+        .await
+    }
+
+    /// Run `op`, an object-store access of the step job of `claimed` (its
+    /// run result record, its replay record), trying a failure again after
+    /// 50 ms, doubling up to 2 s, while the step's lease leaves room for
+    /// the settlement (a fifth of the lease, at most 5 s): a blip of the
+    /// object store then neither spends one of the step's attempts nor
+    /// calls its runner again. A step whose access still fails is retried
+    /// as a whole (once its attempts are spent, its run fails). Permanent
+    /// errors, a closed store and a lease too short for the next try end
+    /// the tries; `what` names the access in the log.
+    async fn within_lease<T, F, Fut>(
+        &self,
+        claimed: &ClaimedStep<'_>,
+        what: &str,
+        mut op: F,
+    ) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let lease = self.queue.queue_lease_duration(&self.queue_name);
+        let margin = crate::hooks::guard::settlement_margin(lease);
+        // A bound on the caller's clock too, for a queue clock that only a
+        // test moves.
+        let give_up = tokio::time::Instant::now() + lease.saturating_sub(margin);
+        let mut delay = RECORD_RETRY_FIRST;
+        loop {
+            let err = match op().await {
+                Ok(value) => return Ok(value),
+                Err(err) => err,
+            };
+            let retry_until = self
+                .queue
+                .lease_expiry(&self.queue_name, &claimed.job.id)
+                .map(|expiry| expiry.saturating_sub(duration_ms(margin)));
+            let room = retry_until
+                .is_some_and(|until| self.now_ms().saturating_add(duration_ms(delay)) < until)
+                && tokio::time::Instant::now() + delay < give_up;
+            if err.is_permanent() || !room || self.store_closed.is_cancelled() {
+                return Err(err);
+            }
+            warn!(run_id = %claimed.run_id, "failed to {what}, trying again in {delay:?}: {err}");
+            tokio::select! {
+                () = self.store_closed.cancelled() => return Err(err),
+                () = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(RECORD_RETRY_MAX);
+        }
     }
 
     /// The settlement of a step error that ends the run (permanent, or
@@ -398,12 +473,14 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
 
         let replayed = if core.step_output_replay {
             match core
-                .load_step_output(
-                    run_id,
-                    record.execution.as_deref(),
-                    step_number,
-                    &job.payload,
-                )
+                .within_lease(claimed, "read the step's replay record", || {
+                    core.load_step_output(
+                        run_id,
+                        record.execution.as_deref(),
+                        step_number,
+                        &job.payload,
+                    )
+                })
                 .await
             {
                 Ok(found) => found,
@@ -456,14 +533,16 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
             && !external_cancel
             && let Ok(outcome) = &outcome
             && let Err(err) = core
-                .store_step_output(
-                    run_id,
-                    record.execution.as_deref(),
-                    step_number,
-                    &job.payload,
-                    outcome,
-                    &staged,
-                )
+                .within_lease(claimed, "write the step's replay record", || {
+                    core.store_step_output(
+                        run_id,
+                        record.execution.as_deref(),
+                        step_number,
+                        &job.payload,
+                        outcome,
+                        &staged,
+                    )
+                })
                 .await
         {
             return Settlement::infrastructure(err);

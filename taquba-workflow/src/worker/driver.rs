@@ -18,7 +18,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Span, debug, error, warn};
 
 use crate::error::Result;
+use crate::history::cut_to;
 use crate::hooks::terminal::TerminalHook;
+use crate::model::MAX_TERMINATION_ERROR_LEN;
 use crate::run::commit::detached;
 use crate::run::core::RuntimeCore;
 use crate::run::settle::{SettleKind, Settlement, panic_message};
@@ -72,10 +74,13 @@ where
     let core = inner.core.clone();
     let queue = core.queue.clone();
     let queue_name = core.queue_name.clone();
+    // A name the queue refuses fails every claim: say so at once rather
+    // than retry a claim that can never work.
+    taquba::QueueName::new(queue_name.as_str())?;
     let slots = core.max_concurrent_steps;
     let runner_slots = Arc::new(Semaphore::new(slots));
     let settling = Arc::new(Semaphore::new(
-        (slots * SETTLING_PER_SLOT).max(MIN_SETTLING),
+        slots.saturating_mul(SETTLING_PER_SLOT).max(MIN_SETTLING),
     ));
     let lease = queue.queue_lease_duration(&queue_name);
     let mut tasks = JoinSet::new();
@@ -334,6 +339,7 @@ async fn settle(core: &RuntimeCore, queue: &Queue, claim: &Claim, settlement: Se
             acked
         }
         SettleKind::Retry(error) => {
+            let error = cut_to(&error, MAX_TERMINATION_ERROR_LEN);
             let retried = queue.nack(claim, &error).await.map(|()| None);
             #[cfg(feature = "metrics")]
             if retried.is_ok() {
@@ -346,6 +352,7 @@ async fn settle(core: &RuntimeCore, queue: &Queue, claim: &Claim, settlement: Se
             permanent,
             effects,
         } => {
+            let error = cut_to(&error, MAX_TERMINATION_ERROR_LEN);
             // Counted before the commit, so a look between the commit and
             // the count cannot take it for a foreign dead letter; uncounted
             // when no dead letter happened.
