@@ -97,7 +97,17 @@ pub mod jobs {
         core::result::Result::Ok(())
     }
 
+    /// Deprecated: the struct is too (a submission warns), and the
+    /// generated code that calls the fn and names the struct does not.
+    #[job]
+    #[deprecated = "use `beat`"]
+    pub async fn old_beat(n: u8) -> core::result::Result<u8, Failed> {
+        core::result::Result::Ok(n)
+    }
+
     pub(crate) fn construct() {
+        #[allow(deprecated)]
+        let _ = OldBeat { n: 1 };
         let _ = Rename {
             r#type: std::string::String::from("a"),
             run: 1,
@@ -164,6 +174,26 @@ pub mod flows {
         async fn gated(x: NotDefinedAnywhere) -> StepResult {
             let _ = x;
             core::result::Result::Ok(Transition::fail("gated"))
+        }
+    }
+
+    /// A deprecated workflow with a deprecated step: the generated code
+    /// that names them does not warn.
+    #[derive(Default)]
+    #[deprecated = "use `Review`"]
+    pub struct OldReview;
+
+    #[allow(deprecated)]
+    #[workflow(name = "old-review")]
+    impl OldReview {
+        /// The only step.
+        #[step(start)]
+        #[deprecated = "no longer started"]
+        async fn only(
+            n: u8,
+        ) -> core::result::Result<Transition<OldReviewStep>, taquba_workflow::StepError> {
+            let _ = n;
+            core::result::Result::Ok(Transition::done(()))
         }
     }
 

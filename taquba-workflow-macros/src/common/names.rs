@@ -24,6 +24,71 @@ pub(crate) fn pascal_case(snake: &str) -> String {
     out
 }
 
+/// `name` as an identifier at `span`, or `None` when it is not one (a
+/// keyword such as `Self`, or a name starting with a digit: `_1st` in
+/// PascalCase is `1st`).
+pub(crate) fn derived_ident(name: &str, span: proc_macro2::Span) -> Option<Ident> {
+    let mut ident = syn::parse_str::<Ident>(name).ok()?;
+    ident.set_span(span);
+    Some(ident)
+}
+
+/// `ty` with `Self` replaced by `self_ty`: a type written in an impl block,
+/// as it is named outside of it (`Vec<Self>` -> `Vec<Order>`,
+/// `Self::Id` -> `<Order>::Id`).
+pub(crate) fn replace_self(ty: &Type, self_ty: &Type) -> Type {
+    struct Replace<'a>(&'a Type);
+    impl syn::visit_mut::VisitMut for Replace<'_> {
+        fn visit_type_mut(&mut self, ty: &mut Type) {
+            if let Type::Path(syn::TypePath { qself: None, path }) = ty
+                && path.leading_colon.is_none()
+                && path.segments.first().is_some_and(|s| s.ident == "Self")
+            {
+                let rest: Vec<_> = path.segments.iter().skip(1).cloned().collect();
+                let self_ty = self.0;
+                *ty = if rest.is_empty() {
+                    self_ty.clone()
+                } else {
+                    syn::parse_quote!(<#self_ty>::#(#rest)::*)
+                };
+                return;
+            }
+            syn::visit_mut::visit_type_mut(self, ty);
+        }
+    }
+    let mut ty = ty.clone();
+    syn::visit_mut::VisitMut::visit_type_mut(&mut Replace(self_ty), &mut ty);
+    ty
+}
+
+/// `ty` as a user writes it, for messages: `Cow<'a, str>`, not the
+/// token stream's `Cow < 'a , str >`.
+pub(crate) fn type_text(ty: &Type) -> String {
+    let spaced = quote!(#ty).to_string();
+    let mut out = String::with_capacity(spaced.len());
+    let mut chars = spaced.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == ' ' {
+            let before = out.chars().last();
+            let after = chars.peek().copied();
+            // Keep the space between two words (`dyn Trait`, `impl Fn`) and
+            // after a comma or before `+`; drop it around other punctuation.
+            let word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+            let keep = (word(before) && (word(after) || after == Some('\'')))
+                || before == Some(',')
+                || after == Some('+')
+                || before == Some('+')
+                || (before == Some('>') && word(after));
+            if keep {
+                out.push(' ');
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// The `#[doc]` attributes of an item.
 pub(crate) fn doc_attrs(attrs: &[Attribute]) -> Vec<&Attribute> {
     attrs.iter().filter(|a| a.path().is_ident("doc")).collect()
@@ -119,6 +184,55 @@ pub(crate) fn crate_path(custom: Option<&Path>) -> TokenStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn derived_names_must_be_identifiers() {
+        let span = proc_macro2::Span::call_site();
+        assert_eq!(derived_ident("SendEmail", span).unwrap(), "SendEmail");
+        for bad in ["1st", "", "Self", "self"] {
+            assert!(derived_ident(bad, span).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn self_is_replaced_by_the_type() {
+        let order: Type = syn::parse_quote!(crate::shop::Order);
+        for (written, expected) in [
+            (quote!(Self), "crate :: shop :: Order"),
+            (quote!(Vec<Self>), "Vec < crate :: shop :: Order >"),
+            (quote!(Self::Id), "< crate :: shop :: Order > :: Id"),
+            (
+                quote!(<Self as Tr>::Out),
+                "< crate :: shop :: Order as Tr > :: Out",
+            ),
+            (quote!(SelfService), "SelfService"),
+        ] {
+            let ty: Type = syn::parse2(written).unwrap();
+            let replaced = replace_self(&ty, &order);
+            assert_eq!(quote!(#replaced).to_string(), expected);
+        }
+    }
+
+    #[test]
+    fn types_print_as_written() {
+        for written in [
+            quote!(std::borrow::Cow<'a, str>),
+            quote!((JobContext<'_>,)),
+            quote!(Box<dyn std::error::Error + Send + Sync>),
+            quote!(&'static [u8]),
+            quote!(impl Into<String>),
+            quote!(Vec<(u8, u8)>),
+        ] {
+            let ty: Type = syn::parse2(written.clone()).unwrap();
+            let text = type_text(&ty);
+            let reparsed: Type = syn::parse_str(&text).unwrap();
+            assert_eq!(quote!(#reparsed).to_string(), written.to_string(), "{text}");
+        }
+        let ty: Type = syn::parse_quote!(std::borrow::Cow<'a, str>);
+        assert_eq!(type_text(&ty), "std::borrow::Cow<'a, str>");
+        let ty: Type = syn::parse_quote!(Box<dyn std::error::Error + Send>);
+        assert_eq!(type_text(&ty), "Box<dyn std::error::Error + Send>");
+    }
 
     #[test]
     fn pascal_case_converts_snake_case() {

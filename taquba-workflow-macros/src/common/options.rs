@@ -147,6 +147,19 @@ impl OptionArg {
             );
             return None;
         }
+        // Names are stored and compared exactly (the CLI's `--workflow`,
+        // a re-registration): a space at either end is a typo that lasts.
+        if value.trim() != value {
+            errors.spanned(
+                &lit,
+                format!(
+                    "`{0}` starts or ends with whitespace, which would be part of the stored name: write `{0} = {1:?}`",
+                    self.name(),
+                    value.trim()
+                ),
+            );
+            return None;
+        }
         Some(lit)
     }
 
@@ -160,7 +173,25 @@ impl OptionArg {
             Punctuated::<Path, Token![,]>::parse_terminated,
             tokens.clone(),
         ) {
-            Ok(paths) => paths.into_iter().collect(),
+            Ok(paths) => paths
+                .into_iter()
+                .filter(|path| {
+                    let serde = path
+                        .segments
+                        .last()
+                        .map(|s| s.ident.to_string())
+                        .filter(|name| name == "Serialize" || name == "Deserialize");
+                    if let Some(name) = &serde {
+                        errors.spanned(
+                            path,
+                            format!(
+                                "the generated types always derive `{name}` (through the runtime's serde, so your crate needs no serde of its own): remove `{name}` from `derive(...)`"
+                            ),
+                        );
+                    }
+                    serde.is_none()
+                })
+                .collect(),
             Err(error) => {
                 errors.push(error);
                 Vec::new()
@@ -175,6 +206,17 @@ impl OptionArg {
 
     pub(crate) fn positive_u32(&self, example: &str, errors: &mut Errors) -> Option<LitInt> {
         let lit: LitInt = self.parse_value("a positive integer", example, errors)?;
+        if !matches!(lit.suffix(), "" | "u32") {
+            errors.spanned(
+                &lit,
+                format!(
+                    "`{}` is a `u32`, not a `{}`: write `{example}`",
+                    self.name(),
+                    lit.suffix()
+                ),
+            );
+            return None;
+        }
         match lit.base10_parse::<u32>() {
             Ok(0) => {
                 errors.spanned(&lit, format!("`{}` must be at least 1", self.name()));

@@ -2,14 +2,15 @@
 //! a stored field (its owned type, its attributes, its `#[cfg]`s), and
 //! what cannot be one (reported at the token to change).
 
+use proc_macro2::TokenStream;
 use quote::{ToTokens, quote};
 use syn::ext::IdentExt;
 use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
 use syn::visit::Visit;
-use syn::{Attribute, FnArg, Ident, Pat, PatType, Path, Token, Type, TypePath, TypeReference};
+use syn::{Attribute, FnArg, Ident, Pat, PatType, Token, Type, TypePath, TypeReference};
 
-use super::Errors;
+use super::{Errors, type_text};
 
 /// Whether a type's last path segment is `name` (`JobContext<'_>`,
 /// `taquba_workflow::jobs::JobContext<'_>`).
@@ -53,20 +54,54 @@ impl Param {
 
 /// What `classify_param` makes of one parameter.
 pub(crate) enum ParamKind {
-    /// The context parameter (`JobContext<'_>` / `StepContext<'_>`), with
-    /// its `#[cfg]`s.
-    Context(Vec<Attribute>),
+    /// The context parameter (`JobContext<'_>` / `StepContext<'_>`).
+    Context(ContextParam),
     /// A field of the generated type.
     Field(Box<Param>),
-    /// An error was reported.
-    Invalid,
+    /// An error was reported; what the stand-in types written beside it
+    /// hold for this parameter.
+    Invalid(StandIn),
+}
+
+/// What the stand-in types beside an error hold for a parameter that was
+/// refused: the types are written so that the user's code which names
+/// them still resolves as meant, and is not reported on top.
+pub(crate) enum StandIn {
+    /// The field as it was meant: its name and type are clear (a refused
+    /// attribute, `ref`, `&mut T`).
+    Field(Box<Param>),
+    /// Nothing: the parameter was not meant as a field (the other macro's
+    /// context, `&Step`).
+    Nothing,
+    /// What was meant is unknown (a pattern without a name, a type that
+    /// cannot be stored): no stand-in would match the user's code.
+    Unknown,
+}
+
+/// How a fn takes its context.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum ContextBy {
+    /// `ctx: JobContext<'_>`.
+    Value,
+    /// `ctx: &JobContext<'_>`.
+    Ref,
+    /// `ctx: &mut JobContext<'_>`.
+    Mut,
+}
+
+/// The context parameter of a fn.
+pub(crate) struct ContextParam {
+    /// Its `#[cfg]`s: the generated argument carries them.
+    pub(crate) cfgs: Vec<Attribute>,
+    /// By value or by reference.
+    pub(crate) by: ContextBy,
 }
 
 /// Where each of a fn's parameters comes from in the generated call.
 pub(crate) enum Slot {
     /// The context (`JobContext<'_>` / `StepContext<'_>`) the runtime
-    /// passes, with the parameter's `#[cfg]`s.
-    Context(Vec<Attribute>),
+    /// passes.
+    Context(ContextParam),
     /// The field with this index.
     Field(usize),
 }
@@ -75,10 +110,14 @@ pub(crate) enum Slot {
 /// where each parameter comes from.
 #[derive(Default)]
 pub(crate) struct Params {
-    /// The fields, in parameter order.
+    /// The fields, in parameter order (with stand-ins for the refused
+    /// ones whose meaning is clear: see [`StandIn`]).
     pub(crate) params: Vec<Param>,
     /// The fn's parameters in order.
     pub(crate) slots: Vec<Slot>,
+    /// Whether a refused parameter has no stand-in ([`StandIn::Unknown`]):
+    /// stand-in types beside the errors would not match the user's code.
+    pub(crate) unknown: bool,
     context_seen: bool,
 }
 
@@ -86,8 +125,8 @@ impl Params {
     /// Classifies the next parameter, reporting a second context.
     pub(crate) fn push(&mut self, arg: &PatType, rules: &ParamRules<'_>, errors: &mut Errors) {
         match classify_param(arg, rules, errors) {
-            ParamKind::Context(cfgs) => {
-                let conditional = !cfgs.is_empty();
+            ParamKind::Context(context) => {
+                let conditional = !context.cfgs.is_empty();
                 if self.context_seen && !conditional {
                     errors.spanned(
                         arg,
@@ -98,13 +137,14 @@ impl Params {
                     );
                 }
                 self.context_seen |= !conditional;
-                self.slots.push(Slot::Context(cfgs));
+                self.slots.push(Slot::Context(context));
             }
-            ParamKind::Field(param) => {
+            ParamKind::Field(param) | ParamKind::Invalid(StandIn::Field(param)) => {
                 self.slots.push(Slot::Field(self.params.len()));
                 self.params.push(*param);
             }
-            ParamKind::Invalid => {}
+            ParamKind::Invalid(StandIn::Nothing) => {}
+            ParamKind::Invalid(StandIn::Unknown) => self.unknown = true,
         }
     }
 }
@@ -120,38 +160,30 @@ pub(crate) struct ParamRules<'a> {
     /// The other macro's context (`StepContext` for a job), refused with
     /// a message naming this one, not as a field that borrows.
     pub(crate) other_context: &'a str,
-    /// Whether `Self` in a type is an error (the generated type lives
-    /// outside the impl block).
-    pub(crate) forbid_self: bool,
 }
 
-/// Classifies one typed parameter: the context, a field, or an error.
+/// Classifies one typed parameter: the context, a field, or an error
+/// (with what stands in for it beside the error).
 pub(crate) fn classify_param(
     arg: &PatType,
     rules: &ParamRules<'_>,
     errors: &mut Errors,
 ) -> ParamKind {
-    let mut ok = true;
-    let (field_attrs, cfgs) = match param_attrs(&arg.attrs, rules, errors) {
-        Some(split) => split,
-        None => {
-            ok = false;
-            (Vec::new(), Vec::new())
-        }
+    let (field_attrs, cfgs, mut ok) = param_attrs(&arg.attrs, rules, errors);
+    // The context parameter, by value or by reference, in any position.
+    let (context_ty, by) = match &*arg.ty {
+        Type::Reference(r) if r.mutability.is_some() => (&*r.elem, ContextBy::Mut),
+        Type::Reference(r) => (&*r.elem, ContextBy::Ref),
+        ty => (ty, ContextBy::Value),
     };
-    // The context parameter, by value, in any position.
-    if is_named(&arg.ty, rules.context) {
+    if is_named(context_ty, rules.context) {
         return if check_context_pat(&arg.pat, rules, errors) && ok {
-            ParamKind::Context(cfgs)
+            ParamKind::Context(ContextParam { cfgs, by })
         } else {
-            ParamKind::Invalid
+            ParamKind::Invalid(StandIn::Nothing)
         };
     }
-    let other = match &*arg.ty {
-        Type::Reference(r) => &*r.elem,
-        ty => ty,
-    };
-    if is_named(other, rules.other_context) {
+    if is_named(context_ty, rules.other_context) {
         errors.spanned(
             &arg.ty,
             format!(
@@ -166,19 +198,7 @@ pub(crate) fn classify_param(
                 }
             ),
         );
-        return ParamKind::Invalid;
-    }
-    if let Type::Reference(r) = &*arg.ty
-        && is_named(&r.elem, rules.context)
-    {
-        errors.spanned(
-            &arg.ty,
-            format!(
-                "take the context by value: write `ctx: {}<'_>`",
-                rules.context
-            ),
-        );
-        return ParamKind::Invalid;
+        return ParamKind::Invalid(StandIn::Nothing);
     }
     let ident = match &*arg.pat {
         Pat::Ident(pat) => {
@@ -189,7 +209,7 @@ pub(crate) fn classify_param(
                         "`ref` parameters are not supported in a `{}` fn: write `{}: {}`",
                         rules.attribute,
                         pat.ident,
-                        arg.ty.to_token_stream()
+                        type_text(&arg.ty)
                     ),
                 );
                 ok = false;
@@ -210,55 +230,64 @@ pub(crate) fn classify_param(
             errors.spanned(
                 w,
                 format!(
-                    "name this parameter: each `{}` parameter becomes a named field of the {}; write `name: {}`",
+                    "name this parameter: each `{}` parameter becomes a named field of the {}; write `name: {}` (a name starting with `_` if the body does not use it)",
                     rules.attribute,
                     rules.what,
-                    arg.ty.to_token_stream()
+                    type_text(&arg.ty)
                 ),
             );
-            return ParamKind::Invalid;
+            return ParamKind::Invalid(StandIn::Unknown);
         }
         other => {
             errors.spanned(
                 other,
                 format!(
-                    "destructuring patterns cannot be `{}` parameters: each parameter becomes a named field of the {}; write `value: {}` and destructure it in the body",
+                    "destructuring patterns cannot be `{}` parameters: each parameter becomes a named field of the {}, stored under its name; write `value: {}` and destructure it in the body",
                     rules.attribute,
                     rules.what,
-                    arg.ty.to_token_stream()
+                    type_text(&arg.ty)
                 ),
             );
-            return ParamKind::Invalid;
+            return ParamKind::Invalid(StandIn::Unknown);
         }
     };
-    ok &= check_type(&arg.ty, rules, errors);
+    if !check_type(&arg.ty, rules, errors) {
+        return ParamKind::Invalid(StandIn::Unknown);
+    }
     let (field_ty, by_ref) = match &*arg.ty {
         Type::Reference(reference) => match owned_type(reference, rules, errors) {
-            Some(owned) => (owned, true),
-            None => return ParamKind::Invalid,
+            Some((owned, clean)) => {
+                ok &= clean;
+                (owned, true)
+            }
+            None => return ParamKind::Invalid(StandIn::Unknown),
         },
         ty => ((*ty).clone(), false),
     };
-    ok &= check_borrows(&field_ty, &arg.ty, rules, errors);
-    if !ok {
-        return ParamKind::Invalid;
+    if !check_borrows(&field_ty, &arg.ty, rules, errors) {
+        return ParamKind::Invalid(StandIn::Unknown);
     }
-    ParamKind::Field(Box::new(Param {
+    let param = Box::new(Param {
         ident,
         ty: (*arg.ty).clone(),
         field_ty,
         by_ref,
         field_attrs,
         cfgs,
-    }))
+    });
+    if ok {
+        ParamKind::Field(param)
+    } else {
+        ParamKind::Invalid(StandIn::Field(param))
+    }
 }
 
 /// The lint attributes a parameter may carry onto its field.
 const LINTS: &[&str] = &["allow", "warn", "deny", "forbid"];
 
 /// Splits a parameter's attributes into those of the generated field and
-/// the `#[cfg]`s of its every use, reporting an attribute that cannot be
-/// carried (`None` then).
+/// the `#[cfg]`s of its every use, reporting (and dropping) an attribute
+/// that cannot be carried; the flag is `false` when one was.
 ///
 /// Accepted: doc comments (moved to the field; rustc refuses them on
 /// parameters, so the re-emitted fn drops them), `#[cfg]` and
@@ -269,7 +298,7 @@ fn param_attrs(
     attrs: &[Attribute],
     rules: &ParamRules<'_>,
     errors: &mut Errors,
-) -> Option<(Vec<Attribute>, Vec<Attribute>)> {
+) -> (Vec<Attribute>, Vec<Attribute>, bool) {
     let mut field = Vec::new();
     let mut cfgs = Vec::new();
     let mut ok = true;
@@ -287,18 +316,23 @@ fn param_attrs(
             }
         } else if path.is_ident("expect") {
         } else {
+            let name = path.to_token_stream().to_string().replace(' ', "");
+            let instead = if path.is_ident("serde") {
+                "; the field is serialized as its type is: put the `#[serde(...)]` attributes on that type".to_string()
+            } else {
+                String::new()
+            };
             errors.spanned(
                 attr,
                 format!(
-                    "`#[{}]` cannot be carried onto the field this `{}` parameter becomes: a parameter takes doc comments, `#[cfg]`, `#[cfg_attr]` and the lint levels (`allow`, `warn`, `deny`, `forbid`, `expect`); move this attribute into the body",
-                    path.to_token_stream().to_string().replace(' ', ""),
+                    "`#[{name}]` cannot be carried onto the field this `{}` parameter becomes: a parameter takes doc comments, `#[cfg]`, `#[cfg_attr]` and the lint levels (`allow`, `warn`, `deny`, `forbid`, `expect`){instead}",
                     rules.attribute
                 ),
             );
             ok = false;
         }
     }
-    ok.then_some((field, cfgs))
+    (field, cfgs, ok)
 }
 
 /// The part of a `#[cfg_attr(predicate, attrs...)]` that can configure
@@ -356,6 +390,15 @@ pub(crate) fn strip_param_attrs<'a>(inputs: impl IntoIterator<Item = &'a mut FnA
     }
 }
 
+/// Removes from a re-emitted fn the qualifiers the macro reported and
+/// rustc refuses on an `async fn` too (`const`, an ABI, `...`), so the
+/// macro's error is the only one.
+pub(crate) fn strip_refused_qualifiers(sig: &mut syn::Signature) {
+    sig.constness = None;
+    sig.abi = None;
+    sig.variadic = None;
+}
+
 /// Reports a lifetime other than `'static` in a field's owned type: a
 /// stored field cannot borrow.
 fn check_borrows(
@@ -373,7 +416,7 @@ fn check_borrows(
                     "a `{}` parameter is stored owned in the {}'s payload, and `{}` borrows for `{lifetime}`: take an owned type (for example `String` for `Cow<'_, str>`), or a plain reference `&T` whose `T` owns its data",
                     rules.attribute,
                     rules.what,
-                    written.to_token_stream()
+                    type_text(written)
                 ),
             );
             false
@@ -399,6 +442,23 @@ pub(crate) fn first_borrow(ty: &Type) -> Option<syn::Lifetime> {
                 None => {}
             }
             self.visit_type(&reference.elem);
+        }
+    }
+    let mut finder = Finder(None);
+    finder.visit_type(ty);
+    finder.0
+}
+
+/// The first `impl Trait` or `_` in `ty`: a type that names no concrete
+/// type to store.
+pub(crate) fn first_unnamed(ty: &Type) -> Option<TokenStream> {
+    struct Finder(Option<TokenStream>);
+    impl<'ast> Visit<'ast> for Finder {
+        fn visit_type_impl_trait(&mut self, node: &'ast syn::TypeImplTrait) {
+            self.0.get_or_insert_with(|| node.to_token_stream());
+        }
+        fn visit_type_infer(&mut self, node: &'ast syn::TypeInfer) {
+            self.0.get_or_insert_with(|| node.to_token_stream());
         }
     }
     let mut finder = Finder(None);
@@ -472,12 +532,15 @@ fn check_context_pat(pat: &Pat, rules: &ParamRules<'_>, errors: &mut Errors) -> 
     }
 }
 
-/// `&str` -> `String`, `&[T]` -> `Vec<T>`, `&Path` -> `PathBuf`, `&T` -> `T`.
+/// `&str` -> `String`, `&[T]` -> `Vec<T>`, `&Path` -> `PathBuf`, `&T` -> `T`,
+/// and whether the reference is one a parameter can be (`&mut T` is
+/// reported, and stands in as `&T` would); `None` for a nested reference.
 fn owned_type(
     reference: &TypeReference,
     rules: &ParamRules<'_>,
     errors: &mut Errors,
-) -> Option<Type> {
+) -> Option<(Type, bool)> {
+    let mut clean = true;
     if let Some(m) = &reference.mutability {
         errors.spanned(
             m,
@@ -486,7 +549,7 @@ fn owned_type(
                 rules.what
             ),
         );
-        return None;
+        clean = false;
     }
     let elem = &*reference.elem;
     let span = elem.span();
@@ -509,18 +572,17 @@ fn owned_type(
                 format!(
                     "nested references are not supported in a {} parameter: take `&{}`",
                     rules.what,
-                    inner.elem.to_token_stream()
+                    type_text(&inner.elem)
                 ),
             );
             return None;
         }
         other => other.clone(),
     };
-    Some(owned)
+    Some((owned, clean))
 }
 
-/// Rejects types a stored field cannot have: `impl Trait`, `_`, and (for
-/// steps) `Self`.
+/// Rejects types a stored field cannot have: `impl Trait` and `_`.
 fn check_type(ty: &Type, rules: &ParamRules<'_>, errors: &mut Errors) -> bool {
     struct Finder<'e, 'r> {
         errors: &'e mut Errors,
@@ -547,19 +609,6 @@ fn check_type(ty: &Type, rules: &ParamRules<'_>, errors: &mut Errors) -> bool {
                 ),
             );
             self.ok = false;
-        }
-        fn visit_path(&mut self, node: &'ast Path) {
-            if self.rules.forbid_self
-                && let Some(first) = node.segments.first()
-                && first.ident == "Self"
-            {
-                self.errors.spanned(
-                    &first.ident,
-                    "`Self` cannot appear in a step parameter type: the step enum is declared outside the impl block; write the type's name",
-                );
-                self.ok = false;
-            }
-            syn::visit::visit_path(self, node);
         }
     }
     let mut finder = Finder {
@@ -594,7 +643,6 @@ pub(crate) fn typed_inputs<'a>(
 
 #[cfg(test)]
 mod tests {
-    use proc_macro2::TokenStream;
     use quote::quote;
 
     use super::*;
@@ -607,7 +655,6 @@ mod tests {
             what: "job",
             context: "JobContext",
             other_context: "StepContext",
-            forbid_self: false,
         };
         let kind = classify_param(&arg, &rules, &mut errors);
         (kind, errors.messages())
@@ -622,7 +669,6 @@ mod tests {
                     what: "job",
                     context: "JobContext",
                     other_context: "StepContext",
-                    forbid_self: false,
                 },
                 quote!(ctx: JobContext<'_>),
                 quote!(again: JobContext<'_>),
@@ -634,7 +680,6 @@ mod tests {
                     what: "step",
                     context: "StepContext",
                     other_context: "JobContext",
-                    forbid_self: true,
                 },
                 quote!(ctx: StepContext<'_>),
                 quote!(again: StepContext<'_>),
@@ -699,14 +744,24 @@ mod tests {
             classify(quote!(ctx: taquba_workflow::jobs::JobContext<'_>)).0,
             ParamKind::Context(_)
         ));
-        let (kind, errors) = classify(quote!(ctx: &JobContext<'_>));
-        assert!(matches!(kind, ParamKind::Invalid));
-        assert!(errors[0].contains("by value"));
+        for (input, by) in [
+            (quote!(ctx: &JobContext<'_>), ContextBy::Ref),
+            (quote!(ctx: &mut JobContext<'_>), ContextBy::Mut),
+            (quote!(mut ctx: JobContext<'_>), ContextBy::Value),
+            (quote!(_: JobContext<'_>), ContextBy::Value),
+        ] {
+            let (kind, errors) = classify(input.clone());
+            assert!(errors.is_empty(), "{input}: {errors:?}");
+            assert!(
+                matches!(kind, ParamKind::Context(ContextParam { by: found, .. }) if found == by),
+                "{input}"
+            );
+        }
         // The other macro's context is named as such, not as a field that
         // borrows.
         for wrong in [quote!(ctx: StepContext<'_>), quote!(ctx: &StepContext<'_>)] {
             let (kind, errors) = classify(wrong);
-            assert!(matches!(kind, ParamKind::Invalid));
+            assert!(matches!(kind, ParamKind::Invalid(_)));
             assert_eq!(errors.len(), 1, "{errors:?}");
             assert!(
                 errors[0].contains(
@@ -729,7 +784,7 @@ mod tests {
             (quote!(x: Vec<_>), "`_`"),
         ] {
             let (kind, errors) = classify(input.clone());
-            assert!(matches!(kind, ParamKind::Invalid), "{input}");
+            assert!(matches!(kind, ParamKind::Invalid(_)), "{input}");
             assert!(
                 errors.iter().any(|e| e.contains(needle)),
                 "{input}: {errors:?}"

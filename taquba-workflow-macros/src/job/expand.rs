@@ -16,7 +16,8 @@ use syn::spanned::Spanned;
 
 use super::validate::JobModel;
 use crate::common::{
-    Piece, Slot, cfg_attrs, crate_path, doc_attrs, inner_type, inner_visibility, respan,
+    ContextBy, ContextParam, Piece, Slot, cfg_attrs, crate_path, doc_attrs, inner_type,
+    inner_visibility, respan,
 };
 
 /// The full expansion of one `#[job]`; `func` is the fn as re-emitted.
@@ -33,6 +34,12 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
 
     // The struct.
     let docs = doc_attrs(&func.attrs);
+    // A deprecated job fn makes a deprecated job: the struct is what
+    // callers submit. The generated code that names it allows it.
+    let deprecated = func
+        .attrs
+        .iter()
+        .filter(|a| a.path().is_ident("deprecated"));
     let doc_block = if docs.is_empty() {
         let text = format!(" The `{}` job: the parameters of `{fn_ident}`.", model.name);
         quote!(#[doc = #text])
@@ -86,8 +93,10 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
             #[doc = #generated_note]
             #[derive(#krate::__private::serde::Serialize, #krate::__private::serde::Deserialize #(, #derives)*)]
             #[serde(crate = #serde_path)]
+            #(#deprecated)*
             #inner_vis struct #ident #body
 
+            #[allow(deprecated)]
             impl #krate::__private::GeneratedJobStruct for #ident {}
         }
         #(#cfgs)*
@@ -105,10 +114,27 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
         <<#ret as #at_ret::__private::JobReturn>::Error as #at_ret::__private::JobErrorOf>::Type);
     let name = &model.name;
     let ctx = Ident::new("__taquba_ctx", Span::mixed_site());
-    let uses_ctx = model.slots.iter().any(|s| matches!(s, Slot::Context(_)));
-    let ctx_pat = if uses_ctx { quote!(#ctx) } else { quote!(_) };
+    let contexts: Vec<ContextBy> = model
+        .slots
+        .iter()
+        .filter_map(|s| match s {
+            Slot::Context(context) => Some(context.by),
+            Slot::Field(_) => None,
+        })
+        .collect();
+    let ctx_pat = if contexts.contains(&ContextBy::Mut) {
+        quote!(mut #ctx)
+    } else if contexts.is_empty() {
+        quote!(_)
+    } else {
+        quote!(#ctx)
+    };
     let args = model.slots.iter().map(|slot| match slot {
-        Slot::Context(cfgs) => quote!(#(#cfgs)* #ctx),
+        Slot::Context(ContextParam { cfgs, by }) => match by {
+            ContextBy::Value => quote!(#(#cfgs)* #ctx),
+            ContextBy::Ref => quote!(#(#cfgs)* &#ctx),
+            ContextBy::Mut => quote!(#(#cfgs)* &mut #ctx),
+        },
         Slot::Field(index) => {
             let param = &model.params[*index];
             let field = &param.ident;
@@ -172,6 +198,7 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
         #at_ret::__private::JobRun<impl ::core::future::Future<Output = #ret> + ::core::marker::Send>);
     let item_impl = quote! {
         #(#cfgs)*
+        #[allow(deprecated)]
         impl #krate::jobs::Job for #path {
             #assoc_types
             const NAME: &'static str = #name;
@@ -199,6 +226,7 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
     let line = quote_spanned!(line_span=> ::core::line!());
     let registration = quote! {
         #(#cfgs)*
+        #[allow(deprecated)]
         const _: () = {
             #name_check;
             #krate::__private::inventory::submit! {
@@ -320,6 +348,46 @@ mod tests {
             out.contains("generated_job_struct :: < SendEmail > ()"),
             "{out}"
         );
+    }
+
+    #[test]
+    fn the_context_is_lent_as_the_fn_takes_it() {
+        let out = expand(
+            quote!(),
+            quote!(
+                async fn by_ref(ctx: &JobContext<'_>) -> Result<(), E> {}
+            ),
+        );
+        assert!(out.contains("fn run (& self , __taquba_ctx :"), "{out}");
+        assert!(out.contains("by_ref (& __taquba_ctx)"), "{out}");
+        let out = expand(
+            quote!(),
+            quote!(
+                async fn by_mut(n: u8, ctx: &mut JobContext<'_>) -> Result<(), E> {}
+            ),
+        );
+        assert!(out.contains("fn run (& self , mut __taquba_ctx :"), "{out}");
+        assert!(out.contains(", & mut __taquba_ctx)"), "{out}");
+    }
+
+    #[test]
+    fn a_deprecated_fn_makes_a_deprecated_struct_and_quiet_generated_code() {
+        let out = expand(
+            quote!(),
+            quote!(
+                #[deprecated = "gone"]
+                async fn old() -> Result<(), E> {}
+            ),
+        );
+        assert!(
+            out.contains("# [deprecated = \"gone\"] pub (super) struct Old"),
+            "{out}"
+        );
+        assert!(
+            out.contains("# [allow (deprecated)] impl :: taquba_workflow :: jobs :: Job"),
+            "{out}"
+        );
+        assert!(out.contains("# [allow (deprecated)] const _"), "{out}");
     }
 
     #[test]

@@ -145,6 +145,32 @@ mod tests {
     }
 
     #[test]
+    fn values_of_the_right_kind_that_cannot_be_right_are_reported() {
+        let mut errors = Errors::new();
+        let options = parse(
+            quote!(
+                max_attempts = 5u8,
+                name = "a ",
+                derive(Debug, serde::Deserialize, Serialize)
+            ),
+            &mut errors,
+        );
+        let messages = errors.messages();
+        assert_eq!(messages.len(), 4, "{messages:?}");
+        assert!(messages[0].contains("is a `u32`, not a `u8`"));
+        assert!(messages[1].contains("starts or ends with whitespace"));
+        assert!(messages[2].contains("always derive `Deserialize`"));
+        assert!(messages[3].contains("always derive `Serialize`"));
+        assert!(options.max_attempts.is_none() && options.name.is_none());
+        assert_eq!(options.derives.len(), 1, "the other derives are kept");
+
+        let mut errors = Errors::new();
+        let options = parse(quote!(max_attempts = 7u32), &mut errors);
+        assert!(errors.is_empty());
+        assert!(options.max_attempts.is_some());
+    }
+
+    #[test]
     fn key_and_idempotent_conflict() {
         let mut errors = Errors::new();
         parse(quote!(key = "k", idempotent), &mut errors);

@@ -18,7 +18,9 @@ use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 
 use super::validate::{StepModel, WorkflowModel};
-use crate::common::{Slot, crate_path, inner_type, inner_visibility, respan};
+use crate::common::{
+    ContextBy, ContextParam, Slot, crate_path, inner_type, inner_visibility, respan,
+};
 
 /// The full expansion of one `#[workflow]`.
 pub(crate) fn expand(model: &WorkflowModel, fallback: bool) -> TokenStream {
@@ -44,6 +46,7 @@ pub(crate) fn expand(model: &WorkflowModel, fallback: bool) -> TokenStream {
         #item
 
         #[doc(hidden)]
+        #[allow(deprecated)]
         mod #module {
             #[allow(unused_imports)]
             use super::*;
@@ -58,6 +61,7 @@ pub(crate) fn expand(model: &WorkflowModel, fallback: bool) -> TokenStream {
 
         #input_impls
         #workflow_impl
+        #[allow(deprecated)]
         const _: () = {
             #names
             #registration
@@ -176,11 +180,13 @@ fn input_struct(model: &WorkflowModel, krate: &TokenStream) -> (TokenStream, Tok
         return (
             quote!(#vis struct #ident;),
             quote! {
+                #[allow(deprecated)]
                 impl ::core::convert::From<#input_path> for #step_enum {
                     fn from(_: #input_path) -> Self {
                         ::core::unreachable!("`#[workflow]` reported an error")
                     }
                 }
+                #[allow(deprecated)]
                 impl #krate::workflows::WorkflowInput for #input_path {
                     type Step = #step_enum;
                 }
@@ -234,12 +240,14 @@ fn input_struct(model: &WorkflowModel, krate: &TokenStream) -> (TokenStream, Tok
             #vis struct #ident #body
         },
         quote! {
+            #[allow(deprecated)]
             impl ::core::convert::From<#input_path> for #step_enum {
                 fn from(#input_pat: #input_path) -> Self {
                     #step_enum::#variant { #(#moves,)* }
                 }
             }
 
+            #[allow(deprecated)]
             impl #krate::workflows::WorkflowInput for #input_path {
                 type Step = #step_enum;
             }
@@ -303,12 +311,14 @@ fn workflow_impl(model: &WorkflowModel, krate: &TokenStream, fallback: bool) -> 
         )
     };
     quote! {
+        #[allow(deprecated)]
         impl #krate::workflows::WorkflowStep for #step_enum {
             type Workflow = #self_ty;
 
             fn name(&self) -> &'static str #name_body
         }
 
+        #[allow(deprecated)]
         impl #krate::workflows::Workflow for #self_ty {
             const NAME: &'static str = #name;
             const START: &'static str = #start_name;
@@ -316,6 +326,7 @@ fn workflow_impl(model: &WorkflowModel, krate: &TokenStream, fallback: bool) -> 
             #output_item
         }
 
+        #[allow(deprecated)]
         impl #krate::StepRunner for #self_ty {
             fn run_step(
                 &self,
@@ -347,14 +358,23 @@ fn dispatch_arm(
     });
     let receiver = step.receiver.then(|| quote!(self));
     let args = step.slots.iter().map(|slot| match slot {
-        Slot::Context(cfgs) => quote! {
-            #(#cfgs)*
-            #krate::workflows::StepContext::new(
-                #step_ident,
-                <Self as #krate::workflows::Workflow>::NAME,
-                #name,
-            )
-        },
+        Slot::Context(ContextParam { cfgs, by }) => {
+            let reference = match by {
+                ContextBy::Value => quote!(),
+                ContextBy::Ref => quote!(&),
+                ContextBy::Mut => quote!(&mut),
+            };
+            // A temporary lent to the call lives to the end of the arm,
+            // past the `.await`.
+            quote! {
+                #(#cfgs)*
+                #reference #krate::workflows::StepContext::new(
+                    #step_ident,
+                    <Self as #krate::workflows::Workflow>::NAME,
+                    #name,
+                )
+            }
+        }
         Slot::Field(i) => {
             let binding = &bindings[*i];
             let cfgs = &step.params[*i].cfgs;
