@@ -226,7 +226,7 @@ impl<T: std::fmt::Debug + std::fmt::Display + Send + Sync + 'static> JobFnError 
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be a `#[job]` parameter",
     label = "job parameters must be `Serialize + DeserializeOwned + Send + Sync + 'static`",
-    note = "a job's parameters are its fields, stored as MessagePack until a worker runs it: derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
+    note = "a job's parameters are its fields, stored as MessagePack until a worker runs it: derive `serde::Serialize` and `serde::Deserialize` for `{Self}`; application state (a pool, a client) is not a parameter: register it with `JobRunnerBuilder::state` and read it with `ctx.state::<T>()`"
 )]
 pub trait JobField: Sized {
     /// Serializes the field.
@@ -256,7 +256,7 @@ impl<T: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static> 
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be a `#[job]` parameter taken by value",
     label = "a by-value job parameter must be `Clone + Serialize + DeserializeOwned + Send + Sync + 'static`",
-    note = "a job's parameters are its fields, stored as MessagePack, and one taken by value is cloned for each attempt: derive `Clone`, `serde::Serialize` and `serde::Deserialize` for `{Self}`, or take it by reference (`&{Self}`)"
+    note = "a job's parameters are its fields, stored as MessagePack, and one taken by value is cloned for each attempt: derive `Clone`, `serde::Serialize` and `serde::Deserialize` for `{Self}`, or take it by reference (`&{Self}`); application state (a pool, a client) is not a parameter: register it with `JobRunnerBuilder::state` and read it with `ctx.state::<T>()`"
 )]
 pub trait JobFieldOwned: Sized {
     /// Serializes the field.
@@ -577,7 +577,7 @@ impl<T: std::fmt::Display> StepFnError for T {}
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be a `#[step]` parameter",
     label = "step parameters must be `Serialize + DeserializeOwned + Send + 'static`",
-    note = "a step's parameters are stored in the run's payload as MessagePack: derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
+    note = "a step's parameters are stored in the run's payload as MessagePack: derive `serde::Serialize` and `serde::Deserialize` for `{Self}`; application state (a pool, a client) is not a parameter: keep it in the workflow value and read it through `&self`"
 )]
 pub trait StepField: Sized {
     /// Serializes the field.
