@@ -544,6 +544,42 @@ mod tests {
     }
 
     #[test]
+    fn the_crate_path_is_configurable() {
+        let out = expand(quote!(crate = ::renamed), ORDER.parse().unwrap());
+        assert!(
+            out.contains("impl :: renamed :: StepRunner for Order"),
+            "{out}"
+        );
+        assert!(out.contains("\"::renamed::__private::serde\""), "{out}");
+        assert!(!out.contains("taquba_workflow ::"), "{out}");
+    }
+
+    #[test]
+    fn the_context_is_lent_as_the_step_takes_it() {
+        let out = expand(
+            quote!(),
+            quote!(impl Order {
+                #[step(start)]
+                async fn a(ctx: &StepContext<'_>, n: u8) -> Result<Transition<OrderStep>, StepError> {}
+                #[step]
+                async fn b(self: &Self, ctx: &mut StepContext<'_>, me: Vec<Self>) -> Result<Transition<OrderStep>, StepError> {}
+            }),
+        );
+        assert!(
+            out.contains("Self :: a (& :: taquba_workflow :: workflows :: StepContext :: new ("),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "Self :: b (self , & mut :: taquba_workflow :: workflows :: StepContext :: new ("
+            ),
+            "{out}"
+        );
+        // `Self` is the workflow type in the step enum, outside the impl.
+        assert!(out.contains("me : Vec < Order >"), "{out}");
+    }
+
+    #[test]
     fn fallback_keeps_the_types_and_drops_the_registration() {
         let item: syn::ItemImpl = syn::parse2(ORDER.parse().unwrap()).unwrap();
         let mut errors = Errors::new();
