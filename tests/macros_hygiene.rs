@@ -7,6 +7,11 @@
 //! `mut` parameters, parameters named like generated items, `pub(crate)`
 //! visibility, `#[cfg]` and other attributes, and nested modules.
 #![deny(warnings, missing_docs)]
+// Under `cargo clippy` the generated code meets the pedantic lints too (and
+// the `async` the macros require of a body that need not await is allowed).
+#![deny(clippy::pedantic)]
+// A lint on the fns as written, not on what the macros generate.
+#![allow(clippy::missing_errors_doc)]
 #![allow(dead_code)]
 
 /// Types that shadow the prelude: the generated code must not use them.

@@ -390,13 +390,18 @@ pub(crate) fn strip_param_attrs<'a>(inputs: impl IntoIterator<Item = &'a mut FnA
     }
 }
 
-/// Removes from a re-emitted fn the qualifiers the macro reported and
-/// rustc refuses on an `async fn` too (`const`, an ABI, `...`), so the
-/// macro's error is the only one.
-pub(crate) fn strip_refused_qualifiers(sig: &mut syn::Signature) {
+/// Prepares a job or step fn to be re-emitted: removes the qualifiers the
+/// macro reported and rustc refuses on an `async fn` too (`const`, an ABI,
+/// `...`), so the macro's error is the only one; and allows
+/// `clippy::unused_async` on it, since the macro requires the `async` of a
+/// body that need not await.
+pub(crate) fn prepare_emitted(attrs: &mut Vec<Attribute>, sig: &mut syn::Signature) {
     sig.constness = None;
     sig.abi = None;
     sig.variadic = None;
+    if sig.asyncness.is_some() {
+        attrs.push(syn::parse_quote!(#[allow(clippy::unused_async)]));
+    }
 }
 
 /// Reports a lifetime other than `'static` in a field's owned type: a

@@ -214,7 +214,7 @@ pub(crate) fn validate(
             && marked_fns.contains(&func.sig.ident)
         {
             crate::common::strip_param_attrs(func.sig.inputs.iter_mut());
-            crate::common::strip_refused_qualifiers(&mut func.sig);
+            crate::common::prepare_emitted(&mut func.attrs, &mut func.sig);
         }
     }
 
