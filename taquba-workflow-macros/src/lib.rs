@@ -49,7 +49,8 @@ use proc_macro::TokenStream;
 /// Options: `name = "..."` (the job's stable name, default the fn name),
 /// `key = "template {field}"` or `idempotent` (the idempotency key),
 /// `max_attempts = N`, `classify = path::to::fn` (a
-/// `fn(&E) -> StepErrorKind`), `struct_name = Ident` (default the fn name
+/// `fn(&E) -> StepErrorKind`, or a closure that captures nothing:
+/// `classify = |e: &MyError| e.kind()`), `struct_name = Ident` (default the fn name
 /// in PascalCase), `derive(...)` (extra derives on the struct) and
 /// `crate = path` (where the runtime crate is, default `::taquba_workflow`).
 ///

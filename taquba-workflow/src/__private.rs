@@ -288,6 +288,26 @@ impl<T: Clone + serde::Serialize + serde::de::DeserializeOwned + Send + Sync + '
     }
 }
 
+/// A field named in `#[job(key = "...")]` without a format spec: the key
+/// is formatted with its `Display`, and a type without one is reported
+/// once, at the template.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be formatted into the job's key",
+    label = "a field named in the key template is formatted with `Display`",
+    note = "implement `std::fmt::Display` for `{Self}`, or format it with `Debug`: `{{field:?}}` in the template"
+)]
+pub trait KeyPart: std::fmt::Display {}
+
+#[diagnostic::do_not_recommend]
+impl<T: std::fmt::Display> KeyPart for T {}
+
+/// `value`, checked to be a [`KeyPart`], as the `Display` the key's
+/// `format!` takes (whatever `T`, so a `T` without one is reported only
+/// here).
+pub fn key_part<T: KeyPart>(value: &T) -> &dyn std::fmt::Display {
+    value
+}
+
 /// The signature of `#[job(classify = f)]`: the generated code coerces `f`
 /// to this fn pointer, so a wrong signature is reported at `f`.
 pub type Classify<E> = fn(&E) -> crate::StepErrorKind;

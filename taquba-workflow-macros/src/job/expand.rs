@@ -275,8 +275,16 @@ fn key_fn(model: &JobModel, krate: &TokenStream) -> Option<TokenStream> {
                     format.push_str(&format!("{{:{spec}}}"));
                 }
                 if let Some(param) = model.params.iter().find(|p| p.name() == *name) {
-                    let field = &param.ident;
-                    args.push(quote_spanned!(span=> self.#field));
+                    // At the template, so a field that cannot be formatted
+                    // is one error there (not one spanning the parameter).
+                    let mut field = param.ident.clone();
+                    field.set_span(span);
+                    let at = respan(krate, span);
+                    args.push(if spec.is_empty() {
+                        quote_spanned!(span=> #at::__private::key_part(&self.#field))
+                    } else {
+                        quote_spanned!(span=> self.#field)
+                    });
                 }
             }
         }
