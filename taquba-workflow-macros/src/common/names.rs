@@ -89,6 +89,15 @@ pub(crate) fn type_text(ty: &Type) -> String {
     out
 }
 
+/// An item's doc attributes written again on a generated item (the job
+/// struct, a step's variant), outside doctest builds: the docs render on
+/// both, and an example in them is collected once, from the user's item,
+/// not a second time from the copy.
+pub(crate) fn copied_docs(docs: &[&Attribute]) -> TokenStream {
+    let metas = docs.iter().map(|attr| &attr.meta);
+    quote!(#(#[cfg_attr(not(doctest), #metas)])*)
+}
+
 /// The `#[doc]` attributes of an item.
 pub(crate) fn doc_attrs(attrs: &[Attribute]) -> Vec<&Attribute> {
     attrs.iter().filter(|a| a.path().is_ident("doc")).collect()

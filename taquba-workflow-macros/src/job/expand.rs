@@ -16,8 +16,8 @@ use syn::spanned::Spanned;
 
 use super::validate::JobModel;
 use crate::common::{
-    ContextBy, ContextParam, Piece, Slot, cfg_attrs, crate_path, doc_attrs, inner_type,
-    inner_visibility, respan,
+    ContextBy, ContextParam, Piece, Slot, cfg_attrs, copied_docs, crate_path, doc_attrs,
+    inner_type, inner_visibility, respan,
 };
 
 /// The full expansion of one `#[job]`; `func` is the fn as re-emitted.
@@ -44,7 +44,7 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
         let text = format!(" The `{}` job: the parameters of `{fn_ident}`.", model.name);
         quote!(#[doc = #text])
     } else {
-        quote!(#(#docs)*)
+        copied_docs(&docs)
     };
     let generated_note = format!(
         " The fields are the parameters of `{fn_ident}`; `#[job]` generated this type, its `Job` impl and its registration."
@@ -345,6 +345,14 @@ mod tests {
         assert!(out.contains("\"email:{}\""), "{out}");
         assert!(out.contains(":: core :: option :: Option :: Some (4)"));
         assert!(out.contains("# [doc = r\" Sends one email.\"]"), "{out}");
+        // On the struct, outside doctest builds: an example in the docs is
+        // collected once, from the fn.
+        assert!(
+            out.contains(
+                "# [cfg_attr (not (doctest) , doc = r\" Sends one email.\")] # [doc = \"\"]"
+            ),
+            "{out}"
+        );
         assert!(out.contains("register_job :: < __taquba_job_send_email :: SendEmail >"));
         // The struct lives in a hidden module, re-exported with the fn's
         // visibility; its name is checked in the fn's module.
