@@ -6,7 +6,7 @@ use syn::{Ident, ItemFn, ReturnType, Type};
 use super::parse::JobOptions;
 use crate::common::{
     Errors, Param, ParamRules, Params, Piece, Slot, check_generics, derived_ident, first_borrow,
-    parse_template, pascal_case, typed_inputs,
+    first_unnamed, parse_template, pascal_case, typed_inputs,
 };
 
 /// A checked `#[job]` fn.
@@ -97,15 +97,22 @@ pub(crate) fn validate(
             );
             None
         }
-        ReturnType::Type(_, ty) => match first_borrow(ty) {
-            Some(lifetime) => {
+        ReturnType::Type(_, ty) => match (first_borrow(ty), first_unnamed(ty)) {
+            (Some(lifetime), _) => {
                 errors.spanned(
                     &lifetime,
                     "a job's output and error are stored and sent to the caller, so they cannot borrow: return owned types (`String` instead of `&str` or `Cow<'_, str>`)",
                 );
                 None
             }
-            None => Some((**ty).clone()),
+            (None, Some(unnamed)) => {
+                errors.spanned(
+                    unnamed,
+                    "a job's output and error are its `Job::Output` and `Job::Error` types, which the caller decodes: name them (`Result<Receipt, ChargeError>`), not `impl Trait` or `_`",
+                );
+                None
+            }
+            (None, None) => Some((**ty).clone()),
         },
     };
 

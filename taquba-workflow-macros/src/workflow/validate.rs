@@ -428,15 +428,24 @@ fn validate_step(
         }
         // `Result<Transition<..>, E>` under any name: the `StepReturn`
         // check of the expansion decides, at this type's span.
-        ReturnType::Type(_, ty) => match first_borrow(ty) {
-            Some(lifetime) => {
+        ReturnType::Type(_, ty) => match (first_borrow(ty), first_unnamed(ty)) {
+            (Some(lifetime), _) => {
                 errors.spanned(
                     &lifetime,
                     "a step's transition and error are stored, so they cannot borrow: return owned types",
                 );
                 None
             }
-            None => Some((**ty).clone()),
+            (None, Some(unnamed)) => {
+                errors.spanned(
+                    unnamed,
+                    format!(
+                        "a step returns `Result<Transition<{enum_name}>, E>` with named types: write the error type (`StepError`, `anyhow::Error`, your own), not `impl Trait` or `_`"
+                    ),
+                );
+                None
+            }
+            (None, None) => Some((**ty).clone()),
         },
     };
     let name = options
