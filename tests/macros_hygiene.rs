@@ -7,6 +7,16 @@
 //! `mut` parameters, parameters named like generated items, `pub(crate)`
 //! visibility, `#[cfg]` and other attributes, and nested modules.
 #![deny(warnings, missing_docs)]
+// Lints libraries turn on: none of them fires on the generated code.
+#![deny(
+    unused_qualifications,
+    unreachable_pub,
+    missing_debug_implementations,
+    unused_results,
+    single_use_lifetimes,
+    unused_lifetimes,
+    elided_lifetimes_in_paths
+)]
 // Under `cargo clippy` the generated code meets the pedantic lints too (and
 // the `async` the macros require of a body that need not await is allowed).
 #![deny(clippy::pedantic)]
@@ -15,6 +25,7 @@
 #![allow(dead_code)]
 
 /// Types that shadow the prelude: the generated code must not use them.
+#[allow(missing_debug_implementations)]
 pub mod shadow {
     /// Not `core::result::Result`.
     pub struct Result;
@@ -94,6 +105,8 @@ extern crate taquba_workflow as renamed_runtime;
 
 /// Items written against the renamed crate only.
 pub mod renamed {
+    #[allow(unused_imports)]
+    use crate::shadow::*;
     use renamed_runtime::workflows::{StepContext, Transition};
 
     /// A job through the renamed crate.
@@ -106,7 +119,7 @@ pub mod renamed {
     }
 
     /// A workflow through the renamed crate.
-    #[derive(core::default::Default)]
+    #[derive(core::default::Default, core::fmt::Debug)]
     pub struct Renamed;
 
     #[renamed_runtime::workflow(crate = ::renamed_runtime, output = u32, vis = pub)]
@@ -226,7 +239,7 @@ pub mod flows {
         core::result::Result<Transition<ReviewStep>, taquba_workflow::StepError>;
 
     /// Reviews a document.
-    #[derive(Default)]
+    #[derive(core::default::Default, core::fmt::Debug)]
     pub struct Review {
         reviewer: std::string::String,
     }
@@ -271,7 +284,7 @@ pub mod flows {
 
     /// A deprecated workflow with a deprecated step: the generated code
     /// that names them does not warn.
-    #[derive(Default)]
+    #[derive(core::default::Default, core::fmt::Debug)]
     #[deprecated = "use `Review`"]
     pub struct OldReview;
 
@@ -318,7 +331,7 @@ async fn items_of_a_renamed_crate_run() {
         .submit(renamed::RenamedJob { n: 4 })
         .await
         .expect("submits");
-    env.run_until_idle().await.expect("the job runs");
+    let _ = env.run_until_idle().await.expect("the job runs");
     std::assert_eq!(job.output().await.expect("succeeds"), 5);
 
     let env = renamed_runtime::testing::TestRuntime::new(renamed::Renamed)
@@ -328,6 +341,6 @@ async fn items_of_a_renamed_crate_run() {
         .start(renamed::RenamedInput { n: 7 })
         .await
         .expect("starts");
-    env.run_until_idle().await.expect("the run runs");
+    let _ = env.run_until_idle().await.expect("the run runs");
     std::assert_eq!(run.output().await.expect("succeeds"), 7);
 }

@@ -28,9 +28,9 @@ pub struct JobRegistration {
     pub type_name: &'static str,
     /// `module_path!()` where the fn is.
     pub module_path: &'static str,
-    /// `file!()` of the fn.
+    /// `file!()` of the `#[job]` attribute.
     pub file: &'static str,
-    /// `line!()` of the fn.
+    /// `line!()` of the `#[job]` attribute.
     pub line: u32,
     /// Registers the type on a builder.
     pub register: fn(JobRunnerBuilder) -> JobRunnerBuilder,
@@ -358,9 +358,9 @@ pub struct WorkflowRegistration {
     pub type_name: &'static str,
     /// `module_path!()` where the impl block is.
     pub module_path: &'static str,
-    /// `file!()` of the impl block.
+    /// `file!()` of the `#[workflow]` attribute.
     pub file: &'static str,
-    /// `line!()` of the impl block.
+    /// `line!()` of the `#[workflow]` attribute.
     pub line: u32,
     /// Builds the workflow with `Default`; `None` when it has no `Default`.
     pub make: fn() -> Option<Box<dyn ErasedWorkflow>>,

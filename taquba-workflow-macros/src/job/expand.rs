@@ -27,7 +27,14 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
     let vis = &func.vis;
     let inner_vis = inner_visibility(vis);
     let ident = &model.struct_ident;
-    let module = format_ident!("__taquba_job_{}", fn_ident.unraw());
+    // At the call site: at the fn's name, the paths through the module
+    // (`__taquba_job_x::X`) would be the user's, and `unused_qualifications`
+    // would flag them.
+    let module = format_ident!(
+        "__taquba_job_{}",
+        fn_ident.unraw(),
+        span = Span::call_site()
+    );
     let cfgs = cfg_attrs(&func.attrs);
     let krate_string = krate.to_string().replace(' ', "");
     let serde_path = format!("{krate_string}::__private::serde");
@@ -221,9 +228,11 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
     let name_check = quote_spanned!(ident.span()=>
         #krate::__private::generated_job_struct::<#ident>());
     let type_name = ident.to_string();
-    let line_span = fn_ident.span();
-    let file = quote_spanned!(line_span=> ::core::file!());
-    let line = quote_spanned!(line_span=> ::core::line!());
+    // At the attribute (its line): at the user's tokens these absolute
+    // paths would be the user's, and `unused_qualifications` would flag
+    // them.
+    let file = quote!(::core::file!());
+    let line = quote!(::core::line!());
     let registration = quote! {
         #(#cfgs)*
         #[allow(deprecated)]

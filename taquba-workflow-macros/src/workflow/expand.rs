@@ -435,9 +435,9 @@ fn registration(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
     let self_ty = &model.self_ty;
     let name = &model.name;
     let type_name = model.type_ident.to_string();
-    let span = model.type_ident.span();
-    let file = quote_spanned!(span=> ::core::file!());
-    let line = quote_spanned!(span=> ::core::line!());
+    // At the attribute: see the job's registration.
+    let file = quote!(::core::file!());
+    let line = quote!(::core::line!());
     quote! {
         fn __taquba_make() -> ::core::option::Option<
             ::std::boxed::Box<dyn #krate::__private::ErasedWorkflow>,
