@@ -7,9 +7,25 @@
 //! `mut` parameters, parameters named like generated items, `pub(crate)`
 //! visibility, `#[cfg]` and other attributes, and nested modules.
 #![deny(warnings, missing_docs)]
+// Lints libraries turn on: none of them fires on the generated code.
+#![deny(
+    unused_qualifications,
+    unreachable_pub,
+    missing_debug_implementations,
+    unused_results,
+    single_use_lifetimes,
+    unused_lifetimes,
+    elided_lifetimes_in_paths
+)]
+// Under `cargo clippy` the generated code meets the pedantic lints too (and
+// the `async` the macros require of a body that need not await is allowed).
+#![deny(clippy::pedantic)]
+// A lint on the fns as written, not on what the macros generate.
+#![allow(clippy::missing_errors_doc)]
 #![allow(dead_code)]
 
 /// Types that shadow the prelude: the generated code must not use them.
+#[allow(missing_debug_implementations)]
 pub mod shadow {
     /// Not `core::result::Result`.
     pub struct Result;
@@ -31,6 +47,93 @@ pub mod shadow {
     pub trait Send {}
     /// Not `core::clone::Clone`.
     pub trait Clone {}
+    /// Not `core::default::Default`.
+    pub trait Default {}
+    /// Not `core::convert::From`.
+    pub trait From {}
+    /// Not `core::convert::Into`.
+    pub trait Into {}
+    /// Not `core::marker::Sync`.
+    pub trait Sync {}
+    /// Not `core::marker::Sized`.
+    pub trait Sized {}
+    /// Not `core::fmt::Debug`.
+    pub trait Debug {}
+    /// Not `Result::Err`.
+    #[allow(non_upper_case_globals)]
+    pub const Err: u8 = 0;
+    /// Not `Option::None`.
+    #[allow(non_upper_case_globals)]
+    pub const None: u8 = 0;
+    /// Not `std::sync::Arc`.
+    pub struct Arc;
+    /// Not `core::marker::PhantomData`.
+    pub struct PhantomData;
+}
+
+/// Macros named like the standard ones, in the textual scope of every
+/// module below: the generated code must not use them.
+#[allow(unused_macros)]
+macro_rules! format {
+    ($($t:tt)*) => {
+        compile_error!("the user's `format!` was used")
+    };
+}
+#[allow(unused_macros)]
+macro_rules! unreachable {
+    ($($t:tt)*) => {
+        compile_error!("the user's `unreachable!` was used")
+    };
+}
+#[allow(unused_macros)]
+macro_rules! panic {
+    ($($t:tt)*) => {
+        compile_error!("the user's `panic!` was used")
+    };
+}
+#[allow(unused_macros)]
+macro_rules! vec {
+    ($($t:tt)*) => {
+        compile_error!("the user's `vec!` was used")
+    };
+}
+
+/// A crate that renames the runtime dependency (here through `extern crate
+/// ... as`, which puts the name in the extern prelude as a `Cargo.toml`
+/// rename does): the macros reach it through `crate = ::name`.
+extern crate taquba_workflow as renamed_runtime;
+
+/// Items written against the renamed crate only.
+pub mod renamed {
+    #[allow(unused_imports)]
+    use crate::shadow::*;
+    use renamed_runtime::workflows::{StepContext, Transition};
+
+    /// A job through the renamed crate.
+    #[renamed_runtime::job(crate = ::renamed_runtime, key = "renamed:{n}")]
+    pub async fn renamed_job(
+        ctx: &renamed_runtime::jobs::JobContext<'_>,
+        n: u32,
+    ) -> core::result::Result<u32, std::io::Error> {
+        core::result::Result::Ok(n + ctx.attempts)
+    }
+
+    /// A workflow through the renamed crate.
+    #[derive(core::default::Default, core::fmt::Debug)]
+    pub struct Renamed;
+
+    #[renamed_runtime::workflow(crate = ::renamed_runtime, output = u32, vis = pub)]
+    impl Renamed {
+        /// The only step.
+        #[renamed_runtime::workflows::step(start)]
+        async fn only(
+            ctx: StepContext<'_>,
+            n: u32,
+        ) -> core::result::Result<Transition<RenamedStep>, renamed_runtime::StepError> {
+            let _ = ctx.step_name();
+            core::result::Result::Ok(Transition::done(n))
+        }
+    }
 }
 
 /// Jobs in a nested module, with the prelude shadowed.
@@ -65,7 +168,7 @@ pub mod jobs {
     ) -> core::result::Result<std::string::String, Failed> {
         register.push(1);
         let _ = (ctx.attempts, input, step);
-        core::result::Result::Ok(format!("{type}{run}{}", register.len()))
+        core::result::Result::Ok(std::format!("{type}{run}{}", register.len()))
     }
 
     /// Crate-visible, without context, returning a `Result` alias.
@@ -97,7 +200,17 @@ pub mod jobs {
         core::result::Result::Ok(())
     }
 
+    /// Deprecated: the struct is too (a submission warns), and the
+    /// generated code that calls the fn and names the struct does not.
+    #[job]
+    #[deprecated = "use `beat`"]
+    pub async fn old_beat(n: u8) -> core::result::Result<u8, Failed> {
+        core::result::Result::Ok(n)
+    }
+
     pub(crate) fn construct() {
+        #[allow(deprecated)]
+        let _ = OldBeat { n: 1 };
         let _ = Rename {
             r#type: std::string::String::from("a"),
             run: 1,
@@ -105,7 +218,9 @@ pub mod jobs {
             input: std::string::String::new(),
             step: std::option::Option::None,
         };
-        let _ = CrateOnly { items: vec![1] };
+        let _ = CrateOnly {
+            items: std::vec![1],
+        };
         let _ = Heartbeat;
         let _ = Aliased { n: 1 };
     }
@@ -124,7 +239,7 @@ pub mod flows {
         core::result::Result<Transition<ReviewStep>, taquba_workflow::StepError>;
 
     /// Reviews a document.
-    #[derive(Default)]
+    #[derive(core::default::Default, core::fmt::Debug)]
     pub struct Review {
         reviewer: std::string::String,
     }
@@ -167,6 +282,26 @@ pub mod flows {
         }
     }
 
+    /// A deprecated workflow with a deprecated step: the generated code
+    /// that names them does not warn.
+    #[derive(core::default::Default, core::fmt::Debug)]
+    #[deprecated = "use `Review`"]
+    pub struct OldReview;
+
+    #[allow(deprecated)]
+    #[workflow(name = "old-review")]
+    impl OldReview {
+        /// The only step.
+        #[step(start)]
+        #[deprecated = "no longer started"]
+        async fn only(
+            n: u8,
+        ) -> core::result::Result<Transition<OldReviewStep>, taquba_workflow::StepError> {
+            let _ = n;
+            core::result::Result::Ok(Transition::done(()))
+        }
+    }
+
     pub(crate) fn construct() -> ReviewInput {
         ReviewInput {
             r#type: std::string::String::from("doc"),
@@ -180,4 +315,32 @@ pub mod flows {
 fn generated_code_compiles_under_deny_warnings_and_constructs() {
     jobs::construct();
     let _ = flows::construct();
+    let _ = renamed::RenamedJob { n: 1 };
+    let _ = renamed::RenamedInput { n: 1 };
+}
+
+/// The items of the renamed crate run.
+#[tokio::test(start_paused = true)]
+async fn items_of_a_renamed_crate_run() {
+    let env = renamed_runtime::testing::TestJobs::builder()
+        .register::<renamed::RenamedJob>()
+        .build()
+        .await
+        .expect("the environment builds");
+    let job = env
+        .submit(renamed::RenamedJob { n: 4 })
+        .await
+        .expect("submits");
+    let _ = env.run_until_idle().await.expect("the job runs");
+    std::assert_eq!(job.output().await.expect("succeeds"), 5);
+
+    let env = renamed_runtime::testing::TestRuntime::new(renamed::Renamed)
+        .await
+        .expect("the environment builds");
+    let run = env
+        .start(renamed::RenamedInput { n: 7 })
+        .await
+        .expect("starts");
+    let _ = env.run_until_idle().await.expect("the run runs");
+    std::assert_eq!(run.output().await.expect("succeeds"), 7);
 }

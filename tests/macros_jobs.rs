@@ -61,6 +61,12 @@ async fn fail_forever(reason: String) -> Result<(), MathError> {
     Err(MathError(reason))
 }
 
+/// `classify` as a closure: "forever" is permanent.
+#[job(max_attempts = 5, classify = |e: &MathError| if e.0.contains("forever") { StepErrorKind::Permanent } else { StepErrorKind::Transient })]
+async fn fail_by_closure(reason: String) -> Result<(), MathError> {
+    Err(MathError(reason))
+}
+
 async fn runner() -> (JobRunner, taquba_workflow::RunnerHandle) {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let queue = Queue::open(store.clone(), "db").await.expect("queue opens");
@@ -141,6 +147,22 @@ async fn classify_max_attempts_and_idempotent_reach_the_job() {
     }
     assert_eq!(FAIL_CALLS.load(Ordering::SeqCst), 1);
     worker.shutdown().await.expect("worker stops");
+}
+
+#[test]
+fn classify_takes_a_closure() {
+    use taquba_workflow::jobs::Job;
+    let job = FailByClosure {
+        reason: "forever".into(),
+    };
+    assert_eq!(
+        job.classify(&MathError("broken forever".into())),
+        StepErrorKind::Permanent
+    );
+    assert_eq!(
+        job.classify(&MathError("once".into())),
+        StepErrorKind::Transient
+    );
 }
 
 /// Doubles `x`.

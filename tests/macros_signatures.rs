@@ -356,3 +356,341 @@ async fn steps_take_lifetimes_attributes_and_anyhow_errors() {
     );
     worker.shutdown().await.expect("worker stops");
 }
+
+// ---------------------------------------------------------------------------
+// Ordinary Rust: the forms a backend engineer writes without thinking of
+// the macro, run on the test kit.
+
+mod ordinary {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Serialize};
+    use taquba_workflow::jobs::{Job, JobContext};
+    use taquba_workflow::testing::{TestJobs, TestRuntime};
+    use taquba_workflow::workflows::{StepContext, Transition, Workflow};
+    use taquba_workflow::{StepError, job, workflow};
+
+    /// A service's own error type.
+    #[derive(Debug, thiserror::Error)]
+    pub enum ServiceError {
+        /// The input was refused.
+        #[error("refused: {0}")]
+        Refused(String),
+        /// A number did not parse.
+        #[error(transparent)]
+        Parse(#[from] std::num::ParseIntError),
+    }
+
+    /// A module's result alias over the service's error.
+    type R<T> = Result<T, ServiceError>;
+
+    /// A struct input.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    pub struct Point {
+        pub x: i32,
+        pub y: i32,
+    }
+
+    /// A tuple struct output.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    pub struct Pair(pub i32, pub String);
+
+    /// The context by shared reference.
+    #[job]
+    async fn ctx_by_ref(ctx: &JobContext<'_>, n: u32) -> R<u32> {
+        Ok(n + ctx.attempts)
+    }
+
+    /// The context by unique reference, after the fields.
+    #[job]
+    async fn ctx_by_mut(n: u32, ctx: &mut JobContext<'_>) -> R<u32> {
+        Ok(n * 10 + ctx.attempts)
+    }
+
+    /// Attributes of other crates around the macro, and `#[must_use]`.
+    #[job(name = "ordinary.traced")]
+    #[tracing::instrument(skip(ctx), fields(n = n))]
+    #[must_use]
+    async fn traced(ctx: JobContext<'_>, n: u32) -> R<u32> {
+        tracing::info!(attempt = ctx.attempts, "traced");
+        Ok(n + 1)
+    }
+
+    /// `#[tracing::instrument]` written above the macro.
+    #[tracing::instrument]
+    #[job(name = "ordinary.traced_first")]
+    async fn traced_first(label: String) -> R<String> {
+        Ok(label.to_uppercase())
+    }
+
+    /// Unit, tuple and struct inputs and outputs; `std::result::Result`.
+    #[job]
+    async fn shapes(
+        unit: (),
+        pair: (u32, u32),
+        point: Point,
+        mut tags: Vec<String>,
+    ) -> std::result::Result<(Pair, ()), ServiceError> {
+        let () = unit;
+        tags.push("!".into());
+        let (a, b) = pair;
+        Ok((Pair(point.x + point.y + (a + b) as i32, tags.concat()), ()))
+    }
+
+    /// A raw identifier as the fn's name and a parameter's.
+    #[job]
+    async fn r#match(r#type: String, r#in: u8) -> R<String> {
+        Ok(format!("{type}{in}"))
+    }
+
+    /// Bodies as services write them: early return, `?` through `From`,
+    /// `async move`, `tokio::select!`, `format!`.
+    #[job(name = "ordinary.bodies", max_attempts = 1)]
+    async fn bodies(text: String) -> R<String> {
+        if text.is_empty() {
+            return Err(ServiceError::Refused("empty".into()));
+        }
+        let n: u32 = text.parse()?;
+        let doubled = async move { n * 2 }.await;
+        let out = tokio::select! {
+            v = async { doubled + 1 } => v,
+            () = tokio::time::sleep(Duration::from_secs(3600)) => 0,
+        };
+        Ok(format!("{text}->{out}"))
+    }
+
+    /// The context unused (`_`).
+    #[job]
+    async fn wild_ctx(_: JobContext<'_>, mut n: u32) -> R<u32> {
+        n += 1;
+        Ok(n)
+    }
+
+    /// The context bound `mut`.
+    #[job]
+    async fn mut_ctx(n: u32, mut ctx: JobContext<'_>) -> R<u32> {
+        let ctx = &mut ctx;
+        Ok(n + ctx.attempts)
+    }
+
+    pub(crate) mod nested {
+        pub(crate) mod deeper {
+            use super::super::R;
+            use taquba_workflow::job;
+
+            /// `pub(super)` two modules down.
+            #[job]
+            pub(super) async fn up_one(n: u32) -> R<u32> {
+                Ok(n + 1)
+            }
+
+            /// `pub(in path)`.
+            #[job]
+            pub(in crate::ordinary) async fn in_path(n: u32) -> R<u32> {
+                Ok(n + 2)
+            }
+        }
+
+        /// `UpOne` is visible here, not in the parent module.
+        #[tokio::test(start_paused = true)]
+        async fn a_pub_super_job_runs() {
+            let env = taquba_workflow::testing::TestJobs::builder()
+                .register::<deeper::UpOne>()
+                .build()
+                .await
+                .expect("the environment builds");
+            let job = env.submit(deeper::UpOne { n: 1 }).await.expect("submits");
+            env.run_until_idle().await.expect("the job runs");
+            assert_eq!(job.output().await.expect("succeeds"), 2);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ordinary_jobs_compile_and_run() {
+        let env = TestJobs::builder()
+            .register::<CtxByRef>()
+            .register::<CtxByMut>()
+            .register::<Traced>()
+            .register::<TracedFirst>()
+            .register::<Shapes>()
+            .register::<Match>()
+            .register::<Bodies>()
+            .register::<WildCtx>()
+            .register::<MutCtx>()
+            .register::<nested::deeper::InPath>()
+            .build()
+            .await
+            .expect("the environment builds");
+
+        let by_ref = env.submit(CtxByRef { n: 4 }).await.expect("submits");
+        let by_mut = env.submit(CtxByMut { n: 4 }).await.expect("submits");
+        let traced = env.submit(Traced { n: 1 }).await.expect("submits");
+        let traced_first = env
+            .submit(TracedFirst { label: "ab".into() })
+            .await
+            .expect("submits");
+        let shapes = env
+            .submit(Shapes {
+                unit: (),
+                pair: (1, 2),
+                point: Point { x: 10, y: 20 },
+                tags: vec!["a".into()],
+            })
+            .await
+            .expect("submits");
+        let raw = env
+            .submit(Match {
+                r#type: "t".into(),
+                r#in: 7,
+            })
+            .await
+            .expect("submits");
+        let bodies = env
+            .submit(Bodies { text: "21".into() })
+            .await
+            .expect("submits");
+        let refused = env
+            .submit(Bodies { text: "".into() })
+            .await
+            .expect("submits");
+        let unparsable = env
+            .submit(Bodies { text: "x".into() })
+            .await
+            .expect("submits");
+        let wild = env.submit(WildCtx { n: 1 }).await.expect("submits");
+        let mut_ctx = env.submit(MutCtx { n: 1 }).await.expect("submits");
+        let in_path = env
+            .submit(nested::deeper::InPath { n: 1 })
+            .await
+            .expect("submits");
+        env.run_until_idle().await.expect("the jobs run");
+
+        assert_eq!(by_ref.output().await.expect("succeeds"), 5);
+        assert_eq!(by_mut.output().await.expect("succeeds"), 41);
+        assert_eq!(traced.output().await.expect("succeeds"), 2);
+        assert_eq!(traced_first.output().await.expect("succeeds"), "AB");
+        assert_eq!(
+            shapes.output().await.expect("succeeds"),
+            (Pair(33, "a!".into()), ())
+        );
+        assert_eq!(raw.output().await.expect("succeeds"), "t7");
+        assert_eq!(bodies.output().await.expect("succeeds"), "21->43");
+        let refused = refused.result().await.expect("reads").expect("ended");
+        assert_eq!(refused.expect_err("fails").message, "refused: empty");
+        let unparsable = unparsable.result().await.expect("reads").expect("ended");
+        assert!(
+            unparsable
+                .expect_err("fails")
+                .message
+                .contains("invalid digit"),
+            "the `?` conversion's error is the job's"
+        );
+        assert_eq!(wild.output().await.expect("succeeds"), 2);
+        assert_eq!(mut_ctx.output().await.expect("succeeds"), 2);
+        assert_eq!(in_path.output().await.expect("succeeds"), 3);
+        assert_eq!(<Match as Job>::NAME, "match");
+    }
+
+    // -- Workflows --
+
+    /// A workflow whose value is also carried by a step (`Self` in a
+    /// parameter type), with consts, helpers and a macro in its impl
+    /// block, steps taking `self: &Self`, `&'a self`, the context by
+    /// reference, raw identifiers and attributes of other crates.
+    #[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
+    pub struct Tally {
+        pub total: u32,
+    }
+
+    macro_rules! tally_helper {
+        () => {
+            fn bump(&self, by: u32) -> u32 {
+                self.total + by
+            }
+        };
+    }
+
+    #[workflow(output = u32, vis = pub(crate))]
+    impl Tally {
+        const STEP: u32 = 2;
+
+        tally_helper!();
+
+        /// Starts from `seed`, carrying a copy of the workflow value.
+        #[step(start)]
+        #[tracing::instrument(skip(self, ctx))]
+        #[allow(clippy::needless_lifetimes)]
+        pub(crate) async fn begin<'a>(
+            &'a self,
+            ctx: &StepContext<'a>,
+            seed: Self,
+        ) -> Result<Transition<TallyStep>, StepError> {
+            let _ = ctx.step_name();
+            Ok(Transition::next(TallyStep::Loop {
+                r#type: "sum".into(),
+                seen: vec![seed.clone(), self.clone()],
+            }))
+        }
+
+        /// A raw identifier as the fn's and a parameter's name; `Self` in
+        /// a nested type; `self: &Self`.
+        #[step]
+        async fn r#loop(
+            self: &Self,
+            ctx: &mut StepContext<'_>,
+            r#type: String,
+            seen: Vec<Self>,
+        ) -> anyhow::Result<Transition<TallyStep>> {
+            let _ = &mut *ctx;
+            anyhow::ensure!(r#type == "sum", "unknown {type}");
+            let sum: u32 = seen.iter().map(|t| t.total).sum();
+            Ok(Transition::done(self.bump(sum) + Self::STEP))
+        }
+    }
+
+    /// A workflow for a type named through a path, in an impl block with
+    /// a `where` clause (the bounds the type must meet, written out).
+    pub(crate) mod types {
+        /// Defined here, its workflow impl elsewhere.
+        #[derive(Default)]
+        pub struct Behind;
+    }
+
+    #[workflow(name = "ordinary.behind", output = String)]
+    impl types::Behind
+    where
+        types::Behind: Send + Sync + Default,
+    {
+        #[step(start)]
+        async fn only(word: String) -> Result<Transition<BehindStep>, StepError> {
+            Ok(Transition::done(word.repeat(2)))
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ordinary_workflows_compile_and_run() {
+        assert_eq!(<Tally as Workflow>::STEPS, ["begin", "loop"]);
+        let env = TestRuntime::new(Tally { total: 100 })
+            .await
+            .expect("the environment builds");
+        let run = env
+            .start(TallyInput {
+                seed: Tally { total: 5 },
+            })
+            .await
+            .expect("starts");
+        env.run_until_idle().await.expect("the run runs");
+        // 100 (the runtime's value) + 5 (the seed) + 100 (the copy) + 2.
+        assert_eq!(run.output().await.expect("succeeds"), 207);
+
+        let env = TestRuntime::new(types::Behind)
+            .await
+            .expect("the environment builds");
+        let run = env
+            .start(BehindInput { word: "ab".into() })
+            .await
+            .expect("starts");
+        env.run_until_idle().await.expect("the run runs");
+        assert_eq!(run.output().await.expect("succeeds"), "abab");
+    }
+}

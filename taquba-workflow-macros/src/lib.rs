@@ -21,7 +21,10 @@
 //! are stand-ins that match the user's code as written: an option value of
 //! the wrong kind that holds what was meant (`output = "u32"`) and a
 //! misspelt option close to a known one (`outptu`) are reported, then read
-//! as meant, so nothing else is reported on top.
+//! as meant, and a refused step keeps its variant with the fields as meant,
+//! so nothing else is reported on top. Where no stand-in could match what
+//! was meant (a parameter without a name), none is written: with the
+//! macro's errors reported, rustc reports no unresolved names beside them.
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
@@ -46,26 +49,37 @@ use proc_macro::TokenStream;
 /// Options: `name = "..."` (the job's stable name, default the fn name),
 /// `key = "template {field}"` or `idempotent` (the idempotency key),
 /// `max_attempts = N`, `classify = path::to::fn` (a
-/// `fn(&E) -> StepErrorKind`), `struct_name = Ident` (default the fn name
+/// `fn(&E) -> StepErrorKind`, or a closure that captures nothing:
+/// `classify = |e: &MyError| e.kind()`), `struct_name = Ident` (default the fn name
 /// in PascalCase), `derive(...)` (extra derives on the struct) and
 /// `crate = path` (where the runtime crate is, default `::taquba_workflow`).
 ///
 /// Accepted signatures: an optional `JobContext<'_>` (or `JobContext<'a>`)
-/// in any position; named lifetimes on the fn (`&'a str`); parameters with
-/// doc comments (moved to the field), `#[cfg]` / `#[cfg_attr]` (a
-/// parameter configured out is absent from the struct and from the call)
-/// and lint levels; a return type that is `Result<T, E>` under any name
-/// (`anyhow::Result<T>`, `std::io::Result<T>`, a local alias), resolved by
-/// the type system, with `T: Serialize + DeserializeOwned + Send` and
+/// in any position, by value or by reference (`&JobContext<'_>`,
+/// `&mut JobContext<'_>`); named lifetimes on the fn (`&'a str`);
+/// parameters with doc comments (moved to the field), `#[cfg]` /
+/// `#[cfg_attr]` (a parameter configured out is absent from the struct and
+/// from the call), lint levels and `mut`; a return type that is
+/// `Result<T, E>` under any name (`anyhow::Result<T>`, `std::io::Result<T>`,
+/// a local alias), resolved by the type system, with
+/// `T: Serialize + DeserializeOwned + Send` and
 /// `E: Debug + Display + Send + Sync` (`anyhow::Error`,
-/// `Box<dyn Error + Send + Sync>`, `String` and every `std::error::Error`).
+/// `Box<dyn Error + Send + Sync>`, `String` and every `std::error::Error`);
+/// other attributes on the fn (`#[tracing::instrument]`, `#[must_use]`),
+/// which stay on it (`#[deprecated]` also deprecates the struct).
 /// Refused, with one error on the token to change: type and const
-/// generics, `self`, destructuring patterns, `impl Trait`, `&mut`, fields
-/// that borrow (`Cow<'a, str>`), other attributes on parameters.
+/// generics, `self`, `const`, `unsafe`, `extern`, `...`, destructuring and
+/// `_` patterns (a field needs a name, and the name is stored), `impl
+/// Trait`, `&mut` fields, fields that borrow (`Cow<'a, str>`), other
+/// attributes on parameters; a `key` that names no parameter,
+/// `derive(Serialize)` (always derived), a name with whitespace at an end.
 ///
 /// The struct has the fn's visibility. It is defined in a hidden module
 /// and re-exported, so an item of yours with the same name is reported
 /// once (with the option that renames the struct) instead of clashing.
+/// The fn must be a module-level item: an associated fn of an impl block
+/// cannot carry the generated struct (rustc then reports the items it
+/// cannot take there).
 #[proc_macro_attribute]
 pub fn job(attr: TokenStream, item: TokenStream) -> TokenStream {
     job::job(attr.into(), item.into()).into()
@@ -96,15 +110,20 @@ pub fn job(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// `start` (exactly one step) and `name = "..."` (the step's stable name,
 /// default the fn name).
 ///
-/// A step takes `&self` or no receiver, an optional `StepContext<'_>` (or
-/// `StepContext<'a>`), and parameters as a job does (attributes, lifetimes,
-/// `#[cfg]`); it returns `Result<Transition<{Type}Step>, E>` under any
-/// name, where `E` is `StepError`, a type with `impl From<E> for
-/// StepError`, or any `Display` type (`anyhow::Error`,
-/// `Box<dyn Error + Send + Sync>`), which becomes a transient `StepError`.
-/// A `#[cfg]`'d-out step is absent from the enum, the dispatch and
-/// `Workflow::STEPS`. The impl block cannot be generic (one error on its
-/// generics).
+/// A step takes `&self` (or `self: &Self`) or no receiver, an optional
+/// `StepContext<'_>` (or `StepContext<'a>`, by value or by reference), and
+/// parameters as a job does (attributes, lifetimes, `#[cfg]`; `Self` in a
+/// parameter's type is the workflow type); it returns
+/// `Result<Transition<{Type}Step>, E>` under any name, where `E` is
+/// `StepError`, a type with `impl From<E> for StepError`, or any `Display`
+/// type (`anyhow::Error`, `Box<dyn Error + Send + Sync>`), which becomes a
+/// transient `StepError`. A `#[cfg]`'d-out step is absent from the enum,
+/// the dispatch and `Workflow::STEPS`. A step's `name` cannot contain `/`
+/// (it separates the step from the key in its memo). The impl block can
+/// hold other items (consts, helper fns, macros) and a `where` clause, and
+/// can name its type through a path (`impl shop::Order`); it cannot be
+/// generic (one error on its generics). One `#[workflow]` impl block per
+/// type: helpers go in other, plain impl blocks.
 #[proc_macro_attribute]
 pub fn workflow(attr: TokenStream, item: TokenStream) -> TokenStream {
     workflow::workflow(attr.into(), item.into()).into()

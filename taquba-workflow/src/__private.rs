@@ -28,9 +28,9 @@ pub struct JobRegistration {
     pub type_name: &'static str,
     /// `module_path!()` where the fn is.
     pub module_path: &'static str,
-    /// `file!()` of the fn.
+    /// `file!()` of the `#[job]` attribute.
     pub file: &'static str,
-    /// `line!()` of the fn.
+    /// `line!()` of the `#[job]` attribute.
     pub line: u32,
     /// Registers the type on a builder.
     pub register: fn(JobRunnerBuilder) -> JobRunnerBuilder,
@@ -226,7 +226,7 @@ impl<T: std::fmt::Debug + std::fmt::Display + Send + Sync + 'static> JobFnError 
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be a `#[job]` parameter",
     label = "job parameters must be `Serialize + DeserializeOwned + Send + Sync + 'static`",
-    note = "a job's parameters are its fields, stored as MessagePack until a worker runs it: derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
+    note = "a job's parameters are its fields, stored as MessagePack until a worker runs it: derive `serde::Serialize` and `serde::Deserialize` for `{Self}`; application state (a pool, a client) is not a parameter: register it with `JobRunnerBuilder::state` and read it with `ctx.state::<T>()`"
 )]
 pub trait JobField: Sized {
     /// Serializes the field.
@@ -256,7 +256,7 @@ impl<T: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static> 
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be a `#[job]` parameter taken by value",
     label = "a by-value job parameter must be `Clone + Serialize + DeserializeOwned + Send + Sync + 'static`",
-    note = "a job's parameters are its fields, stored as MessagePack, and one taken by value is cloned for each attempt: derive `Clone`, `serde::Serialize` and `serde::Deserialize` for `{Self}`, or take it by reference (`&{Self}`)"
+    note = "a job's parameters are its fields, stored as MessagePack, and one taken by value is cloned for each attempt: derive `Clone`, `serde::Serialize` and `serde::Deserialize` for `{Self}`, or take it by reference (`&{Self}`); application state (a pool, a client) is not a parameter: register it with `JobRunnerBuilder::state` and read it with `ctx.state::<T>()`"
 )]
 pub trait JobFieldOwned: Sized {
     /// Serializes the field.
@@ -286,6 +286,26 @@ impl<T: Clone + serde::Serialize + serde::de::DeserializeOwned + Send + Sync + '
     fn clone_param(&self) -> Self {
         self.clone()
     }
+}
+
+/// A field named in `#[job(key = "...")]` without a format spec: the key
+/// is formatted with its `Display`, and a type without one is reported
+/// once, at the template.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be formatted into the job's key",
+    label = "a field named in the key template is formatted with `Display`",
+    note = "implement `std::fmt::Display` for `{Self}`, or format it with `Debug`: `{{field:?}}` in the template"
+)]
+pub trait KeyPart: std::fmt::Display {}
+
+#[diagnostic::do_not_recommend]
+impl<T: std::fmt::Display> KeyPart for T {}
+
+/// `value`, checked to be a [`KeyPart`], as the `Display` the key's
+/// `format!` takes (whatever `T`, so a `T` without one is reported only
+/// here).
+pub fn key_part<T: KeyPart>(value: &T) -> &dyn std::fmt::Display {
+    value
 }
 
 /// The signature of `#[job(classify = f)]`: the generated code coerces `f`
@@ -338,9 +358,9 @@ pub struct WorkflowRegistration {
     pub type_name: &'static str,
     /// `module_path!()` where the impl block is.
     pub module_path: &'static str,
-    /// `file!()` of the impl block.
+    /// `file!()` of the `#[workflow]` attribute.
     pub file: &'static str,
-    /// `line!()` of the impl block.
+    /// `line!()` of the `#[workflow]` attribute.
     pub line: u32,
     /// Builds the workflow with `Default`; `None` when it has no `Default`.
     pub make: fn() -> Option<Box<dyn ErasedWorkflow>>,
@@ -577,7 +597,7 @@ impl<T: std::fmt::Display> StepFnError for T {}
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be a `#[step]` parameter",
     label = "step parameters must be `Serialize + DeserializeOwned + Send + 'static`",
-    note = "a step's parameters are stored in the run's payload as MessagePack: derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
+    note = "a step's parameters are stored in the run's payload as MessagePack: derive `serde::Serialize` and `serde::Deserialize` for `{Self}`; application state (a pool, a client) is not a parameter: keep it in the workflow value and read it through `&self`"
 )]
 pub trait StepField: Sized {
     /// Serializes the field.

@@ -16,7 +16,8 @@ use syn::spanned::Spanned;
 
 use super::validate::JobModel;
 use crate::common::{
-    Piece, Slot, cfg_attrs, crate_path, doc_attrs, inner_type, inner_visibility, respan,
+    ContextBy, ContextParam, Piece, Slot, cfg_attrs, copied_docs, crate_path, doc_attrs,
+    inner_type, inner_visibility, respan,
 };
 
 /// The full expansion of one `#[job]`; `func` is the fn as re-emitted.
@@ -26,18 +27,31 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
     let vis = &func.vis;
     let inner_vis = inner_visibility(vis);
     let ident = &model.struct_ident;
-    let module = format_ident!("__taquba_job_{}", fn_ident.unraw());
+    // At the call site: at the fn's name, the paths through the module
+    // (`__taquba_job_x::X`) would be the user's, and `unused_qualifications`
+    // would flag them.
+    let module = format_ident!(
+        "__taquba_job_{}",
+        fn_ident.unraw(),
+        span = Span::call_site()
+    );
     let cfgs = cfg_attrs(&func.attrs);
     let krate_string = krate.to_string().replace(' ', "");
     let serde_path = format!("{krate_string}::__private::serde");
 
     // The struct.
     let docs = doc_attrs(&func.attrs);
+    // A deprecated job fn makes a deprecated job: the struct is what
+    // callers submit. The generated code that names it allows it.
+    let deprecated = func
+        .attrs
+        .iter()
+        .filter(|a| a.path().is_ident("deprecated"));
     let doc_block = if docs.is_empty() {
         let text = format!(" The `{}` job: the parameters of `{fn_ident}`.", model.name);
         quote!(#[doc = #text])
     } else {
-        quote!(#(#docs)*)
+        copied_docs(&docs)
     };
     let generated_note = format!(
         " The fields are the parameters of `{fn_ident}`; `#[job]` generated this type, its `Job` impl and its registration."
@@ -86,8 +100,10 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
             #[doc = #generated_note]
             #[derive(#krate::__private::serde::Serialize, #krate::__private::serde::Deserialize #(, #derives)*)]
             #[serde(crate = #serde_path)]
+            #(#deprecated)*
             #inner_vis struct #ident #body
 
+            #[allow(deprecated)]
             impl #krate::__private::GeneratedJobStruct for #ident {}
         }
         #(#cfgs)*
@@ -105,10 +121,27 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
         <<#ret as #at_ret::__private::JobReturn>::Error as #at_ret::__private::JobErrorOf>::Type);
     let name = &model.name;
     let ctx = Ident::new("__taquba_ctx", Span::mixed_site());
-    let uses_ctx = model.slots.iter().any(|s| matches!(s, Slot::Context(_)));
-    let ctx_pat = if uses_ctx { quote!(#ctx) } else { quote!(_) };
+    let contexts: Vec<ContextBy> = model
+        .slots
+        .iter()
+        .filter_map(|s| match s {
+            Slot::Context(context) => Some(context.by),
+            Slot::Field(_) => None,
+        })
+        .collect();
+    let ctx_pat = if contexts.contains(&ContextBy::Mut) {
+        quote!(mut #ctx)
+    } else if contexts.is_empty() {
+        quote!(_)
+    } else {
+        quote!(#ctx)
+    };
     let args = model.slots.iter().map(|slot| match slot {
-        Slot::Context(cfgs) => quote!(#(#cfgs)* #ctx),
+        Slot::Context(ContextParam { cfgs, by }) => match by {
+            ContextBy::Value => quote!(#(#cfgs)* #ctx),
+            ContextBy::Ref => quote!(#(#cfgs)* &#ctx),
+            ContextBy::Mut => quote!(#(#cfgs)* &mut #ctx),
+        },
         Slot::Field(index) => {
             let param = &model.params[*index];
             let field = &param.ident;
@@ -172,6 +205,7 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
         #at_ret::__private::JobRun<impl ::core::future::Future<Output = #ret> + ::core::marker::Send>);
     let item_impl = quote! {
         #(#cfgs)*
+        #[allow(deprecated)]
         impl #krate::jobs::Job for #path {
             #assoc_types
             const NAME: &'static str = #name;
@@ -194,11 +228,14 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
     let name_check = quote_spanned!(ident.span()=>
         #krate::__private::generated_job_struct::<#ident>());
     let type_name = ident.to_string();
-    let line_span = fn_ident.span();
-    let file = quote_spanned!(line_span=> ::core::file!());
-    let line = quote_spanned!(line_span=> ::core::line!());
+    // At the attribute (its line): at the user's tokens these absolute
+    // paths would be the user's, and `unused_qualifications` would flag
+    // them.
+    let file = quote!(::core::file!());
+    let line = quote!(::core::line!());
     let registration = quote! {
         #(#cfgs)*
+        #[allow(deprecated)]
         const _: () = {
             #name_check;
             #krate::__private::inventory::submit! {
@@ -247,8 +284,16 @@ fn key_fn(model: &JobModel, krate: &TokenStream) -> Option<TokenStream> {
                     format.push_str(&format!("{{:{spec}}}"));
                 }
                 if let Some(param) = model.params.iter().find(|p| p.name() == *name) {
-                    let field = &param.ident;
-                    args.push(quote_spanned!(span=> self.#field));
+                    // At the template, so a field that cannot be formatted
+                    // is one error there (not one spanning the parameter).
+                    let mut field = param.ident.clone();
+                    field.set_span(span);
+                    let at = respan(krate, span);
+                    args.push(if spec.is_empty() {
+                        quote_spanned!(span=> #at::__private::key_part(&self.#field))
+                    } else {
+                        quote_spanned!(span=> self.#field)
+                    });
                 }
             }
         }
@@ -309,6 +354,14 @@ mod tests {
         assert!(out.contains("\"email:{}\""), "{out}");
         assert!(out.contains(":: core :: option :: Option :: Some (4)"));
         assert!(out.contains("# [doc = r\" Sends one email.\"]"), "{out}");
+        // On the struct, outside doctest builds: an example in the docs is
+        // collected once, from the fn.
+        assert!(
+            out.contains(
+                "# [cfg_attr (not (doctest) , doc = r\" Sends one email.\")] # [doc = \"\"]"
+            ),
+            "{out}"
+        );
         assert!(out.contains("register_job :: < __taquba_job_send_email :: SendEmail >"));
         // The struct lives in a hidden module, re-exported with the fn's
         // visibility; its name is checked in the fn's module.
@@ -320,6 +373,46 @@ mod tests {
             out.contains("generated_job_struct :: < SendEmail > ()"),
             "{out}"
         );
+    }
+
+    #[test]
+    fn the_context_is_lent_as_the_fn_takes_it() {
+        let out = expand(
+            quote!(),
+            quote!(
+                async fn by_ref(ctx: &JobContext<'_>) -> Result<(), E> {}
+            ),
+        );
+        assert!(out.contains("fn run (& self , __taquba_ctx :"), "{out}");
+        assert!(out.contains("by_ref (& __taquba_ctx)"), "{out}");
+        let out = expand(
+            quote!(),
+            quote!(
+                async fn by_mut(n: u8, ctx: &mut JobContext<'_>) -> Result<(), E> {}
+            ),
+        );
+        assert!(out.contains("fn run (& self , mut __taquba_ctx :"), "{out}");
+        assert!(out.contains(", & mut __taquba_ctx)"), "{out}");
+    }
+
+    #[test]
+    fn a_deprecated_fn_makes_a_deprecated_struct_and_quiet_generated_code() {
+        let out = expand(
+            quote!(),
+            quote!(
+                #[deprecated = "gone"]
+                async fn old() -> Result<(), E> {}
+            ),
+        );
+        assert!(
+            out.contains("# [deprecated = \"gone\"] pub (super) struct Old"),
+            "{out}"
+        );
+        assert!(
+            out.contains("# [allow (deprecated)] impl :: taquba_workflow :: jobs :: Job"),
+            "{out}"
+        );
+        assert!(out.contains("# [allow (deprecated)] const _"), "{out}");
     }
 
     #[test]

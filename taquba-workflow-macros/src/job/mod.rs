@@ -33,6 +33,7 @@ pub(crate) fn job(attr: TokenStream, item: TokenStream) -> TokenStream {
     // fields carry (rustc refuses them on parameters).
     let mut emitted = func.clone();
     crate::common::strip_param_attrs(emitted.sig.inputs.iter_mut());
+    crate::common::prepare_emitted(&mut emitted.attrs, &mut emitted.sig);
     let mut errors = Errors::new();
     let options = parse::parse(attr, &mut errors);
     let model = validate::validate(&func, options, &mut errors);

@@ -1,9 +1,9 @@
 //! The options of `#[job(...)]`.
 
 use proc_macro2::TokenStream;
-use syn::{Ident, LitInt, LitStr, Path};
+use syn::{Expr, Ident, LitInt, LitStr, Path};
 
-use crate::common::{Errors, Misspelt, for_each_option};
+use crate::common::{Errors, Misspelt, OptionArg, OptionValue, for_each_option};
 
 /// Every option `#[job]` accepts, for the unknown-option message.
 pub(crate) const OPTIONS: &[&str] = &[
@@ -29,8 +29,9 @@ pub(crate) struct JobOptions {
     pub(crate) idempotent: Option<Ident>,
     /// `max_attempts = 5`.
     pub(crate) max_attempts: Option<LitInt>,
-    /// `classify = path::to::fn`.
-    pub(crate) classify: Option<Path>,
+    /// `classify = path::to::fn` or a closure (`|e| ...`): coerced to a
+    /// `fn(&E) -> StepErrorKind`.
+    pub(crate) classify: Option<Expr>,
     /// `struct_name = SendEmail`: the generated struct's name.
     pub(crate) struct_name: Option<Ident>,
     /// `derive(Debug, Clone)`: extra derives on the generated struct.
@@ -55,10 +56,7 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> JobOptions {
             "key" => options.key = arg.lit_str("key = \"email:{to}\"", errors),
             "idempotent" if arg.flag(errors) => options.idempotent = Some(arg.key.clone()),
             "max_attempts" => options.max_attempts = arg.positive_u32("max_attempts = 5", errors),
-            "classify" => {
-                options.classify =
-                    arg.parse_value("a path to a fn", "classify = path::to::classify_fn", errors)
-            }
+            "classify" => options.classify = classify(arg, errors),
             "struct_name" => {
                 options.struct_name =
                     arg.parse_value("an identifier", "struct_name = SendEmail", errors)
@@ -75,6 +73,26 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> JobOptions {
         );
     }
     options
+}
+
+/// `classify = path::to::fn` or `classify = |error| ...` (a closure that
+/// captures nothing, which coerces to the fn pointer as a fn does).
+fn classify(arg: &OptionArg, errors: &mut Errors) -> Option<Expr> {
+    if let OptionValue::Value(_, tokens) = &arg.value
+        && let Ok(closure) = syn::parse2::<syn::ExprClosure>(tokens.clone())
+    {
+        return Some(Expr::Closure(closure));
+    }
+    let path: Path = arg.parse_value(
+        "a path to a fn or a closure",
+        "classify = path::to::classify_fn",
+        errors,
+    )?;
+    Some(Expr::Path(syn::ExprPath {
+        attrs: Vec::new(),
+        qself: None,
+        path,
+    }))
 }
 
 #[cfg(test)]
@@ -111,13 +129,32 @@ mod tests {
             options.max_attempts.map(|n| n.to_string()).as_deref(),
             Some("3")
         );
-        assert!(options.classify.is_some());
+        assert!(matches!(options.classify, Some(Expr::Path(_))));
         assert_eq!(
             options.struct_name.map(|i| i.to_string()).as_deref(),
             Some("Email")
         );
         assert_eq!(options.derives.len(), 2);
         assert!(options.krate.is_some());
+    }
+
+    #[test]
+    fn classify_takes_a_closure() {
+        let mut errors = Errors::new();
+        let options = parse(
+            quote!(
+                classify = |e: &E| if e.0 {
+                    Kind::Permanent
+                } else {
+                    Kind::Transient
+                },
+                max_attempts = 2
+            ),
+            &mut errors,
+        );
+        assert!(errors.is_empty(), "{:?}", errors.messages());
+        assert!(matches!(options.classify, Some(Expr::Closure(_))));
+        assert!(options.max_attempts.is_some());
     }
 
     #[test]
@@ -142,6 +179,32 @@ mod tests {
         assert!(messages[3].contains("takes no value"));
         assert!(messages[4].contains("duplicate option `key`"));
         assert!(options.name.is_none());
+    }
+
+    #[test]
+    fn values_of_the_right_kind_that_cannot_be_right_are_reported() {
+        let mut errors = Errors::new();
+        let options = parse(
+            quote!(
+                max_attempts = 5u8,
+                name = "a ",
+                derive(Debug, serde::Deserialize, Serialize)
+            ),
+            &mut errors,
+        );
+        let messages = errors.messages();
+        assert_eq!(messages.len(), 4, "{messages:?}");
+        assert!(messages[0].contains("is a `u32`, not a `u8`"));
+        assert!(messages[1].contains("starts or ends with whitespace"));
+        assert!(messages[2].contains("always derive `Deserialize`"));
+        assert!(messages[3].contains("always derive `Serialize`"));
+        assert!(options.max_attempts.is_none() && options.name.is_none());
+        assert_eq!(options.derives.len(), 1, "the other derives are kept");
+
+        let mut errors = Errors::new();
+        let options = parse(quote!(max_attempts = 7u32), &mut errors);
+        assert!(errors.is_empty());
+        assert!(options.max_attempts.is_some());
     }
 
     #[test]

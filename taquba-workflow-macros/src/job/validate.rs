@@ -1,12 +1,12 @@
 //! Checks the fn under `#[job]` and builds the model `expand` writes out.
 
-use quote::format_ident;
+use syn::ext::IdentExt;
 use syn::{Ident, ItemFn, ReturnType, Type};
 
 use super::parse::JobOptions;
 use crate::common::{
-    Errors, Param, ParamRules, Params, Piece, Slot, check_generics, first_borrow, parse_template,
-    pascal_case, typed_inputs,
+    Errors, Param, ParamRules, Params, Piece, Slot, check_generics, derived_ident, first_borrow,
+    first_unnamed, parse_template, pascal_case, typed_inputs,
 };
 
 /// A checked `#[job]` fn.
@@ -32,7 +32,6 @@ const RULES: ParamRules<'static> = ParamRules {
     what: "job",
     context: "JobContext",
     other_context: "StepContext",
-    forbid_self: false,
 };
 
 /// Checks everything about the fn, reporting each mistake; `None` when the
@@ -98,15 +97,22 @@ pub(crate) fn validate(
             );
             None
         }
-        ReturnType::Type(_, ty) => match first_borrow(ty) {
-            Some(lifetime) => {
+        ReturnType::Type(_, ty) => match (first_borrow(ty), first_unnamed(ty)) {
+            (Some(lifetime), _) => {
                 errors.spanned(
                     &lifetime,
                     "a job's output and error are stored and sent to the caller, so they cannot borrow: return owned types (`String` instead of `&str` or `Cow<'_, str>`)",
                 );
                 None
             }
-            None => Some((**ty).clone()),
+            (None, Some(unnamed)) => {
+                errors.spanned(
+                    unnamed,
+                    "a job's output and error are its `Job::Output` and `Job::Error` types, which the caller decodes: name them (`Result<Receipt, ChargeError>`), not `impl Trait` or `_`",
+                );
+                None
+            }
+            (None, None) => Some((**ty).clone()),
         },
     };
 
@@ -118,6 +124,24 @@ pub(crate) fn validate(
                 return None;
             }
         };
+        if !pieces.iter().any(|p| matches!(p, Piece::Field { .. })) {
+            let written = lit.value();
+            let prefix = match written.trim_end_matches(':') {
+                "" => sig.ident.unraw().to_string(),
+                text => text.to_string(),
+            };
+            let field = params
+                .first()
+                .map(Param::name)
+                .unwrap_or_else(|| "field".to_string());
+            errors.spanned(
+                lit,
+                format!(
+                    "the key template {written:?} names no parameter, so every submission of this job has the same key and is one job (another payload then fails with `InputMismatch`): name the parameters that make a submission unique, as in `key = \"{prefix}:{{{field}}}\"`, or write `idempotent` for a key from the whole payload"
+                ),
+            );
+            return None;
+        }
         let mut ok = true;
         for piece in &pieces {
             if let Piece::Field { name, .. } = piece
@@ -154,19 +178,30 @@ pub(crate) fn validate(
         ok.then_some(pieces)
     });
 
-    let struct_ident = options.struct_name.clone().unwrap_or_else(|| {
-        format_ident!(
-            "{}",
-            pascal_case(&sig.ident.to_string()),
-            span = sig.ident.span()
-        )
-    });
+    let struct_ident = match &options.struct_name {
+        Some(ident) => Some(ident.clone()),
+        None => {
+            let derived = pascal_case(&sig.ident.to_string());
+            let ident = derived_ident(&derived, sig.ident.span());
+            if ident.is_none() {
+                errors.spanned(
+                    &sig.ident,
+                    format!(
+                        "the job struct is named after the fn in PascalCase, and `{}` gives `{derived}`, which is not an identifier: name the struct with `#[job(struct_name = ...)]`",
+                        sig.ident
+                    ),
+                );
+            }
+            ident
+        }
+    };
     let name = options
         .name
         .as_ref()
         .map(|lit| lit.value())
-        .unwrap_or_else(|| syn::ext::IdentExt::unraw(&sig.ident).to_string());
+        .unwrap_or_else(|| sig.ident.unraw().to_string());
     let ret = ret?;
+    let struct_ident = struct_ident?;
     Some(JobModel {
         options,
         struct_ident,
@@ -258,6 +293,21 @@ mod tests {
             "{messages:?}"
         );
         assert!(messages[0].contains("`to`, `subject`"));
+    }
+
+    #[test]
+    fn a_key_without_a_field_is_reported() {
+        for key in ["", "report", "{{literal}}"] {
+            let (_, messages) = run(
+                quote!(key = #key),
+                quote!(
+                    async fn report(day: u32) -> Result<(), E> {}
+                ),
+            );
+            assert_eq!(messages.len(), 1, "{key}: {messages:?}");
+            assert!(messages[0].contains("names no parameter"), "{messages:?}");
+            assert!(messages[0].contains(":{day}"), "{messages:?}");
+        }
     }
 
     #[test]

@@ -18,7 +18,9 @@ use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 
 use super::validate::{StepModel, WorkflowModel};
-use crate::common::{Slot, crate_path, inner_type, inner_visibility, respan};
+use crate::common::{
+    ContextBy, ContextParam, Slot, copied_docs, crate_path, inner_type, inner_visibility, respan,
+};
 
 /// The full expansion of one `#[workflow]`.
 pub(crate) fn expand(model: &WorkflowModel, fallback: bool) -> TokenStream {
@@ -44,6 +46,7 @@ pub(crate) fn expand(model: &WorkflowModel, fallback: bool) -> TokenStream {
         #item
 
         #[doc(hidden)]
+        #[allow(deprecated)]
         mod #module {
             #[allow(unused_imports)]
             use super::*;
@@ -58,6 +61,7 @@ pub(crate) fn expand(model: &WorkflowModel, fallback: bool) -> TokenStream {
 
         #input_impls
         #workflow_impl
+        #[allow(deprecated)]
         const _: () = {
             #names
             #registration
@@ -116,8 +120,7 @@ fn step_enum(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
         let docs = if step.docs.is_empty() {
             quote!(#[doc = #default_doc])
         } else {
-            let docs = &step.docs;
-            quote!(#(#docs)*)
+            copied_docs(&step.docs.iter().collect::<Vec<_>>())
         };
         let fields = step.params.iter().map(|param| {
             let field = &param.ident;
@@ -176,11 +179,13 @@ fn input_struct(model: &WorkflowModel, krate: &TokenStream) -> (TokenStream, Tok
         return (
             quote!(#vis struct #ident;),
             quote! {
+                #[allow(deprecated)]
                 impl ::core::convert::From<#input_path> for #step_enum {
                     fn from(_: #input_path) -> Self {
                         ::core::unreachable!("`#[workflow]` reported an error")
                     }
                 }
+                #[allow(deprecated)]
                 impl #krate::workflows::WorkflowInput for #input_path {
                     type Step = #step_enum;
                 }
@@ -234,12 +239,14 @@ fn input_struct(model: &WorkflowModel, krate: &TokenStream) -> (TokenStream, Tok
             #vis struct #ident #body
         },
         quote! {
+            #[allow(deprecated)]
             impl ::core::convert::From<#input_path> for #step_enum {
                 fn from(#input_pat: #input_path) -> Self {
                     #step_enum::#variant { #(#moves,)* }
                 }
             }
 
+            #[allow(deprecated)]
             impl #krate::workflows::WorkflowInput for #input_path {
                 type Step = #step_enum;
             }
@@ -303,12 +310,14 @@ fn workflow_impl(model: &WorkflowModel, krate: &TokenStream, fallback: bool) -> 
         )
     };
     quote! {
+        #[allow(deprecated)]
         impl #krate::workflows::WorkflowStep for #step_enum {
             type Workflow = #self_ty;
 
             fn name(&self) -> &'static str #name_body
         }
 
+        #[allow(deprecated)]
         impl #krate::workflows::Workflow for #self_ty {
             const NAME: &'static str = #name;
             const START: &'static str = #start_name;
@@ -316,6 +325,7 @@ fn workflow_impl(model: &WorkflowModel, krate: &TokenStream, fallback: bool) -> 
             #output_item
         }
 
+        #[allow(deprecated)]
         impl #krate::StepRunner for #self_ty {
             fn run_step(
                 &self,
@@ -347,14 +357,23 @@ fn dispatch_arm(
     });
     let receiver = step.receiver.then(|| quote!(self));
     let args = step.slots.iter().map(|slot| match slot {
-        Slot::Context(cfgs) => quote! {
-            #(#cfgs)*
-            #krate::workflows::StepContext::new(
-                #step_ident,
-                <Self as #krate::workflows::Workflow>::NAME,
-                #name,
-            )
-        },
+        Slot::Context(ContextParam { cfgs, by }) => {
+            let reference = match by {
+                ContextBy::Value => quote!(),
+                ContextBy::Ref => quote!(&),
+                ContextBy::Mut => quote!(&mut),
+            };
+            // A temporary lent to the call lives to the end of the arm,
+            // past the `.await`.
+            quote! {
+                #(#cfgs)*
+                #reference #krate::workflows::StepContext::new(
+                    #step_ident,
+                    <Self as #krate::workflows::Workflow>::NAME,
+                    #name,
+                )
+            }
+        }
         Slot::Field(i) => {
             let binding = &bindings[*i];
             let cfgs = &step.params[*i].cfgs;
@@ -416,9 +435,9 @@ fn registration(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
     let self_ty = &model.self_ty;
     let name = &model.name;
     let type_name = model.type_ident.to_string();
-    let span = model.type_ident.span();
-    let file = quote_spanned!(span=> ::core::file!());
-    let line = quote_spanned!(span=> ::core::line!());
+    // At the attribute: see the job's registration.
+    let file = quote!(::core::file!());
+    let line = quote!(::core::line!());
     quote! {
         fn __taquba_make() -> ::core::option::Option<
             ::std::boxed::Box<dyn #krate::__private::ErasedWorkflow>,
@@ -477,7 +496,12 @@ mod tests {
         assert!(out.contains("pub (super) enum OrderStep {"), "{out}");
         assert!(out.contains("# [serde (rename = \"charge\")] Charge { # [doc = \" The `order_id` parameter of `charge`.\"] # [serde (serialize_with = \"<:: std :: string :: String as ::taquba_workflow::__private::StepField>::serialize\" , deserialize_with = \"<:: std :: string :: String as ::taquba_workflow::__private::StepField>::deserialize\")] order_id : :: std :: string :: String"), "{out}");
         assert!(out.contains("# [cfg (feature = \"ship\")] # [doc = \" The `ship_it` step: runs `Order::ship`.\"] # [serde (rename = \"ship_it\")] Ship"), "{out}");
-        assert!(out.contains("# [doc = \" Charges the card.\"] # [serde (rename = \"charge\")]"));
+        // The step fn's docs, outside doctest builds (an example in them is
+        // collected once, from the fn).
+        assert!(
+            out.contains("# [cfg_attr (not (doctest) , doc = \" Charges the card.\")] # [serde (rename = \"charge\")]"),
+            "{out}"
+        );
         assert!(!out.contains("# [step"), "{out}");
     }
 
@@ -521,6 +545,42 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("inventory :: submit !"));
+    }
+
+    #[test]
+    fn the_crate_path_is_configurable() {
+        let out = expand(quote!(crate = ::renamed), ORDER.parse().unwrap());
+        assert!(
+            out.contains("impl :: renamed :: StepRunner for Order"),
+            "{out}"
+        );
+        assert!(out.contains("\"::renamed::__private::serde\""), "{out}");
+        assert!(!out.contains("taquba_workflow ::"), "{out}");
+    }
+
+    #[test]
+    fn the_context_is_lent_as_the_step_takes_it() {
+        let out = expand(
+            quote!(),
+            quote!(impl Order {
+                #[step(start)]
+                async fn a(ctx: &StepContext<'_>, n: u8) -> Result<Transition<OrderStep>, StepError> {}
+                #[step]
+                async fn b(self: &Self, ctx: &mut StepContext<'_>, me: Vec<Self>) -> Result<Transition<OrderStep>, StepError> {}
+            }),
+        );
+        assert!(
+            out.contains("Self :: a (& :: taquba_workflow :: workflows :: StepContext :: new ("),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "Self :: b (self , & mut :: taquba_workflow :: workflows :: StepContext :: new ("
+            ),
+            "{out}"
+        );
+        // `Self` is the workflow type in the step enum, outside the impl.
+        assert!(out.contains("me : Vec < Order >"), "{out}");
     }
 
     #[test]

@@ -109,11 +109,29 @@ pub(crate) fn parse_step(attr: &Attribute, errors: &mut Errors) -> StepOptions {
         errors,
         |name, arg, errors| match name {
             "start" if arg.flag(errors) => options.start = Some(arg.key.clone()),
-            "name" => options.name = arg.name_str("name = \"charge\"", errors),
+            "name" => options.name = step_name(arg, errors),
             _ => {}
         },
     );
     options
+}
+
+/// `#[step(name = "...")]`: a name without `/`, which separates the step's
+/// name from the key in its memo's namespace (`"{step}/{key}"`): step `a`
+/// with key `b/c` and step `a/b` with key `c` would share a memo entry.
+fn step_name(arg: &crate::common::OptionArg, errors: &mut Errors) -> Option<LitStr> {
+    let lit = arg.name_str("name = \"charge\"", errors)?;
+    if lit.value().contains('/') {
+        errors.spanned(
+            &lit,
+            format!(
+                "a step's name cannot contain `/`: it separates the step's name from the key in the step's memo (`\"{{step}}/{{key}}\"`), so a memo of one step could be read by another; write `name = {:?}`",
+                lit.value().replace('/', "-")
+            ),
+        );
+        return None;
+    }
+    Some(lit)
 }
 
 #[cfg(test)]
@@ -206,6 +224,16 @@ mod tests {
         assert!(options.start.is_some());
         assert_eq!(options.name.map(|n| n.value()).as_deref(), Some("charge"));
 
+        let attr: Attribute = parse_quote!(#[step(name = "charge/v2")]);
+        let options = parse_step(&attr, &mut errors);
+        assert!(options.name.is_none());
+        assert!(
+            errors.messages()[0].contains("cannot contain `/`"),
+            "{:?}",
+            errors.messages()
+        );
+
+        let mut errors = Errors::new();
         let attr: Attribute = parse_quote!(#[step(begin)]);
         parse_step(&attr, &mut errors);
         assert!(errors.messages()[0].contains("unknown `#[step]` option `begin`"));

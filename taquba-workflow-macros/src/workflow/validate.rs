@@ -12,8 +12,8 @@ use syn::{
 
 use super::parse::{StepOptions, WorkflowOptions, is_step_attr, parse_step};
 use crate::common::{
-    Errors, Param, ParamRules, Params, Slot, check_generics, first_borrow, pascal_case,
-    typed_inputs,
+    Errors, Param, ParamRules, Params, Slot, check_generics, derived_ident, first_borrow,
+    first_unnamed, pascal_case, replace_self, typed_inputs,
 };
 
 /// One checked `#[step]` fn.
@@ -37,6 +37,10 @@ pub(crate) struct StepModel {
     /// The fn's `#[doc]` and `#[cfg]` attributes.
     pub(crate) docs: Vec<Attribute>,
     pub(crate) cfgs: Vec<Attribute>,
+    /// Whether a refused parameter of the step has no stand-in (see
+    /// `StandIn`): stand-in types beside the errors would not match the
+    /// user's code, so none are written.
+    pub(crate) unknown: bool,
 }
 
 /// A checked `#[workflow]` impl block.
@@ -63,7 +67,6 @@ const RULES: ParamRules<'static> = ParamRules {
     what: "step",
     context: "StepContext",
     other_context: "JobContext",
-    forbid_self: true,
 };
 
 /// Removes every `#[step]` attribute (they are this macro's markers, not
@@ -137,10 +140,15 @@ pub(crate) fn validate(
             "`#[workflow]` goes on an inherent impl block (`impl Order { ... }`), not on a trait impl",
         );
     }
-    if let Some(unsafety) = &item.unsafety {
-        errors.spanned(unsafety, "a `#[workflow]` impl block cannot be `unsafe`");
+    // `unsafe impl Order`: rustc's parser reports it (E0197, inherent impls
+    // cannot be unsafe) before the macro runs; without the `unsafe` the
+    // expansion adds nothing to that one error.
+    if item.trait_.is_none() {
+        item.unsafety = None;
     }
-    let generic = !item.generics.params.is_empty() || item.generics.where_clause.is_some();
+    // A `where` clause without parameters (bounds the concrete type meets)
+    // is the user's own: it stays on their impl block.
+    let generic = !item.generics.params.is_empty();
     if generic {
         let generics = &item.generics;
         let where_clause = &generics.where_clause;
@@ -176,15 +184,27 @@ pub(crate) fn validate(
         (None, Some(ident)) => format!("{}Step", ident.unraw()),
         (None, None) => "OrderStep".to_string(),
     };
+    let output_ok = options
+        .output
+        .as_ref()
+        .is_none_or(|output| check_output(output, errors));
+    // Every marked fn is a step, refused ones included: the stand-in enum
+    // beside the errors then has the variant the user's code names.
     let mut steps = Vec::new();
     for (index, step_options) in marked {
         let ImplItem::Fn(func) = &item.items[index] else {
             continue;
         };
         let before = errors.count();
-        if let Some(step) = validate_step(func, step_options, &enum_name, errors) {
-            steps.push(step);
-        }
+        let step = validate_step(
+            func,
+            step_options,
+            &enum_name,
+            &item.self_ty,
+            steps.len(),
+            errors,
+        );
+        steps.push(step);
         steps_clean &= errors.count() == before;
     }
     // The steps' parameters' doc comments went to the variants' fields;
@@ -194,12 +214,19 @@ pub(crate) fn validate(
             && marked_fns.contains(&func.sig.ident)
         {
             crate::common::strip_param_attrs(func.sig.inputs.iter_mut());
+            crate::common::prepare_emitted(&mut func.attrs, &mut func.sig);
         }
     }
 
     let Some(type_ident) = type_ident else {
         return (item, None);
     };
+    // Stand-in types that would not match the user's code are not written
+    // at all: with the macro's errors reported, rustc reports no unresolved
+    // names on top.
+    if !output_ok || steps.iter().any(|s| s.unknown) {
+        return (item, None);
+    }
     if item.trait_.is_some() {
         // No stand-in types for a trait impl: nothing refers to them.
         return (item, None);
@@ -307,14 +334,18 @@ pub(crate) fn validate(
     (item, Some(model))
 }
 
+/// Checks one `#[step]` fn, reporting each mistake. The model is returned
+/// whatever was reported: beside an error it describes the stand-in
+/// variant (the parameters as they were meant).
 fn validate_step(
     func: &ImplItemFn,
     options: StepOptions,
     enum_name: &str,
+    self_ty: &Type,
+    index: usize,
     errors: &mut Errors,
-) -> Option<StepModel> {
+) -> StepModel {
     let sig = &func.sig;
-    let errors_before = errors.count();
     if sig.asyncness.is_none() {
         errors.spanned(
             sig.fn_token,
@@ -352,16 +383,13 @@ fn validate_step(
         errors,
     );
     let (receiver, typed) = typed_inputs(&sig.inputs, None, errors);
-    if let Some(receiver) = receiver {
-        let shared_ref = receiver.reference.is_some()
-            && receiver.mutability.is_none()
-            && receiver.colon_token.is_none();
-        if !shared_ref {
-            errors.spanned(
-                receiver,
-                "a `#[step]` fn takes `&self` or no receiver: the runtime shares the workflow value between concurrent runs",
-            );
-        }
+    if let Some(receiver) = receiver
+        && !shared_self(receiver)
+    {
+        errors.spanned(
+            receiver,
+            "a `#[step]` fn takes `&self` or no receiver: the runtime shares the workflow value between concurrent runs",
+        );
     }
     let mut fields = Params::default();
     for arg in typed {
@@ -376,7 +404,17 @@ fn validate_step(
         }
         fields.push(arg, &RULES, errors);
     }
-    let Params { params, slots, .. } = fields;
+    let Params {
+        mut params,
+        slots,
+        unknown,
+        ..
+    } = fields;
+    // `Self` in a parameter's type is the workflow type: the step enum is
+    // declared outside the impl block, where it is named as written.
+    for param in &mut params {
+        param.field_ty = replace_self(&param.field_ty, self_ty);
+    }
     let ret = match &sig.output {
         ReturnType::Default => {
             errors.at(
@@ -390,39 +428,55 @@ fn validate_step(
         }
         // `Result<Transition<..>, E>` under any name: the `StepReturn`
         // check of the expansion decides, at this type's span.
-        ReturnType::Type(_, ty) => match first_borrow(ty) {
-            Some(lifetime) => {
+        ReturnType::Type(_, ty) => match (first_borrow(ty), first_unnamed(ty)) {
+            (Some(lifetime), _) => {
                 errors.spanned(
                     &lifetime,
                     "a step's transition and error are stored, so they cannot borrow: return owned types",
                 );
                 None
             }
-            None => Some((**ty).clone()),
+            (None, Some(unnamed)) => {
+                errors.spanned(
+                    unnamed,
+                    format!(
+                        "a step returns `Result<Transition<{enum_name}>, E>` with named types: write the error type (`StepError`, `anyhow::Error`, your own), not `impl Trait` or `_`"
+                    ),
+                );
+                None
+            }
+            (None, None) => Some((**ty).clone()),
         },
     };
-    let ret = ret?;
-    if errors.count() != errors_before {
-        return None;
-    }
     let name = options
         .name
         .as_ref()
         .map(LitStr::value)
         .unwrap_or_else(|| sig.ident.unraw().to_string());
-    let variant = format_ident!(
-        "{}",
-        pascal_case(&sig.ident.to_string()),
-        span = sig.ident.span()
-    );
-    Some(StepModel {
+    let variant = match derived_ident(&pascal_case(&sig.ident.to_string()), sig.ident.span()) {
+        Some(variant) => variant,
+        None => {
+            errors.spanned(
+                &sig.ident,
+                format!(
+                    "the step enum's variant for a step is its fn's name in PascalCase, and `{}` gives `{}`, which is not an identifier: rename the fn (its stored name can stay `{name}` with `#[step(name = \"{name}\")]`)",
+                    sig.ident,
+                    pascal_case(&sig.ident.to_string()),
+                ),
+            );
+            // A variant the user's code cannot name, for the stand-in enum.
+            format_ident!("__TaqubaStep{}", index, span = sig.ident.span())
+        }
+    };
+    StepModel {
         fn_ident: sig.ident.clone(),
         name,
         variant,
         receiver: receiver.is_some(),
         params,
         slots,
-        ret,
+        // Only read when nothing was reported (see `expand`).
+        ret: ret.unwrap_or_else(|| syn::parse_quote!(())),
         start: options.start.is_some(),
         docs: func
             .attrs
@@ -436,7 +490,42 @@ fn validate_step(
             .filter(|a| a.path().is_ident("cfg"))
             .cloned()
             .collect(),
-    })
+        unknown,
+    }
+}
+
+/// Whether a receiver lends the workflow value: `&self`, `&'a self`,
+/// `self: &Self`.
+fn shared_self(receiver: &syn::Receiver) -> bool {
+    match &*receiver.ty {
+        Type::Reference(reference) if reference.mutability.is_none() => matches!(
+            &*reference.elem,
+            Type::Path(TypePath { qself: None, path }) if path.is_ident("Self")
+        ),
+        _ => false,
+    }
+}
+
+/// Reports an `output = ...` type that cannot be a stored output (`impl
+/// Trait`, `_`, a borrow); `false` then.
+fn check_output(output: &Type, errors: &mut Errors) -> bool {
+    if first_borrow(output).is_some() {
+        errors.spanned(
+            output,
+            "a workflow's output is stored and read back by the caller, so it cannot borrow: name an owned type (`String` instead of `&str`)",
+        );
+        return false;
+    }
+    match first_unnamed(output) {
+        Some(unnamed) => {
+            errors.spanned(
+                unnamed,
+                "`output` takes a concrete type: the output is stored and decoded by the caller as that type; name it (for example `output = Receipt`)",
+            );
+            false
+        }
+        None => true,
+    }
 }
 
 #[cfg(test)]
@@ -499,20 +588,87 @@ mod tests {
                 async fn c(v: Self) {}
             }),
         );
-        assert_eq!(model.map(|m| m.steps.len()), Some(0));
+        // A pattern and `impl Trait` have no stand-in: no stand-in types.
+        assert!(model.is_none());
         let expected = [
             "must be an `async fn`",
             "takes `&self` or no receiver",
             "destructuring patterns",
             "instead of `&Step`",
             "`impl Trait`",
-            "`Self` cannot appear",
             "returns its transition",
         ];
         assert_eq!(messages.len(), expected.len(), "{messages:?}");
         for (message, needle) in messages.iter().zip(expected) {
             assert!(message.contains(needle), "{message} / {needle}");
         }
+    }
+
+    #[test]
+    fn refused_steps_keep_their_stand_in_variant() {
+        let (model, messages) = run(
+            quote!(),
+            quote!(impl Order {
+                #[step(start)]
+                fn a(&mut self, #[serde(default)] id: String, n: &mut u32) -> Result<Transition<OrderStep>, StepError> {}
+                #[step]
+                async fn b(me: Self, ctx: &StepContext<'_>) {}
+            }),
+        );
+        assert_eq!(messages.len(), 5, "{messages:?}");
+        let model = model.expect("stand-ins match the code as written");
+        assert_eq!(model.start, Some(0), "the refused start step is the input");
+        let fields: Vec<Vec<String>> = model
+            .steps
+            .iter()
+            .map(|s| {
+                s.params
+                    .iter()
+                    .map(|p| {
+                        let ty = &p.field_ty;
+                        format!("{}: {}", p.ident, quote!(#ty))
+                    })
+                    .collect()
+            })
+            .collect();
+        assert_eq!(
+            fields,
+            [vec!["id: String", "n: u32"], vec!["me: Order"]],
+            "the fields as meant, `Self` as the type"
+        );
+    }
+
+    #[test]
+    fn receivers_that_lend_the_value_are_accepted() {
+        let (_, messages) = run(
+            quote!(),
+            quote!(impl Order {
+                #[step(start)]
+                async fn a<'a>(&'a self) -> Result<Transition<OrderStep>, StepError> {}
+                #[step]
+                async fn b(self: &Self) -> Result<Transition<OrderStep>, StepError> {}
+                #[step]
+                async fn c(self: std::sync::Arc<Self>) -> Result<Transition<OrderStep>, StepError> {}
+                #[step]
+                async fn d(self) -> Result<Transition<OrderStep>, StepError> {}
+            }),
+        );
+        assert_eq!(messages.len(), 2, "{messages:?}");
+        assert!(messages.iter().all(|m| m.contains("takes `&self`")));
+    }
+
+    #[test]
+    fn a_variant_that_is_not_an_identifier_is_reported() {
+        let (model, messages) = run(
+            quote!(),
+            quote!(impl Order {
+                #[step(start)]
+                async fn _1st() -> Result<Transition<OrderStep>, StepError> {}
+            }),
+        );
+        assert_eq!(messages.len(), 1, "{messages:?}");
+        assert!(messages[0].contains("`_1st` gives `1st`"), "{messages:?}");
+        assert!(model.is_some());
     }
 
     #[test]

@@ -62,7 +62,8 @@
 //!   workflow linked into the binary.
 //!
 //! A step fn takes `&self` or no receiver, an optional [`StepContext`] in
-//! any position (the [`Step`] and its [`Delivery`](crate::Delivery), with a
+//! any position, by value or by reference (the [`Step`] and its
+//! [`Delivery`](crate::Delivery), with a
 //! [`StepContext::memo`] namespaced by step name) and its fields, and
 //! returns `Result<Transition<OrderStep>, E>` (the generated step enum;
 //! any name of `Result` works, such as `anyhow::Result<Transition<_>>`):
