@@ -410,7 +410,7 @@ mod ordinary {
     /// Attributes of other crates around the macro, and `#[must_use]`.
     #[job(name = "ordinary.traced")]
     #[tracing::instrument(skip(ctx), fields(n = n))]
-    #[must_use]
+    #[must_use = "the doubled count"]
     async fn traced(ctx: JobContext<'_>, n: u32) -> R<u32> {
         tracing::info!(attempt = ctx.attempts, "traced");
         Ok(n + 1)
@@ -682,6 +682,7 @@ mod ordinary {
         /// A raw identifier as the fn's and a parameter's name; `Self` in
         /// a nested type; `self: &Self`.
         #[step]
+        #[allow(clippy::needless_arbitrary_self_type)]
         async fn r#loop(
             self: &Self,
             ctx: &mut StepContext<'_>,
