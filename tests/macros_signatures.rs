@@ -410,7 +410,7 @@ mod ordinary {
     /// Attributes of other crates around the macro, and `#[must_use]`.
     #[job(name = "ordinary.traced")]
     #[tracing::instrument(skip(ctx), fields(n = n))]
-    #[must_use]
+    #[must_use = "the doubled count"]
     async fn traced(ctx: JobContext<'_>, n: u32) -> R<u32> {
         tracing::info!(attempt = ctx.attempts, "traced");
         Ok(n + 1)
@@ -591,6 +591,53 @@ mod ordinary {
         assert_eq!(<Match as Job>::NAME, "match");
     }
 
+    /// A job and a workflow declared in a test's body, as tests write
+    /// them (their parameter types are the module's).
+    #[tokio::test(start_paused = true)]
+    async fn a_job_and_a_workflow_in_a_fn_body() {
+        #[job(name = "ordinary.local")]
+        async fn local_job(point: Point) -> R<i32> {
+            Ok(point.x * point.y)
+        }
+
+        #[derive(Default)]
+        struct LocalFlow;
+
+        #[workflow(name = "ordinary.local_flow", output = i32)]
+        impl LocalFlow {
+            #[step(start)]
+            async fn only(point: Point) -> Result<Transition<LocalFlowStep>, StepError> {
+                Ok(Transition::done(point.x - point.y))
+            }
+        }
+
+        let env = TestJobs::builder()
+            .register::<LocalJob>()
+            .build()
+            .await
+            .expect("the environment builds");
+        let job = env
+            .submit(LocalJob {
+                point: Point { x: 3, y: 4 },
+            })
+            .await
+            .expect("submits");
+        env.run_until_idle().await.expect("the job runs");
+        assert_eq!(job.output().await.expect("succeeds"), 12);
+
+        let env = TestRuntime::new(LocalFlow)
+            .await
+            .expect("the environment builds");
+        let run = env
+            .start(LocalFlowInput {
+                point: Point { x: 3, y: 4 },
+            })
+            .await
+            .expect("starts");
+        env.run_until_idle().await.expect("the run runs");
+        assert_eq!(run.output().await.expect("succeeds"), -1);
+    }
+
     // -- Workflows --
 
     /// A workflow whose value is also carried by a step (`Self` in a
@@ -635,6 +682,7 @@ mod ordinary {
         /// A raw identifier as the fn's and a parameter's name; `Self` in
         /// a nested type; `self: &Self`.
         #[step]
+        #[allow(clippy::needless_arbitrary_self_type)]
         async fn r#loop(
             self: &Self,
             ctx: &mut StepContext<'_>,

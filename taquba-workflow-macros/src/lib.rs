@@ -77,9 +77,11 @@ use proc_macro::TokenStream;
 /// The struct has the fn's visibility. It is defined in a hidden module
 /// and re-exported, so an item of yours with the same name is reported
 /// once (with the option that renames the struct) instead of clashing.
-/// The fn must be a module-level item: an associated fn of an impl block
-/// cannot carry the generated struct (rustc then reports the items it
-/// cannot take there).
+/// The fn is a free fn, at module level or in a fn body (a test's; the
+/// struct's fields resolve their types through the enclosing module, so a
+/// type declared in that body is not found). An associated fn of an impl
+/// block cannot carry the generated struct and module: rustc reports the
+/// items an impl block cannot hold.
 #[proc_macro_attribute]
 pub fn job(attr: TokenStream, item: TokenStream) -> TokenStream {
     job::job(attr.into(), item.into()).into()
