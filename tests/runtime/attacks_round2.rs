@@ -1315,3 +1315,102 @@ async fn huge_member_keys_are_refused_or_their_members_end() {
     }
     worker.shutdown().await.unwrap();
 }
+
+// ---------------------------------------------------------------------------
+// 9. Typed jobs across a change of their type.
+
+mod drift {
+    use serde::{Deserialize, Serialize};
+    use taquba_workflow::jobs::{Job, JobContext};
+
+    /// The job as the old deploy submitted it.
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct SendV1 {
+        pub to: String,
+    }
+
+    impl Job for SendV1 {
+        const NAME: &'static str = "drift.send";
+        type Output = String;
+        type Error = String;
+        async fn run(&self, _ctx: JobContext<'_>) -> Result<String, String> {
+            Ok(format!("sent to {}", self.to))
+        }
+    }
+
+    /// The same job after a deploy added a required field and changed the
+    /// output's type.
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct SendV2 {
+        pub to: String,
+        pub template: String,
+    }
+
+    impl Job for SendV2 {
+        const NAME: &'static str = "drift.send";
+        type Output = u64;
+        type Error = String;
+        async fn run(&self, _ctx: JobContext<'_>) -> Result<u64, String> {
+            Ok(self.template.len() as u64)
+        }
+    }
+}
+
+/// A job submitted by one deploy and run by the next, whose job type gained
+/// a required field: the job must fail permanently (one attempt, not
+/// three) with an error naming the job and the missing field.
+#[tokio::test(start_paused = true)]
+async fn a_job_whose_type_changed_between_deploys_fails_once_naming_the_field() {
+    use taquba_workflow::jobs::JobRunner;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let old = JobRunner::builder(queue.clone(), store.clone())
+        .register::<drift::SendV1>()
+        .poll_interval(Duration::from_millis(20))
+        .build();
+    // Ran under the old deploy.
+    let worker = old.spawn(std::future::pending::<()>());
+    let done = old
+        .submit(drift::SendV1 { to: "a@b".into() })
+        .await
+        .unwrap();
+    assert_eq!(
+        within(30, done.join()).await.unwrap().unwrap(),
+        "sent to a@b"
+    );
+    worker.shutdown().await.unwrap();
+    // Submitted by the old deploy, not yet run.
+    let waiting = old
+        .submit(drift::SendV1 { to: "c@d".into() })
+        .await
+        .unwrap();
+    let new = JobRunner::builder(queue.clone(), store.clone())
+        .register::<drift::SendV2>()
+        .poll_interval(Duration::from_millis(20))
+        .build();
+    let worker = new.spawn(std::future::pending::<()>());
+    let waiting_end = within(60, async {
+        loop {
+            if let Some(status) = new.view().status(waiting.id()).await.unwrap()
+                && let RunState::Terminated(t) = status.state
+            {
+                return t;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert_eq!(waiting_end.status, TerminalStatus::Failed);
+    let error = waiting_end.error.unwrap_or_default();
+    assert!(
+        error.contains("drift.send") && error.contains("template"),
+        "unclear: {error}"
+    );
+    let history = new.view().steps(waiting.id()).await.unwrap().unwrap();
+    let attempts: usize = history.steps.iter().map(|s| s.attempts.len()).sum();
+    assert_eq!(
+        attempts, 1,
+        "a payload that cannot decode is retried: {history:?}"
+    );
+    worker.shutdown().await.unwrap();
+}
