@@ -1414,3 +1414,37 @@ async fn a_job_whose_type_changed_between_deploys_fails_once_naming_the_field() 
     );
     worker.shutdown().await.unwrap();
 }
+
+/// `wait_timeout(id, Duration::ZERO)` on a run that ended, on a local
+/// directory (whose reads complete on a blocking thread): its doc says
+/// "`Ok(None)` when the run has not terminated by then", so a run that
+/// terminated before the call must be reported, whatever the timeout.
+#[tokio::test]
+async fn a_zero_wait_timeout_reports_a_run_that_already_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir_store(dir.path());
+    let queue = Arc::new(
+        Queue::open_with_options(
+            store.clone(),
+            "db",
+            OpenOptions::default().flush_interval(Duration::from_millis(1)),
+        )
+        .await
+        .unwrap(),
+    );
+    let runtime = workflow_builder(&queue, &store, &Script::default()).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime.submit(spec("ended-zero", "ok")).await.unwrap();
+    runtime.wait(&rid("ended-zero")).await.unwrap();
+    for _ in 0..20 {
+        let end = runtime
+            .wait_timeout(&rid("ended-zero"), Duration::ZERO)
+            .await
+            .unwrap();
+        assert!(
+            end.is_some(),
+            "a zero timeout reported an ended run as running"
+        );
+    }
+    worker.shutdown().await.unwrap();
+}
