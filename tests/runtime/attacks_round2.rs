@@ -1448,3 +1448,35 @@ async fn a_zero_wait_timeout_reports_a_run_that_already_ended() {
     }
     worker.shutdown().await.unwrap();
 }
+
+/// A `wait` pending on a clone of a runtime whose worker is shut down and
+/// whose other handles are dropped, while the run waits on a timer: a new
+/// runtime over the same queue (a restart of the worker in-process) ends
+/// the run, and the pending wait reports that end ("every runtime over
+/// the same `Arc<Queue>` there wakes it").
+#[tokio::test(start_paused = true)]
+async fn a_wait_pending_across_a_worker_restart_in_process_gets_the_end() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let runtime = workflow_builder(&queue, &store, &Script::default()).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime
+        .submit(spec("restarted", "timer:5000"))
+        .await
+        .unwrap();
+    until_step("the timer", &runtime, "restarted", 1).await;
+    let waiting = {
+        let runtime = runtime.clone();
+        tokio::spawn(async move { runtime.wait(&rid("restarted")).await })
+    };
+    tokio::task::yield_now().await;
+    worker.shutdown().await.unwrap();
+    drop(runtime);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(!waiting.is_finished(), "the wait ended without a worker");
+    let runtime = workflow_builder(&queue, &store, &Script::default()).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let end = within(60, waiting).await.unwrap().unwrap();
+    assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+    worker.shutdown().await.unwrap();
+}
