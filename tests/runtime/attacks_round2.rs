@@ -1480,3 +1480,72 @@ async fn a_wait_pending_across_a_worker_restart_in_process_gets_the_end() {
     assert_eq!(end.termination.status, TerminalStatus::Succeeded);
     worker.shutdown().await.unwrap();
 }
+
+/// The largest terminal record a run can have: a group member with a key
+/// of `MAX_MEMBER_KEY_LEN` bytes whose last eight steps each took sixteen
+/// attempts failing with 2 KiB errors (the history entries riding on the
+/// terminal record), ending with a 1 MiB error. It must commit: the run
+/// ends `Failed` with its error, its runner not called again.
+#[tokio::test(start_paused = true)]
+async fn the_largest_terminal_record_still_commits() {
+    #[derive(Clone, Default)]
+    struct Retries {
+        calls: Arc<AtomicUsize>,
+    }
+    impl StepRunner for Retries {
+        async fn run_step(&self, step: &Step) -> Result<StepOutcome, StepError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            if step.step_number == 9 {
+                return Err(StepError::permanent("z".repeat(1 << 20)));
+            }
+            if step.attempts < step.max_attempts {
+                return Err(StepError::transient("r".repeat(2048)));
+            }
+            Ok(StepOutcome::continue_now(b"next".to_vec()))
+        }
+    }
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let options = OpenOptions::default()
+        .clock(Arc::new(TokioClock::new(T0)))
+        .flush_interval(Duration::from_millis(1))
+        .default_queue_config(
+            QueueConfig::default()
+                .retry_backoff_base(Duration::ZERO)
+                .lease_duration(Duration::from_secs(30))
+                .max_attempts(16),
+        );
+    let queue = Arc::new(
+        Queue::open_with_options(store.clone(), "db", options)
+            .await
+            .unwrap(),
+    );
+    let retries = Retries::default();
+    let runtime = workflow_builder(&queue, &store, &retries).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let group = runtime.group(rid("largest"));
+    let key = "k".repeat(MAX_MEMBER_KEY_LEN);
+    group
+        .submit(
+            vec![GroupMember {
+                key,
+                input: b"go".to_vec(),
+            }],
+            &RunOptions::default(),
+        )
+        .await
+        .unwrap();
+    let results = join_all(&group).await;
+    assert_eq!(results.len(), 1);
+    assert_eq!(results[0].termination.status, TerminalStatus::Failed);
+    assert!(
+        results[0]
+            .termination
+            .error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("zzz")),
+        "{:.100?}",
+        results[0].termination.error
+    );
+    assert_eq!(retries.calls.load(Ordering::SeqCst), 9 * 16 + 1, "runner calls");
+    worker.shutdown().await.unwrap();
+}
