@@ -1546,6 +1546,64 @@ async fn the_largest_terminal_record_still_commits() {
         "{:.100?}",
         results[0].termination.error
     );
-    assert_eq!(retries.calls.load(Ordering::SeqCst), 9 * 16 + 1, "runner calls");
+    assert_eq!(
+        retries.calls.load(Ordering::SeqCst),
+        9 * 16 + 1,
+        "runner calls"
+    );
+    worker.shutdown().await.unwrap();
+}
+
+/// `RunGroup::submit` while every write of the memo prefix (where the
+/// group's manifest lives) fails, then `status`, `cancel` and `results`
+/// of the group: each answers (an error naming the fault, or
+/// `GroupNotFound`), none hangs; once writes work again the same
+/// submission runs every member once.
+#[tokio::test(start_paused = true)]
+async fn a_group_submitted_while_manifest_writes_fail_errs_and_runs_once_later() {
+    let faulty = FaultyStore::new(Arc::new(InMemory::new()), FaultConfig::default());
+    faulty.set_enabled(false);
+    let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let script = Script::default();
+    let runtime = workflow_builder(&queue, &store, &script).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let group = runtime.group(rid("unwritten"));
+    let members: Vec<GroupMember> = (0..4)
+        .map(|i| GroupMember {
+            key: format!("m{i}"),
+            input: b"ok".to_vec(),
+        })
+        .collect();
+    faulty.set_config(FaultConfig {
+        rates: [1.0, 0.0, 0.0, 0.0],
+        only_under: vec![MEMO_PREFIX.to_string()],
+        ..FaultConfig::default()
+    });
+    faulty.set_enabled(true);
+    let err = within(30, group.submit(members.clone(), &RunOptions::default()))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains(INJECTED), "unclear: {err}");
+    match within(30, group.status()).await {
+        Err(taquba_workflow::Error::GroupNotFound(_)) => {}
+        other => panic!("status of an unwritten group: {other:?}"),
+    }
+    assert_eq!(within(30, group.cancel()).await.unwrap_or(0), 0);
+    faulty.set_enabled(false);
+    group
+        .submit(members.clone(), &RunOptions::default())
+        .await
+        .unwrap();
+    let results = join_all(&group).await;
+    assert_eq!(results.len(), 4);
+    assert!(
+        results
+            .iter()
+            .all(|r| r.termination.status == TerminalStatus::Succeeded)
+    );
+    for result in &results {
+        assert_eq!(script.calls_of(result.run_id.as_str()), 1, "{}", result.key);
+    }
     worker.shutdown().await.unwrap();
 }
