@@ -204,14 +204,19 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     }
 
     /// [`wait`](Self::wait) bounded by `timeout`: `Ok(None)` when the run
-    /// has not terminated by then.
+    /// has not terminated by then. The timeout bounds the waiting, not the
+    /// reads of the run's records: a run that terminated before the call is
+    /// reported even with a zero timeout (so `wait_timeout(id,
+    /// Duration::ZERO)` is a look that does not wait).
     ///
     /// # Errors
     /// As [`wait`](Self::wait).
     pub async fn wait_timeout(&self, run_id: &RunId, timeout: Duration) -> Result<Option<RunEnd>> {
-        match tokio::time::timeout(timeout, self.wait(run_id)).await {
-            Ok(end) => end.map(Some),
-            Err(_) => Ok(None),
+        let deadline = tokio::time::Instant::now().checked_add(timeout);
+        match deadline {
+            Some(deadline) => self.inner.core.wait_run_until(run_id, Some(deadline)).await,
+            // Beyond Tokio's clock: no deadline.
+            None => self.wait(run_id).await.map(Some),
         }
     }
 

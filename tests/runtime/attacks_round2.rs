@@ -1315,3 +1315,295 @@ async fn huge_member_keys_are_refused_or_their_members_end() {
     }
     worker.shutdown().await.unwrap();
 }
+
+// ---------------------------------------------------------------------------
+// 9. Typed jobs across a change of their type.
+
+mod drift {
+    use serde::{Deserialize, Serialize};
+    use taquba_workflow::jobs::{Job, JobContext};
+
+    /// The job as the old deploy submitted it.
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct SendV1 {
+        pub to: String,
+    }
+
+    impl Job for SendV1 {
+        const NAME: &'static str = "drift.send";
+        type Output = String;
+        type Error = String;
+        async fn run(&self, _ctx: JobContext<'_>) -> Result<String, String> {
+            Ok(format!("sent to {}", self.to))
+        }
+    }
+
+    /// The same job after a deploy added a required field and changed the
+    /// output's type.
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct SendV2 {
+        pub to: String,
+        pub template: String,
+    }
+
+    impl Job for SendV2 {
+        const NAME: &'static str = "drift.send";
+        type Output = u64;
+        type Error = String;
+        async fn run(&self, _ctx: JobContext<'_>) -> Result<u64, String> {
+            Ok(self.template.len() as u64)
+        }
+    }
+}
+
+/// A job submitted by one deploy and run by the next, whose job type gained
+/// a required field: the job must fail permanently (one attempt, not
+/// three) with an error naming the job and the missing field.
+#[tokio::test(start_paused = true)]
+async fn a_job_whose_type_changed_between_deploys_fails_once_naming_the_field() {
+    use taquba_workflow::jobs::JobRunner;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let old = JobRunner::builder(queue.clone(), store.clone())
+        .register::<drift::SendV1>()
+        .poll_interval(Duration::from_millis(20))
+        .build();
+    // Ran under the old deploy.
+    let worker = old.spawn(std::future::pending::<()>());
+    let done = old
+        .submit(drift::SendV1 { to: "a@b".into() })
+        .await
+        .unwrap();
+    assert_eq!(
+        within(30, done.join()).await.unwrap().unwrap(),
+        "sent to a@b"
+    );
+    worker.shutdown().await.unwrap();
+    // Submitted by the old deploy, not yet run.
+    let waiting = old
+        .submit(drift::SendV1 { to: "c@d".into() })
+        .await
+        .unwrap();
+    let new = JobRunner::builder(queue.clone(), store.clone())
+        .register::<drift::SendV2>()
+        .poll_interval(Duration::from_millis(20))
+        .build();
+    let worker = new.spawn(std::future::pending::<()>());
+    let waiting_end = within(60, async {
+        loop {
+            if let Some(status) = new.view().status(waiting.id()).await.unwrap()
+                && let RunState::Terminated(t) = status.state
+            {
+                return t;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert_eq!(waiting_end.status, TerminalStatus::Failed);
+    let error = waiting_end.error.unwrap_or_default();
+    assert!(
+        error.contains("drift.send") && error.contains("template"),
+        "unclear: {error}"
+    );
+    let history = new.view().steps(waiting.id()).await.unwrap().unwrap();
+    let attempts: usize = history.steps.iter().map(|s| s.attempts.len()).sum();
+    assert_eq!(
+        attempts, 1,
+        "a payload that cannot decode is retried: {history:?}"
+    );
+    worker.shutdown().await.unwrap();
+}
+
+/// `wait_timeout(id, Duration::ZERO)` on a run that ended, on a local
+/// directory (whose reads complete on a blocking thread): its doc says
+/// "`Ok(None)` when the run has not terminated by then", so a run that
+/// terminated before the call must be reported, whatever the timeout.
+#[tokio::test]
+async fn a_zero_wait_timeout_reports_a_run_that_already_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir_store(dir.path());
+    let queue = Arc::new(
+        Queue::open_with_options(
+            store.clone(),
+            "db",
+            OpenOptions::default().flush_interval(Duration::from_millis(1)),
+        )
+        .await
+        .unwrap(),
+    );
+    let runtime = workflow_builder(&queue, &store, &Script::default()).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime.submit(spec("ended-zero", "ok")).await.unwrap();
+    runtime.wait(&rid("ended-zero")).await.unwrap();
+    for _ in 0..20 {
+        let end = runtime
+            .wait_timeout(&rid("ended-zero"), Duration::ZERO)
+            .await
+            .unwrap();
+        assert!(
+            end.is_some(),
+            "a zero timeout reported an ended run as running"
+        );
+    }
+    worker.shutdown().await.unwrap();
+}
+
+/// A `wait` pending on a clone of a runtime whose worker is shut down and
+/// whose other handles are dropped, while the run waits on a timer: a new
+/// runtime over the same queue (a restart of the worker in-process) ends
+/// the run, and the pending wait reports that end ("every runtime over
+/// the same `Arc<Queue>` there wakes it").
+#[tokio::test(start_paused = true)]
+async fn a_wait_pending_across_a_worker_restart_in_process_gets_the_end() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let runtime = workflow_builder(&queue, &store, &Script::default()).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime
+        .submit(spec("restarted", "timer:5000"))
+        .await
+        .unwrap();
+    until_step("the timer", &runtime, "restarted", 1).await;
+    let waiting = {
+        let runtime = runtime.clone();
+        tokio::spawn(async move { runtime.wait(&rid("restarted")).await })
+    };
+    tokio::task::yield_now().await;
+    worker.shutdown().await.unwrap();
+    drop(runtime);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(!waiting.is_finished(), "the wait ended without a worker");
+    let runtime = workflow_builder(&queue, &store, &Script::default()).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let end = within(60, waiting).await.unwrap().unwrap();
+    assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+    worker.shutdown().await.unwrap();
+}
+
+/// The largest terminal record a run can have: a group member with a key
+/// of `MAX_MEMBER_KEY_LEN` bytes whose last eight steps each took sixteen
+/// attempts failing with 2 KiB errors (the history entries riding on the
+/// terminal record), ending with a 1 MiB error. It must commit: the run
+/// ends `Failed` with its error, its runner not called again.
+#[tokio::test(start_paused = true)]
+async fn the_largest_terminal_record_still_commits() {
+    #[derive(Clone, Default)]
+    struct Retries {
+        calls: Arc<AtomicUsize>,
+    }
+    impl StepRunner for Retries {
+        async fn run_step(&self, step: &Step) -> Result<StepOutcome, StepError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            if step.step_number == 9 {
+                return Err(StepError::permanent("z".repeat(1 << 20)));
+            }
+            if step.attempts < step.max_attempts {
+                return Err(StepError::transient("r".repeat(2048)));
+            }
+            Ok(StepOutcome::continue_now(b"next".to_vec()))
+        }
+    }
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let options = OpenOptions::default()
+        .clock(Arc::new(TokioClock::new(T0)))
+        .flush_interval(Duration::from_millis(1))
+        .default_queue_config(
+            QueueConfig::default()
+                .retry_backoff_base(Duration::ZERO)
+                .lease_duration(Duration::from_secs(30))
+                .max_attempts(16),
+        );
+    let queue = Arc::new(
+        Queue::open_with_options(store.clone(), "db", options)
+            .await
+            .unwrap(),
+    );
+    let retries = Retries::default();
+    let runtime = workflow_builder(&queue, &store, &retries).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let group = runtime.group(rid("largest"));
+    let key = "k".repeat(MAX_MEMBER_KEY_LEN);
+    group
+        .submit(
+            vec![GroupMember {
+                key,
+                input: b"go".to_vec(),
+            }],
+            &RunOptions::default(),
+        )
+        .await
+        .unwrap();
+    let results = join_all(&group).await;
+    assert_eq!(results.len(), 1);
+    assert_eq!(results[0].termination.status, TerminalStatus::Failed);
+    assert!(
+        results[0]
+            .termination
+            .error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("zzz")),
+        "{:.100?}",
+        results[0].termination.error
+    );
+    assert_eq!(
+        retries.calls.load(Ordering::SeqCst),
+        9 * 16 + 1,
+        "runner calls"
+    );
+    worker.shutdown().await.unwrap();
+}
+
+/// `RunGroup::submit` while every write of the memo prefix (where the
+/// group's manifest lives) fails, then `status`, `cancel` and `results`
+/// of the group: each answers (an error naming the fault, or
+/// `GroupNotFound`), none hangs; once writes work again the same
+/// submission runs every member once.
+#[tokio::test(start_paused = true)]
+async fn a_group_submitted_while_manifest_writes_fail_errs_and_runs_once_later() {
+    let faulty = FaultyStore::new(Arc::new(InMemory::new()), FaultConfig::default());
+    faulty.set_enabled(false);
+    let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let script = Script::default();
+    let runtime = workflow_builder(&queue, &store, &script).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let group = runtime.group(rid("unwritten"));
+    let members: Vec<GroupMember> = (0..4)
+        .map(|i| GroupMember {
+            key: format!("m{i}"),
+            input: b"ok".to_vec(),
+        })
+        .collect();
+    faulty.set_config(FaultConfig {
+        rates: [1.0, 0.0, 0.0, 0.0],
+        only_under: vec![MEMO_PREFIX.to_string()],
+        ..FaultConfig::default()
+    });
+    faulty.set_enabled(true);
+    let err = within(30, group.submit(members.clone(), &RunOptions::default()))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains(INJECTED), "unclear: {err}");
+    match within(30, group.status()).await {
+        Err(taquba_workflow::Error::GroupNotFound(_)) => {}
+        other => panic!("status of an unwritten group: {other:?}"),
+    }
+    assert_eq!(within(30, group.cancel()).await.unwrap_or(0), 0);
+    faulty.set_enabled(false);
+    group
+        .submit(members.clone(), &RunOptions::default())
+        .await
+        .unwrap();
+    let results = join_all(&group).await;
+    assert_eq!(results.len(), 4);
+    assert!(
+        results
+            .iter()
+            .all(|r| r.termination.status == TerminalStatus::Succeeded)
+    );
+    for result in &results {
+        assert_eq!(script.calls_of(result.run_id.as_str()), 1, "{}", result.key);
+    }
+    worker.shutdown().await.unwrap();
+}

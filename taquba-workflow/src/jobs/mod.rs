@@ -763,7 +763,9 @@ impl<J: Job> JobHandle<J> {
     }
 
     /// [`join`](Self::join) bounded by `timeout`; `Ok(None)` when the job
-    /// has not terminated by then.
+    /// has not terminated by then (the timeout bounds the waiting, as
+    /// [`WorkflowRuntime::wait_timeout`](crate::WorkflowRuntime::wait_timeout)'s
+    /// does: an ended job is reported even with a zero timeout).
     ///
     /// # Errors
     /// As [`join`](Self::join).

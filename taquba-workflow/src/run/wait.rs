@@ -19,6 +19,28 @@ impl RuntimeCore {
     /// current step: a step dead-lettered outside the worker (the reaper)
     /// is reconciled here rather than left to the next maintenance round.
     pub(crate) async fn wait_run(&self, run_id: &RunId) -> Result<RunEnd> {
+        match self.wait_run_until(run_id, None).await? {
+            Some(end) => Ok(end),
+            // Without a deadline the wait ends only with the run.
+            None => Err(Error::InconsistentRunState(run_id.clone())),
+        }
+    }
+
+    /// [`wait_run`](Self::wait_run) whose waiting ends at `deadline`
+    /// (`Ok(None)`): the deadline bounds the waits between looks at the
+    /// run's records, not a look in progress, so a run that terminated
+    /// before the call is reported even with a deadline already passed.
+    pub(crate) async fn wait_run_until(
+        &self,
+        run_id: &RunId,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<Option<RunEnd>> {
+        let expired = || async move {
+            match deadline {
+                Some(deadline) => tokio::time::sleep_until(deadline).await,
+                None => std::future::pending().await,
+            }
+        };
         // The job a pointer named that was found absent: absent again under
         // the same pointer means the records disagree.
         let mut missing: Option<String> = None;
@@ -34,13 +56,14 @@ impl RuntimeCore {
                     // of the store would void: wait for its notification
                     // (or the store's closing), then look again.
                     tokio::select! {
-                        end = watch.ended() => return Ok(end),
+                        end = watch.ended() => return Ok(Some(end)),
                         () = self.store_closed.cancelled() => return Err(self.store_closed_error()),
                         () = tokio::time::sleep(self.poll_interval.max(Duration::from_millis(1))) => {}
+                        () = expired() => return Ok(None),
                     }
                     continue;
                 }
-                return self.ended_run(run_id).await;
+                return self.ended_run(run_id).await.map(Some);
             };
             if look_at_step {
                 // The record alone: the payload may be a large object.
@@ -66,9 +89,10 @@ impl RuntimeCore {
             }
             look_at_step = true;
             tokio::select! {
-                end = watch.ended() => return Ok(end),
+                end = watch.ended() => return Ok(Some(end)),
                 () = self.store_closed.cancelled() => return Err(self.store_closed_error()),
                 () = tokio::time::sleep(self.poll_interval.max(Duration::from_millis(1))) => {}
+                () = expired() => return Ok(None),
             }
         }
     }

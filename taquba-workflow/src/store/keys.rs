@@ -326,12 +326,14 @@ pub(crate) fn group_members_kv_prefix(group_id: &RunId) -> Vec<u8> {
 }
 
 /// The longest group member key ([`GroupMember::key`](crate::GroupMember::key),
-/// a job group's idempotency key), in bytes: 64 KiB. A member's records
+/// a job group's idempotency key), in bytes: 16 KiB. A member's records
 /// (its member record, its run's terminal record) carry the key beside
-/// the run's termination, within the queue's 256 KiB KV value limit, so a
-/// longer key is refused at submission with
+/// the run's termination (an error of up to
+/// [`MAX_TERMINATION_ERROR_LEN`](crate::MAX_TERMINATION_ERROR_LEN), the
+/// history entries of its last steps), within the queue's 256 KiB KV value
+/// limit, so a longer key is refused at submission with
 /// [`Error::MemberKeyTooLong`](crate::Error::MemberKeyTooLong).
-pub const MAX_MEMBER_KEY_LEN: usize = 64 * 1024;
+pub const MAX_MEMBER_KEY_LEN: usize = 16 * 1024;
 
 /// The longest member key a member record's KV key holds as is; a longer
 /// one (a key is free text) is stored by its digest, as the store's keys

@@ -800,7 +800,9 @@ impl<W: Workflow, R: StepRunner, H: TerminalHook> WorkflowRun<W, R, H> {
     }
 
     /// [`wait`](Self::wait) bounded by `timeout`: `Ok(None)` when the run
-    /// has not terminated by then.
+    /// has not terminated by then (the timeout bounds the waiting, as
+    /// [`WorkflowRuntime::wait_timeout`](crate::WorkflowRuntime::wait_timeout)'s
+    /// does: an ended run is reported even with a zero timeout).
     ///
     /// # Errors
     /// As [`wait`](Self::wait).
