@@ -1607,3 +1607,63 @@ async fn a_group_submitted_while_manifest_writes_fail_errs_and_runs_once_later()
     }
     worker.shutdown().await.unwrap();
 }
+
+/// Two submissions of one run id with different inputs at once, after the
+/// id's earlier run ended (so each may start a new run: "A run id whose
+/// run terminated starts a new run (with any input)"): exactly one starts
+/// a run, the other is refused with `InputMismatch` or answers for that
+/// same run; the id has one run, which ends once, and its hook fires once.
+#[tokio::test(start_paused = true)]
+async fn racing_resubmissions_with_different_inputs_start_one_run() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let hook = Counting::default();
+    let script = Script::default();
+    let runtime =
+        WorkflowRuntime::builder(queue.clone(), store.clone(), script.clone(), hook.clone())
+            .poll_interval(Duration::from_millis(20))
+            .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    for k in 0..20usize {
+        let id = format!("again-{k}");
+        runtime.submit(spec(&id, "ok")).await.unwrap();
+        ends_within(&runtime, &id, 30, "the first run").await;
+        let (a, b) = {
+            let (r1, r2) = (runtime.clone(), runtime.clone());
+            let (i1, i2) = (id.clone(), id.clone());
+            let a = tokio::spawn(async move { r1.submit(spec(&i1, "timer:50")).await });
+            for _ in 0..k % 5 {
+                tokio::task::yield_now().await;
+            }
+            let b = tokio::spawn(async move { r2.submit(spec(&i2, "sleep:50")).await });
+            (a.await.unwrap(), b.await.unwrap())
+        };
+        let started = [&a, &b]
+            .iter()
+            .filter(|r| matches!(r, Ok(o) if o.newly_submitted))
+            .count();
+        assert_eq!(started, 1, "{id}: {a:?} {b:?}");
+        for answer in [&a, &b] {
+            if let Err(err) = answer {
+                assert!(
+                    matches!(err, taquba_workflow::Error::InputMismatch(_)),
+                    "{id}: {err}"
+                );
+            }
+        }
+        let end = ends_within(&runtime, &id, 30, "the second run").await;
+        assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+        // The first run's step 0 and the second run's steps.
+        assert!(
+            script.calls_of(&id) <= 3,
+            "{id}: {} runner calls",
+            script.calls_of(&id)
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for k in 0..20usize {
+        let id = format!("again-{k}");
+        assert_eq!(hook.calls_of(&id).len(), 2, "{id}: one hook call per run");
+    }
+    worker.shutdown().await.unwrap();
+}
