@@ -1667,3 +1667,47 @@ async fn racing_resubmissions_with_different_inputs_start_one_run() {
     }
     worker.shutdown().await.unwrap();
 }
+
+/// A queue whose lease is zero (`QueueConfig::lease_duration(ZERO)`): a
+/// nonsensical setting, but one taquba accepts. The runtime must not
+/// panic, and a run whose steps are quick must still end; a hook that
+/// awaits must still be called (the default hook timeout is derived from
+/// the lease).
+#[tokio::test(start_paused = true)]
+async fn a_zero_lease_does_not_panic_and_quick_runs_end() {
+    #[derive(Clone, Default)]
+    struct Awaits {
+        calls: Arc<AtomicUsize>,
+    }
+    impl TerminalHook for Awaits {
+        async fn on_termination(
+            &self,
+            _outcome: &RunOutcome,
+            _effects: &TerminalEffects,
+        ) -> Result<(), StepError> {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = queue_with(store.clone(), Duration::ZERO, Duration::ZERO).await;
+    let hook = Awaits::default();
+    let runtime = WorkflowRuntime::builder(
+        queue.clone(),
+        store.clone(),
+        Script::default(),
+        hook.clone(),
+    )
+    .poll_interval(Duration::from_millis(20))
+    .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime.submit(spec("no-lease", "timer:10")).await.unwrap();
+    let end = ends_within(&runtime, "no-lease", 60, "a zero lease").await;
+    assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+    eventually("the hook call", || async {
+        hook.calls.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    worker.shutdown().await.unwrap();
+}
