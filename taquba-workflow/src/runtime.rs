@@ -686,7 +686,7 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
         let hook_timeout = self
             .hook_timeout
             .unwrap_or_else(|| {
-                default_hook_timeout(self.queue.queue_lease_duration(&self.queue_name))
+                default_hook_timeout(guard::claim_lease(&self.queue, &self.queue_name))
             })
             .min(MAX_HOOK_TIMEOUT);
         let core = RuntimeCore::new(Settings {

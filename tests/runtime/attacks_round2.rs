@@ -1711,3 +1711,32 @@ async fn a_zero_lease_does_not_panic_and_quick_runs_end() {
     .await;
     worker.shutdown().await.unwrap();
 }
+
+/// A queue whose lease is `Duration::MAX` (a plausible "never reap"): the
+/// runtime must run steps and call the hook, not panic.
+#[tokio::test(start_paused = true)]
+async fn a_lease_of_duration_max_runs_steps_and_hooks() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = queue_with(store.clone(), Duration::MAX, Duration::ZERO).await;
+    let hook = Counting::default();
+    let runtime = WorkflowRuntime::builder(
+        queue.clone(),
+        store.clone(),
+        Script::default(),
+        hook.clone(),
+    )
+    .poll_interval(Duration::from_millis(20))
+    .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime
+        .submit(spec("forever-lease", "timer:10"))
+        .await
+        .unwrap();
+    let end = ends_within(&runtime, "forever-lease", 60, "a MAX lease").await;
+    assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+    eventually("the hook call", || async {
+        !hook.calls_of("forever-lease").is_empty()
+    })
+    .await;
+    worker.shutdown().await.unwrap();
+}

@@ -27,6 +27,18 @@ const MAX_DEFAULT_MARGIN: Duration = Duration::from_secs(5);
 /// and would overflow it.
 pub(crate) const MAX_HOOK_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// The longest lease the worker claims a job for: a year. taquba counts a
+/// lease in milliseconds on the queue's clock and overflows on a longer
+/// one (`Duration::MAX`, a plausible "never reap"), so a longer
+/// [`taquba::QueueConfig::lease_duration`] is taken as this.
+pub(crate) const MAX_CLAIM_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The lease the worker claims the jobs of `queue_name` for: the queue's
+/// configured lease, at most [`MAX_CLAIM_LEASE`].
+pub(crate) fn claim_lease(queue: &taquba::Queue, queue_name: &str) -> Duration {
+    queue.queue_lease_duration(queue_name).min(MAX_CLAIM_LEASE)
+}
+
 /// The shortest default hook timeout: a lease shorter than a second and a
 /// quarter (zero, say) would leave a hook less time than an HTTP round
 /// trip, or none. The lease is extended to cover the call either way.
