@@ -1740,3 +1740,104 @@ async fn a_lease_of_duration_max_runs_steps_and_hooks() {
     .await;
     worker.shutdown().await.unwrap();
 }
+
+/// A consumer streaming a group's `results` while the group is forgotten
+/// (its members still waiting on hour-long timers): the stream must end
+/// (with the members' cancellations, or an error), not wait forever for
+/// members whose state is gone.
+#[tokio::test(start_paused = true)]
+async fn a_results_stream_of_a_group_being_forgotten_ends() {
+    use futures_util::StreamExt;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let runtime = workflow_builder(&queue, &store, &Script::default()).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let group = runtime.group(rid("forgotten-stream"));
+    let members: Vec<GroupMember> = (0..3)
+        .map(|i| GroupMember {
+            key: format!("m{i}"),
+            input: b"timer:3600000".to_vec(),
+        })
+        .collect();
+    group.submit(members, &RunOptions::default()).await.unwrap();
+    let consumer = {
+        let group = group.clone();
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(group.results().await?);
+            let mut seen = Vec::new();
+            while let Some(item) = stream.next().await {
+                seen.push(item.map(|r| r.termination.status));
+            }
+            Ok::<_, taquba_workflow::Error>(seen)
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    within(60, group.forget()).await.unwrap();
+    match tokio::time::timeout(Duration::from_secs(60), consumer).await {
+        Err(_) => panic!("the results stream of a forgotten group never ends"),
+        Ok(joined) => {
+            let seen = joined.unwrap().unwrap();
+            assert!(
+                seen.iter()
+                    .all(|item| matches!(item, Ok(TerminalStatus::Cancelled) | Err(_))),
+                "{seen:?}"
+            );
+        }
+    }
+    worker.shutdown().await.unwrap();
+}
+
+/// A cancel arriving while a succeeded step's run result record is being
+/// written again through a memo-store blip (F2's in-lease retry): the
+/// runner returned before the request, so the run ends `Succeeded` with
+/// its result, the cancel answers `false`, and the hook fires once.
+#[tokio::test(start_paused = true)]
+async fn a_cancel_during_the_result_record_retry_finds_the_run_succeeded() {
+    let faulty = FaultyStore::new(Arc::new(InMemory::new()), FaultConfig::default());
+    faulty.set_enabled(false);
+    let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
+    let queue = queue_with(store.clone(), Duration::from_secs(5), Duration::ZERO).await;
+    let hook = Counting::default();
+    let script = Script::default();
+    let runtime =
+        WorkflowRuntime::builder(queue.clone(), store.clone(), script.clone(), hook.clone())
+            .poll_interval(Duration::from_millis(20))
+            .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    faulty.set_config(FaultConfig {
+        rates: [1.0, 0.0, 0.0, 0.0],
+        only_under: vec![MEMO_PREFIX.to_string()],
+        ..FaultConfig::default()
+    });
+    faulty.set_enabled(true);
+    runtime.submit(spec("raced-retry", "ok")).await.unwrap();
+    eventually("the runner call", || async {
+        script.calls_of("raced-retry") == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let cancelling = {
+        let runtime = runtime.clone();
+        tokio::spawn(async move { runtime.cancel(&rid("raced-retry")).await })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    faulty.set_enabled(false);
+    let cancelled = within(60, cancelling).await.unwrap().unwrap();
+    let end = ends_within(&runtime, "raced-retry", 60, "the raced retry").await;
+    assert!(
+        !cancelled,
+        "cancel answered true for a step that had returned"
+    );
+    assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+    assert_eq!(
+        end.outcome.and_then(|o| o.result).as_deref(),
+        Some(&b"ok"[..])
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        hook.calls_of("raced-retry"),
+        vec![TerminalStatus::Succeeded]
+    );
+    assert_eq!(script.calls_of("raced-retry"), 1);
+    worker.shutdown().await.unwrap();
+}
