@@ -1841,3 +1841,66 @@ async fn a_cancel_during_the_result_record_retry_finds_the_run_succeeded() {
     assert_eq!(script.calls_of("raced-retry"), 1);
     worker.shutdown().await.unwrap();
 }
+
+/// Inbox commands while every delete of the store fails for 20 s, so the
+/// owner cannot remove a command's object once it applied it and sees it
+/// again at every round. README: "records its answer in the same
+/// transaction as its first effect, then deletes the object: a command is
+/// applied once". A signal command woke a waiting run; applied again, it
+/// would buffer the signal for the next wait on the key. After the faults
+/// the objects are gone and a later wait on the key sees no signal.
+#[tokio::test(start_paused = true)]
+async fn inbox_commands_whose_objects_cannot_be_deleted_are_applied_once() {
+    use taquba_workflow::{Command, CommandState, Inbox};
+    let faulty = FaultyStore::new(Arc::new(InMemory::new()), FaultConfig::default());
+    faulty.set_enabled(false);
+    let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let runtime = workflow_builder(&queue, &store, &Script::default()).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime
+        .submit(spec("inboxed", "signal:inbox-key:3600000"))
+        .await
+        .unwrap();
+    until_step("the wait", &runtime, "inboxed", 1).await;
+    faulty.set_config(FaultConfig {
+        rates: [0.0, 0.0, 0.0, 1.0],
+        ..FaultConfig::default()
+    });
+    faulty.set_enabled(true);
+    let inbox = Inbox::new(store.clone(), MEMO_PREFIX);
+    let id = inbox
+        .send(Command::signal("inbox-key", b"from-afar".to_vec()))
+        .await
+        .unwrap();
+    let end = ends_within(&runtime, "inboxed", 60, "the inbox signal").await;
+    assert_eq!(
+        end.outcome.and_then(|o| o.result).as_deref(),
+        Some(&b"from-afar"[..])
+    );
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert!(faulty.injected(Op::Delete) > 0, "no delete was attempted");
+    faulty.set_enabled(false);
+    assert!(matches!(
+        runtime.view().command(&id).await.unwrap(),
+        CommandState::Applied { .. }
+    ));
+    // A later wait on the key: no signal was buffered by a second apply.
+    runtime
+        .submit(spec("later", "signal:inbox-key:1000"))
+        .await
+        .unwrap();
+    let end = ends_within(&runtime, "later", 60, "the later wait").await;
+    assert_eq!(
+        end.outcome.and_then(|o| o.result).as_deref(),
+        Some(&b"timed out"[..]),
+        "the signal command was applied twice"
+    );
+    eventually("the command's object to go", || async {
+        use futures_util::StreamExt;
+        let dir = taquba::object_store::path::Path::from(format!("{MEMO_PREFIX}/inbox/v1"));
+        store.list(Some(&dir)).collect::<Vec<_>>().await.is_empty()
+    })
+    .await;
+    worker.shutdown().await.unwrap();
+}
