@@ -609,7 +609,8 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
     /// per the queue's backoff, dead-lettered on the notification's last
     /// attempt). Default: the runtime queue's lease duration
     /// ([`taquba::QueueConfig::lease_duration`]) less a fifth of it, at
-    /// most 5 s less: 25 s for taquba's default 30 s lease. Before each
+    /// most 5 s less: 25 s for taquba's default 30 s lease; at least 1 s
+    /// (for a lease of a second or less, a zero one included). Before each
     /// call the notification's lease is extended to cover the timeout, so
     /// a longer timeout than the lease is safe: the queue never hands a
     /// notification still running here to another slot. At most a year: a
@@ -685,7 +686,7 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
         let hook_timeout = self
             .hook_timeout
             .unwrap_or_else(|| {
-                default_hook_timeout(self.queue.queue_lease_duration(&self.queue_name))
+                default_hook_timeout(guard::claim_lease(&self.queue, &self.queue_name))
             })
             .min(MAX_HOOK_TIMEOUT);
         let core = RuntimeCore::new(Settings {

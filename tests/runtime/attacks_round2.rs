@@ -1607,3 +1607,300 @@ async fn a_group_submitted_while_manifest_writes_fail_errs_and_runs_once_later()
     }
     worker.shutdown().await.unwrap();
 }
+
+/// Two submissions of one run id with different inputs at once, after the
+/// id's earlier run ended (so each may start a new run: "A run id whose
+/// run terminated starts a new run (with any input)"): exactly one starts
+/// a run, the other is refused with `InputMismatch` or answers for that
+/// same run; the id has one run, which ends once, and its hook fires once.
+#[tokio::test(start_paused = true)]
+async fn racing_resubmissions_with_different_inputs_start_one_run() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let hook = Counting::default();
+    let script = Script::default();
+    let runtime =
+        WorkflowRuntime::builder(queue.clone(), store.clone(), script.clone(), hook.clone())
+            .poll_interval(Duration::from_millis(20))
+            .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    for k in 0..20usize {
+        let id = format!("again-{k}");
+        runtime.submit(spec(&id, "ok")).await.unwrap();
+        ends_within(&runtime, &id, 30, "the first run").await;
+        let (a, b) = {
+            let (r1, r2) = (runtime.clone(), runtime.clone());
+            let (i1, i2) = (id.clone(), id.clone());
+            let a = tokio::spawn(async move { r1.submit(spec(&i1, "timer:50")).await });
+            for _ in 0..k % 5 {
+                tokio::task::yield_now().await;
+            }
+            let b = tokio::spawn(async move { r2.submit(spec(&i2, "sleep:50")).await });
+            (a.await.unwrap(), b.await.unwrap())
+        };
+        let started = [&a, &b]
+            .iter()
+            .filter(|r| matches!(r, Ok(o) if o.newly_submitted))
+            .count();
+        assert_eq!(started, 1, "{id}: {a:?} {b:?}");
+        for answer in [&a, &b] {
+            if let Err(err) = answer {
+                assert!(
+                    matches!(err, taquba_workflow::Error::InputMismatch(_)),
+                    "{id}: {err}"
+                );
+            }
+        }
+        let end = ends_within(&runtime, &id, 30, "the second run").await;
+        assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+        // The first run's step 0 and the second run's steps.
+        assert!(
+            script.calls_of(&id) <= 3,
+            "{id}: {} runner calls",
+            script.calls_of(&id)
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for k in 0..20usize {
+        let id = format!("again-{k}");
+        assert_eq!(hook.calls_of(&id).len(), 2, "{id}: one hook call per run");
+    }
+    worker.shutdown().await.unwrap();
+}
+
+/// A queue whose lease is zero (`QueueConfig::lease_duration(ZERO)`): a
+/// nonsensical setting, but one taquba accepts. The runtime must not
+/// panic, and a run whose steps are quick must still end; a hook that
+/// awaits must still be called (the default hook timeout is derived from
+/// the lease).
+#[tokio::test(start_paused = true)]
+async fn a_zero_lease_does_not_panic_and_quick_runs_end() {
+    #[derive(Clone, Default)]
+    struct Awaits {
+        calls: Arc<AtomicUsize>,
+    }
+    impl TerminalHook for Awaits {
+        async fn on_termination(
+            &self,
+            _outcome: &RunOutcome,
+            _effects: &TerminalEffects,
+        ) -> Result<(), StepError> {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = queue_with(store.clone(), Duration::ZERO, Duration::ZERO).await;
+    let hook = Awaits::default();
+    let runtime = WorkflowRuntime::builder(
+        queue.clone(),
+        store.clone(),
+        Script::default(),
+        hook.clone(),
+    )
+    .poll_interval(Duration::from_millis(20))
+    .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime.submit(spec("no-lease", "timer:10")).await.unwrap();
+    let end = ends_within(&runtime, "no-lease", 60, "a zero lease").await;
+    assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+    eventually("the hook call", || async {
+        hook.calls.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    worker.shutdown().await.unwrap();
+}
+
+/// A queue whose lease is `Duration::MAX` (a plausible "never reap"): the
+/// runtime must run steps and call the hook, not panic.
+#[tokio::test(start_paused = true)]
+async fn a_lease_of_duration_max_runs_steps_and_hooks() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = queue_with(store.clone(), Duration::MAX, Duration::ZERO).await;
+    let hook = Counting::default();
+    let runtime = WorkflowRuntime::builder(
+        queue.clone(),
+        store.clone(),
+        Script::default(),
+        hook.clone(),
+    )
+    .poll_interval(Duration::from_millis(20))
+    .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime
+        .submit(spec("forever-lease", "timer:10"))
+        .await
+        .unwrap();
+    let end = ends_within(&runtime, "forever-lease", 60, "a MAX lease").await;
+    assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+    eventually("the hook call", || async {
+        !hook.calls_of("forever-lease").is_empty()
+    })
+    .await;
+    worker.shutdown().await.unwrap();
+}
+
+/// A consumer streaming a group's `results` while the group is forgotten
+/// (its members still waiting on hour-long timers): the stream must end
+/// (with the members' cancellations, or an error), not wait forever for
+/// members whose state is gone.
+#[tokio::test(start_paused = true)]
+async fn a_results_stream_of_a_group_being_forgotten_ends() {
+    use futures_util::StreamExt;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let runtime = workflow_builder(&queue, &store, &Script::default()).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let group = runtime.group(rid("forgotten-stream"));
+    let members: Vec<GroupMember> = (0..3)
+        .map(|i| GroupMember {
+            key: format!("m{i}"),
+            input: b"timer:3600000".to_vec(),
+        })
+        .collect();
+    group.submit(members, &RunOptions::default()).await.unwrap();
+    let consumer = {
+        let group = group.clone();
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(group.results().await?);
+            let mut seen = Vec::new();
+            while let Some(item) = stream.next().await {
+                seen.push(item.map(|r| r.termination.status));
+            }
+            Ok::<_, taquba_workflow::Error>(seen)
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    within(60, group.forget()).await.unwrap();
+    match tokio::time::timeout(Duration::from_secs(60), consumer).await {
+        Err(_) => panic!("the results stream of a forgotten group never ends"),
+        Ok(joined) => {
+            let seen = joined.unwrap().unwrap();
+            assert!(
+                seen.iter()
+                    .all(|item| matches!(item, Ok(TerminalStatus::Cancelled) | Err(_))),
+                "{seen:?}"
+            );
+        }
+    }
+    worker.shutdown().await.unwrap();
+}
+
+/// A cancel arriving while a succeeded step's run result record is being
+/// written again through a memo-store blip (F2's in-lease retry): the
+/// runner returned before the request, so the run ends `Succeeded` with
+/// its result, the cancel answers `false`, and the hook fires once.
+#[tokio::test(start_paused = true)]
+async fn a_cancel_during_the_result_record_retry_finds_the_run_succeeded() {
+    let faulty = FaultyStore::new(Arc::new(InMemory::new()), FaultConfig::default());
+    faulty.set_enabled(false);
+    let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
+    let queue = queue_with(store.clone(), Duration::from_secs(5), Duration::ZERO).await;
+    let hook = Counting::default();
+    let script = Script::default();
+    let runtime =
+        WorkflowRuntime::builder(queue.clone(), store.clone(), script.clone(), hook.clone())
+            .poll_interval(Duration::from_millis(20))
+            .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    faulty.set_config(FaultConfig {
+        rates: [1.0, 0.0, 0.0, 0.0],
+        only_under: vec![MEMO_PREFIX.to_string()],
+        ..FaultConfig::default()
+    });
+    faulty.set_enabled(true);
+    runtime.submit(spec("raced-retry", "ok")).await.unwrap();
+    eventually("the runner call", || async {
+        script.calls_of("raced-retry") == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let cancelling = {
+        let runtime = runtime.clone();
+        tokio::spawn(async move { runtime.cancel(&rid("raced-retry")).await })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    faulty.set_enabled(false);
+    let cancelled = within(60, cancelling).await.unwrap().unwrap();
+    let end = ends_within(&runtime, "raced-retry", 60, "the raced retry").await;
+    assert!(
+        !cancelled,
+        "cancel answered true for a step that had returned"
+    );
+    assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+    assert_eq!(
+        end.outcome.and_then(|o| o.result).as_deref(),
+        Some(&b"ok"[..])
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        hook.calls_of("raced-retry"),
+        vec![TerminalStatus::Succeeded]
+    );
+    assert_eq!(script.calls_of("raced-retry"), 1);
+    worker.shutdown().await.unwrap();
+}
+
+/// Inbox commands while every delete of the store fails for 20 s, so the
+/// owner cannot remove a command's object once it applied it and sees it
+/// again at every round. README: "records its answer in the same
+/// transaction as its first effect, then deletes the object: a command is
+/// applied once". A signal command woke a waiting run; applied again, it
+/// would buffer the signal for the next wait on the key. After the faults
+/// the objects are gone and a later wait on the key sees no signal.
+#[tokio::test(start_paused = true)]
+async fn inbox_commands_whose_objects_cannot_be_deleted_are_applied_once() {
+    use taquba_workflow::{Command, CommandState, Inbox};
+    let faulty = FaultyStore::new(Arc::new(InMemory::new()), FaultConfig::default());
+    faulty.set_enabled(false);
+    let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let runtime = workflow_builder(&queue, &store, &Script::default()).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime
+        .submit(spec("inboxed", "signal:inbox-key:3600000"))
+        .await
+        .unwrap();
+    until_step("the wait", &runtime, "inboxed", 1).await;
+    faulty.set_config(FaultConfig {
+        rates: [0.0, 0.0, 0.0, 1.0],
+        ..FaultConfig::default()
+    });
+    faulty.set_enabled(true);
+    let inbox = Inbox::new(store.clone(), MEMO_PREFIX);
+    let id = inbox
+        .send(Command::signal("inbox-key", b"from-afar".to_vec()))
+        .await
+        .unwrap();
+    let end = ends_within(&runtime, "inboxed", 60, "the inbox signal").await;
+    assert_eq!(
+        end.outcome.and_then(|o| o.result).as_deref(),
+        Some(&b"from-afar"[..])
+    );
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert!(faulty.injected(Op::Delete) > 0, "no delete was attempted");
+    faulty.set_enabled(false);
+    assert!(matches!(
+        runtime.view().command(&id).await.unwrap(),
+        CommandState::Applied { .. }
+    ));
+    // A later wait on the key: no signal was buffered by a second apply.
+    runtime
+        .submit(spec("later", "signal:inbox-key:1000"))
+        .await
+        .unwrap();
+    let end = ends_within(&runtime, "later", 60, "the later wait").await;
+    assert_eq!(
+        end.outcome.and_then(|o| o.result).as_deref(),
+        Some(&b"timed out"[..]),
+        "the signal command was applied twice"
+    );
+    eventually("the command's object to go", || async {
+        use futures_util::StreamExt;
+        let dir = taquba::object_store::path::Path::from(format!("{MEMO_PREFIX}/inbox/v1"));
+        store.list(Some(&dir)).collect::<Vec<_>>().await.is_empty()
+    })
+    .await;
+    worker.shutdown().await.unwrap();
+}

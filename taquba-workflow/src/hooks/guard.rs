@@ -27,12 +27,30 @@ const MAX_DEFAULT_MARGIN: Duration = Duration::from_secs(5);
 /// and would overflow it.
 pub(crate) const MAX_HOOK_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// The longest lease the worker claims a job for: a year. taquba counts a
+/// lease in milliseconds on the queue's clock and overflows on a longer
+/// one (`Duration::MAX`, a plausible "never reap"), so a longer
+/// [`taquba::QueueConfig::lease_duration`] is taken as this.
+pub(crate) const MAX_CLAIM_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The lease the worker claims the jobs of `queue_name` for: the queue's
+/// configured lease, at most [`MAX_CLAIM_LEASE`].
+pub(crate) fn claim_lease(queue: &taquba::Queue, queue_name: &str) -> Duration {
+    queue.queue_lease_duration(queue_name).min(MAX_CLAIM_LEASE)
+}
+
+/// The shortest default hook timeout: a lease shorter than a second and a
+/// quarter (zero, say) would leave a hook less time than an HTTP round
+/// trip, or none. The lease is extended to cover the call either way.
+const MIN_DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// The default bound on one `on_termination` call for a queue whose jobs
 /// are leased for `lease`: the lease less a fifth of it, at most 5 s less
 /// (25 s for taquba's default 30 s lease), so the call ends, and its
-/// settlement commits, while the notification is still leased.
+/// settlement commits, while the notification is still leased; at least
+/// 1 s.
 pub(crate) fn default_hook_timeout(lease: Duration) -> Duration {
-    lease - settlement_margin(lease)
+    (lease - settlement_margin(lease)).max(MIN_DEFAULT_HOOK_TIMEOUT)
 }
 
 /// The part of a `lease` left for a settlement to commit once the work
@@ -147,7 +165,11 @@ mod tests {
             default_hook_timeout(Duration::from_secs(600)),
             Duration::from_secs(595)
         );
-        assert_eq!(default_hook_timeout(Duration::ZERO), Duration::ZERO);
+        assert_eq!(default_hook_timeout(Duration::ZERO), Duration::from_secs(1));
+        assert_eq!(
+            default_hook_timeout(Duration::from_millis(500)),
+            Duration::from_secs(1)
+        );
     }
 
     struct Panics;

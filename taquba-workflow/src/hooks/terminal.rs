@@ -23,10 +23,10 @@ use crate::run::effects::TerminalEffects;
 /// one raised before its future exists) is logged with the run id and
 /// counts as a transient error. A call that has not returned within
 /// [`WorkflowRuntimeBuilder::hook_timeout`](crate::WorkflowRuntimeBuilder::hook_timeout)
-/// (default: the queue's lease less a fifth, at most 5 s less) is dropped
-/// and counts as a transient error too; the notification's lease is
-/// extended to cover the timeout, so a call still running is never
-/// delivered to a second runner slot. A hook that blocks its thread
+/// (default: the queue's lease less a fifth, at most 5 s less, at least
+/// 1 s) is dropped and counts as a transient error too; the
+/// notification's lease is extended to cover the timeout, so a call still
+/// running is never delivered to a second runner slot. A hook that blocks its thread
 /// instead of awaiting cannot be timed out: keep blocking work off the
 /// runtime's threads (`tokio::task::spawn_blocking`).
 #[diagnostic::on_unimplemented(

@@ -270,11 +270,13 @@ impl RuntimeCore {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
-        let lease = self.queue.queue_lease_duration(&self.queue_name);
+        let lease = crate::hooks::guard::claim_lease(&self.queue, &self.queue_name);
         let margin = crate::hooks::guard::settlement_margin(lease);
         // A bound on the caller's clock too, for a queue clock that only a
         // test moves.
-        let give_up = tokio::time::Instant::now() + lease.saturating_sub(margin);
+        let give_up = tokio::time::Instant::now()
+            .checked_add(lease.saturating_sub(margin))
+            .unwrap_or_else(tokio::time::Instant::now);
         let mut delay = RECORD_RETRY_FIRST;
         loop {
             let err = match op().await {
@@ -287,7 +289,9 @@ impl RuntimeCore {
                 .map(|expiry| expiry.saturating_sub(duration_ms(margin)));
             let room = retry_until
                 .is_some_and(|until| self.now_ms().saturating_add(duration_ms(delay)) < until)
-                && tokio::time::Instant::now() + delay < give_up;
+                && tokio::time::Instant::now()
+                    .checked_add(delay)
+                    .is_some_and(|next| next < give_up);
             if err.is_permanent() || !room || self.store_closed.is_cancelled() {
                 return Err(err);
             }

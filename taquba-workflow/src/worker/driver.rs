@@ -82,7 +82,7 @@ where
     let settling = Arc::new(Semaphore::new(
         slots.saturating_mul(SETTLING_PER_SLOT).max(MIN_SETTLING),
     ));
-    let lease = queue.queue_lease_duration(&queue_name);
+    let lease = crate::hooks::guard::claim_lease(&queue, &queue_name);
     let mut tasks = JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
     // Maintenance runs beside the claim loop, so a slow sweep (many expired
