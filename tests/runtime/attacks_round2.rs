@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::common::*;
-use crate::durable_paths::{spec, state, tokio_clock_queue};
+use crate::durable_paths::{queue_over_tokio_clock, spec, state, tokio_clock_queue};
 use futures_util::TryStreamExt;
 use taquba::object_store::ObjectStore;
 use taquba::object_store::memory::InMemory;
@@ -132,23 +132,19 @@ impl TerminalHook for Counting {
     }
 }
 
-/// A queue over `store` on paused tokio time: leases of `lease`, a retry
-/// backoff of `backoff` (doubling), three attempts.
+/// A store with its faults off (`faulty` turns them on), and the store as
+/// the runtime takes it.
+fn switchable_store() -> (FaultyStore, Arc<dyn ObjectStore>) {
+    let faulty = FaultyStore::new(Arc::new(InMemory::new()), FaultConfig::default());
+    faulty.set_enabled(false);
+    let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
+    (faulty, store)
+}
+
+/// A queue over `store` on a Tokio clock, with `lease` and retry backoff
+/// `backoff` (see `durable_paths::queue_over_tokio_clock`).
 async fn queue_with(store: Arc<dyn ObjectStore>, lease: Duration, backoff: Duration) -> Arc<Queue> {
-    let options = OpenOptions::default()
-        .clock(Arc::new(TokioClock::new(T0)))
-        .flush_interval(Duration::from_millis(1))
-        .default_queue_config(
-            QueueConfig::default()
-                .retry_backoff_base(backoff)
-                .lease_duration(lease)
-                .max_attempts(3),
-        );
-    Arc::new(
-        Queue::open_with_options(store, "db", options)
-            .await
-            .expect("open queue"),
-    )
+    queue_over_tokio_clock(store, OpenOptions::default(), lease, backoff).await
 }
 
 /// The end of run `id` within `secs` s of (paused) time; panics naming
@@ -231,9 +227,7 @@ async fn a_hook_timeout_of_duration_max_still_calls_the_hook() {
 /// reports the committed result.
 #[tokio::test(start_paused = true)]
 async fn a_wait_on_an_ended_run_while_memo_reads_fail_answers() {
-    let faulty = FaultyStore::new(Arc::new(InMemory::new()), FaultConfig::default());
-    faulty.set_enabled(false);
-    let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
+    let (faulty, store) = switchable_store();
     let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
     let runtime = workflow_builder(&queue, &store, &Script::default()).build();
     let worker = runtime.spawn(std::future::pending::<()>());
@@ -270,9 +264,7 @@ async fn a_wait_on_an_ended_run_while_memo_reads_fail_answers() {
 /// used to be spent and the run failed with the runtime's own error).
 #[tokio::test(start_paused = true)]
 async fn a_success_during_a_memo_write_blip_is_recorded_without_running_the_step_again() {
-    let faulty = FaultyStore::new(Arc::new(InMemory::new()), FaultConfig::default());
-    faulty.set_enabled(false);
-    let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
+    let (faulty, store) = switchable_store();
     let queue = queue_with(
         store.clone(),
         Duration::from_secs(5),
@@ -315,9 +307,7 @@ async fn a_success_during_a_memo_write_blip_is_recorded_without_running_the_step
 /// start afresh.
 #[tokio::test(start_paused = true)]
 async fn a_group_forget_while_deletes_fail_errs_and_a_later_forget_completes() {
-    let faulty = FaultyStore::new(Arc::new(InMemory::new()), FaultConfig::default());
-    faulty.set_enabled(false);
-    let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
+    let (faulty, store) = switchable_store();
     let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
     let runtime = workflow_builder(&queue, &store, &Script::default()).build();
     let worker = runtime.spawn(std::future::pending::<()>());
@@ -687,9 +677,7 @@ async fn a_shutdown_with_a_hung_hook_a_step_and_a_timer_in_flight_returns_and_a_
 /// with nothing pending, claimed or dead.
 #[tokio::test(start_paused = true)]
 async fn a_whole_store_write_outage_mid_run_then_every_run_ends_once() {
-    let faulty = FaultyStore::new(Arc::new(InMemory::new()), FaultConfig::default());
-    faulty.set_enabled(false);
-    let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
+    let (faulty, store) = switchable_store();
     let queue = queue_with(
         store.clone(),
         Duration::from_secs(5),
@@ -755,9 +743,7 @@ async fn a_whole_store_write_outage_mid_run_then_every_run_ends_once() {
 /// submission runs or never existed, and new runs are served.
 #[tokio::test(start_paused = true)]
 async fn a_shutdown_and_a_submission_bounded_during_a_write_outage_leave_every_run_to_end() {
-    let faulty = FaultyStore::new(Arc::new(InMemory::new()), FaultConfig::default());
-    faulty.set_enabled(false);
-    let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
+    let (faulty, store) = switchable_store();
     let queue = queue_with(store.clone(), Duration::from_secs(5), Duration::ZERO).await;
     let script = Script::default();
     let runtime = workflow_builder(&queue, &store, &script).build();
@@ -1077,9 +1063,7 @@ async fn a_replay_record_write_blip_does_not_run_steps_again() {
             })
         }
     }
-    let faulty = FaultyStore::new(Arc::new(InMemory::new()), FaultConfig::default());
-    faulty.set_enabled(false);
-    let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
+    let (faulty, store) = switchable_store();
     let queue = queue_with(
         store.clone(),
         Duration::from_secs(5),
@@ -1561,9 +1545,7 @@ async fn the_largest_terminal_record_still_commits() {
 /// submission runs every member once.
 #[tokio::test(start_paused = true)]
 async fn a_group_submitted_while_manifest_writes_fail_errs_and_runs_once_later() {
-    let faulty = FaultyStore::new(Arc::new(InMemory::new()), FaultConfig::default());
-    faulty.set_enabled(false);
-    let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
+    let (faulty, store) = switchable_store();
     let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
     let script = Script::default();
     let runtime = workflow_builder(&queue, &store, &script).build();
@@ -1793,9 +1775,7 @@ async fn a_results_stream_of_a_group_being_forgotten_ends() {
 /// its result, the cancel answers `false`, and the hook fires once.
 #[tokio::test(start_paused = true)]
 async fn a_cancel_during_the_result_record_retry_finds_the_run_succeeded() {
-    let faulty = FaultyStore::new(Arc::new(InMemory::new()), FaultConfig::default());
-    faulty.set_enabled(false);
-    let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
+    let (faulty, store) = switchable_store();
     let queue = queue_with(store.clone(), Duration::from_secs(5), Duration::ZERO).await;
     let hook = Counting::default();
     let script = Script::default();
@@ -1852,9 +1832,7 @@ async fn a_cancel_during_the_result_record_retry_finds_the_run_succeeded() {
 #[tokio::test(start_paused = true)]
 async fn inbox_commands_whose_objects_cannot_be_deleted_are_applied_once() {
     use taquba_workflow::{Command, CommandState, Inbox};
-    let faulty = FaultyStore::new(Arc::new(InMemory::new()), FaultConfig::default());
-    faulty.set_enabled(false);
-    let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
+    let (faulty, store) = switchable_store();
     let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
     let runtime = workflow_builder(&queue, &store, &Script::default()).build();
     let worker = runtime.spawn(std::future::pending::<()>());

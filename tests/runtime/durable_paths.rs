@@ -184,13 +184,25 @@ pub(super) async fn tokio_clock_queue(
     store: Arc<dyn ObjectStore>,
     options: OpenOptions,
 ) -> Arc<Queue> {
+    queue_over_tokio_clock(store, options, Duration::from_secs(5), Duration::ZERO).await
+}
+
+/// A queue over `store` whose clock follows Tokio's (paused) time, with a
+/// 1 ms flush interval, three attempts, `lease` and retry backoff
+/// `backoff`.
+pub(super) async fn queue_over_tokio_clock(
+    store: Arc<dyn ObjectStore>,
+    options: OpenOptions,
+    lease: Duration,
+    backoff: Duration,
+) -> Arc<Queue> {
     let options = options
         .clock(Arc::new(TokioClock::new(T0)))
         .flush_interval(Duration::from_millis(1))
         .default_queue_config(
             QueueConfig::default()
-                .retry_backoff_base(Duration::ZERO)
-                .lease_duration(Duration::from_secs(5))
+                .retry_backoff_base(backoff)
+                .lease_duration(lease)
                 .max_attempts(3),
         );
     Arc::new(

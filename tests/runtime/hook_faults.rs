@@ -15,13 +15,12 @@ use std::time::{Duration, SystemTime};
 use common::{T0, dead_jobs, eventually, memory_queue, rid, within};
 use taquba::object_store::ObjectStore;
 use taquba::object_store::memory::InMemory;
-use taquba::{OpenOptions, Queue, QueueConfig};
+use taquba::{OpenOptions, Queue};
 use taquba_workflow::{
     HEADER_RUN_ID, HEADER_TERMINAL, RunId, RunOptions, RunOutcome, RunSpec, RunState, Step,
     StepError, StepOutcome, StepRunner, TerminalEffects, TerminalHook, TerminalStatus,
     WorkflowRuntime,
 };
-use taquba_workflow_suite::testing::TokioClock;
 
 /// The header that tells [`Hook`] how to behave for a run.
 const BEHAVIOUR: &str = "hook";
@@ -31,19 +30,14 @@ const BEHAVIOUR: &str = "hook";
 /// `lease`, retried after 10 ms, three attempts.
 async fn tokio_time_queue(lease: Duration) -> (Arc<Queue>, Arc<dyn ObjectStore>) {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let options = OpenOptions::default()
-        .clock(Arc::new(TokioClock::new(T0)))
-        .flush_interval(Duration::from_millis(1))
-        .default_queue_config(
-            QueueConfig::default()
-                .lease_duration(lease)
-                .retry_backoff_base(Duration::from_millis(10))
-                .max_attempts(3),
-        );
-    let queue = Queue::open_with_options(store.clone(), "db", options)
-        .await
-        .expect("open queue");
-    (Arc::new(queue), store)
+    let queue = crate::durable_paths::queue_over_tokio_clock(
+        store.clone(),
+        OpenOptions::default(),
+        lease,
+        Duration::from_millis(10),
+    )
+    .await;
+    (queue, store)
 }
 
 /// What the hook saw, shared with the test.
