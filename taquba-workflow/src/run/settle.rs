@@ -270,6 +270,12 @@ impl RuntimeCore {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
+        let mut err = match op().await {
+            Ok(value) => return Ok(value),
+            Err(err) => err,
+        };
+        // The bounds are worked out only once a first try failed: the
+        // step transition's happy path pays nothing for them.
         let lease = crate::hooks::guard::claim_lease(&self.queue, &self.queue_name);
         let margin = crate::hooks::guard::settlement_margin(lease);
         // A bound on the caller's clock too, for a queue clock that only a
@@ -279,10 +285,6 @@ impl RuntimeCore {
             .unwrap_or_else(tokio::time::Instant::now);
         let mut delay = RECORD_RETRY_FIRST;
         loop {
-            let err = match op().await {
-                Ok(value) => return Ok(value),
-                Err(err) => err,
-            };
             let retry_until = self
                 .queue
                 .lease_expiry(&self.queue_name, &claimed.job.id)
@@ -301,6 +303,10 @@ impl RuntimeCore {
                 () = tokio::time::sleep(delay) => {}
             }
             delay = (delay * 2).min(RECORD_RETRY_MAX);
+            err = match op().await {
+                Ok(value) => return Ok(value),
+                Err(err) => err,
+            };
         }
     }
 
