@@ -386,11 +386,17 @@ pub trait ErasedWorkflow: Send + Sync + 'static {
     fn type_name(&self) -> &'static str;
     /// `StepRunner::run_step`, boxed.
     fn run_erased<'a>(&'a self, step: &'a Step) -> BoxStepFuture<'a>;
+    /// `Workflow::STEPS`.
+    fn steps(&self) -> &'static [&'static str];
 }
 
 impl<W: Workflow> ErasedWorkflow for W {
     fn type_name(&self) -> &'static str {
         std::any::type_name::<W>()
+    }
+
+    fn steps(&self) -> &'static [&'static str] {
+        W::STEPS
     }
 
     fn run_erased<'a>(&'a self, step: &'a Step) -> BoxStepFuture<'a> {
@@ -438,6 +444,14 @@ impl<W: Workflow> MakeWithoutDefault for &Maker<W> {
     fn make(&self) -> Option<Box<dyn ErasedWorkflow>> {
         None
     }
+}
+
+/// What `StepRunner::step_names` returns.
+pub type StepNames = Option<Vec<String>>;
+
+/// The generated `StepRunner::step_names`: `W::STEPS`.
+pub fn workflow_step_names<W: Workflow>() -> StepNames {
+    Some(W::STEPS.iter().map(|name| (*name).to_string()).collect())
 }
 
 /// The generated `StepRunner::run_step` decodes the payload with this.

@@ -52,6 +52,18 @@ pub trait StepRunner: Send + Sync {
         let _ = (step_number, payload);
         None
     }
+
+    /// The names of every step this runner runs, as its history names them
+    /// (see [`step_name`](Self::step_name)), for tools that check a step
+    /// name given to them (the test kit's `fail_next` refuses a name not
+    /// in it); `None`, the default, when the runner does not say. A
+    /// `#[workflow]` returns its steps' names
+    /// ([`Workflow::STEPS`](crate::workflows::Workflow::STEPS)), a
+    /// [`Workflows`](crate::workflows::Workflows) router those of every
+    /// workflow it hosts, a job runner its registered jobs' names.
+    fn step_names(&self) -> Option<Vec<String>> {
+        None
+    }
 }
 
 /// One delivery of a step job: who it belongs to and the handles a runner

@@ -333,6 +333,10 @@ fn workflow_impl(model: &WorkflowModel, krate: &TokenStream, fallback: bool) -> 
             ) -> impl ::core::future::Future<
                 Output = ::core::result::Result<#krate::StepOutcome, #krate::StepError>,
             > + ::core::marker::Send #run_step_body
+
+            fn step_names(&self) -> #krate::__private::StepNames {
+                #krate::__private::workflow_step_names::<Self>()
+            }
         }
     }
 }
@@ -535,6 +539,11 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("Self :: ship (__taquba_arg0)"), "{out}");
+        // The step names a tool checks a name against: `STEPS`.
+        assert!(
+            out.contains("fn step_names (& self) -> :: taquba_workflow :: __private :: StepNames { :: taquba_workflow :: __private :: workflow_step_names :: < Self > () }"),
+            "{out}"
+        );
         // The generated enum, the enum's name as the module sees it, and the
         // return type as written.
         assert!(out.contains(

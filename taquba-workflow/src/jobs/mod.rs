@@ -306,6 +306,15 @@ impl StepRunner for JobDispatch {
         };
         handler.run(&input.payload, step, &self.state).await
     }
+
+    fn step_names(&self) -> Option<Vec<String>> {
+        Some(
+            self.handlers
+                .keys()
+                .map(|name| (*name).to_string())
+                .collect(),
+        )
+    }
 }
 
 pub(crate) type JobRuntime = WorkflowRuntime<JobDispatch, NoopTerminalHook>;

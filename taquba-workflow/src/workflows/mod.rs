@@ -1040,6 +1040,16 @@ impl StepRunner for Workflows {
             ))),
         }
     }
+
+    fn step_names(&self) -> Option<Vec<String>> {
+        Some(
+            self.entries
+                .values()
+                .flat_map(|workflow| workflow.steps().iter())
+                .map(|name| (*name).to_string())
+                .collect(),
+        )
+    }
 }
 
 /// Builds a [`Workflows`] router.
