@@ -114,7 +114,8 @@ async fn counters_histograms_and_gauges_follow_the_runs() {
         gauge(&metrics, "taquba_workflow_steps_in_flight", Q),
         Some(0.0)
     );
-    env.fail_next("Pipeline", StepError::transient("503"));
+    env.fail_next("Pipeline", StepError::transient("503"))
+        .unwrap();
     env.advance(Duration::from_secs(60)).await.unwrap();
     read_into(&mut metrics, &snapshotter);
 

@@ -100,7 +100,8 @@ async fn one_trace_follows_a_run_across_a_timer_a_retry_a_signal_and_a_restart()
     .unwrap();
     drop(request);
 
-    env.fail_next("review", StepError::transient("reviewer busy"));
+    env.fail_next("review", StepError::transient("reviewer busy"))
+        .unwrap();
     env.run_until_idle().await.unwrap();
     env.advance(HOUR).await.unwrap(); // the timer: `review` fails
     env.advance(Duration::from_secs(1)).await.unwrap(); // the retry waits on the signal

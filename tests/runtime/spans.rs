@@ -125,7 +125,8 @@ async fn every_attempt_has_a_span_with_its_identity_outcome_and_error() {
         .build()
         .await
         .unwrap();
-    env.fail_next("Logged", StepError::transient("warming up"));
+    env.fail_next("Logged", StepError::transient("warming up"))
+        .unwrap();
     let submitted = env
         .submit(RunSpec {
             run_id: Some(rid("traced")),

@@ -1,7 +1,8 @@
 //! The engine of the test kit, shared by [`TestRuntime`](super::TestRuntime)
 //! and [`TestJobs`](super::TestJobs): an `InMemory` store, a queue on a
 //! [`MockClock`], the runtime built over it and its worker loop; running
-//! until the queue is idle, moving the clock, and crashing and reopening.
+//! until the queue is idle, and crashing and reopening. Moving the clock
+//! from due time to due time is [`super::skip`]'s.
 //!
 //! The worker loop runs only while the test asks for steps to run (inside
 //! `run_until_idle`, and so `advance`): it is started there and stopped
@@ -30,6 +31,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::error::TestError;
+use super::skip::{DEFAULT_MAX_HOPS, Until};
 use crate::error::Result;
 use crate::hooks::terminal::TerminalHook;
 use crate::run::core::RuntimeCore;
@@ -56,13 +58,15 @@ const BARRIER_KEY: &[u8] = b"workflow/testing/barrier";
 pub(crate) type BuildRuntime<R, H> =
     Box<dyn Fn(Arc<Queue>, Arc<dyn ObjectStore>) -> WorkflowRuntime<R, H> + Send + Sync>;
 
-/// How the queue is opened.
+/// How the queue is opened, and the bounds of the calls that run it.
 #[derive(Debug, Clone)]
 pub(crate) struct QueueSettings {
     /// Every queue's configuration (attempts, lease, backoff).
     pub(crate) config: QueueConfig,
     /// How long one `run_until_idle` may take, in Tokio time.
     pub(crate) idle_timeout: Duration,
+    /// How many times one call may step the clock.
+    pub(crate) max_hops: u32,
 }
 
 impl Default for QueueSettings {
@@ -70,6 +74,7 @@ impl Default for QueueSettings {
         Self {
             config: QueueConfig::default(),
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_hops: DEFAULT_MAX_HOPS,
         }
     }
 }
@@ -106,11 +111,17 @@ pub(crate) struct Harness<R, H> {
 pub(crate) trait CurrentView: Send + Sync {
     /// The view of the current runtime.
     fn view(&self) -> std::result::Result<WorkflowView, TestError>;
+    /// The clock's time, ms since the UNIX epoch.
+    fn now_ms(&self) -> u64;
 }
 
 impl<R: StepRunner + 'static, H: TerminalHook + 'static> CurrentView for Harness<R, H> {
     fn view(&self) -> std::result::Result<WorkflowView, TestError> {
         Ok(self.runtime()?.view().clone())
+    }
+
+    fn now_ms(&self) -> u64 {
+        Harness::now_ms(self)
     }
 }
 
@@ -199,6 +210,29 @@ impl<R: StepRunner + 'static, H: TerminalHook + 'static> Harness<R, H> {
         Ok(())
     }
 
+    /// The environment's settings.
+    pub(crate) fn settings(&self) -> &QueueSettings {
+        &self.settings
+    }
+
+    /// The clock's time, ms since the UNIX epoch.
+    pub(crate) fn now_ms(&self) -> u64 {
+        taquba::Clock::now_ms(&self.clock)
+    }
+
+    /// The engine of the current runtime.
+    pub(crate) fn core(&self) -> std::result::Result<Arc<RuntimeCore>, TestError> {
+        Ok(self.runtime()?.inner.core.clone())
+    }
+
+    /// Whether the worker loop runs (a `run_until_idle` was dropped midway).
+    pub(crate) fn worker_running(&self) -> bool {
+        self.lock()
+            .as_ref()
+            .and_then(|current| current.worker.as_ref())
+            .is_some_and(|worker| !worker.handle.is_finished())
+    }
+
     /// The store (it outlives crashes).
     pub(crate) fn store(&self) -> Arc<InMemory> {
         self.store.clone()
@@ -276,16 +310,13 @@ impl<R: StepRunner + 'static, H: TerminalHook + 'static> Harness<R, H> {
         }
     }
 
-    /// Move the mock clock by `by`, then run until idle: timers, signal
-    /// timeouts and retry backoffs that fall due run, and expired leases are
-    /// reaped.
+    /// Let `by` pass on the clock: everything that falls due meanwhile
+    /// runs at its own time, in time order (see [`Harness::skip`]); the
+    /// clock ends at now + `by`.
     pub(crate) async fn advance(&self, by: Duration) -> std::result::Result<usize, TestError> {
-        self.clock.advance(by);
-        self.queue()?
-            .reap_now()
-            .await
-            .map_err(crate::error::Error::from)?;
-        self.run_until_idle().await
+        let by_ms = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
+        let target = self.now_ms().saturating_add(by_ms);
+        self.skip(Until::Time(target)).await
     }
 
     /// Drop the runtime as a `kill -9` would and reopen it on the same store.

@@ -11,12 +11,15 @@ use taquba::{MockClock, Queue, QueueConfig};
 
 use super::error::TestError;
 use super::harness::{Harness, QueueSettings};
+use super::skip::Until;
+use super::waiting::{Waiting, not_ended};
 use super::workflows::history;
 use super::wrap::{Probe, TestHandler};
 use crate::history::RunHistory;
 use crate::hooks::terminal::NoopTerminalHook;
 use crate::jobs::{Job, JobDispatch, JobError, JobRunner, JobRunnerBuilder};
 use crate::model::{RunOptions, RunStatus, StepError};
+use crate::runner::StepRunner;
 use crate::store::keys::RunId;
 
 /// A step of the builder's registrations.
@@ -118,14 +121,34 @@ impl TestJobs {
         self.harness.run_until_idle().await
     }
 
-    /// Move the clock by `by` and run until idle: retry backoffs and
-    /// delayed starts that fall due run. See
+    /// Let `by` pass on the clock, running every retry backoff and delayed
+    /// start that falls due meanwhile at its own time, in time order, the
+    /// retries the window itself schedules included; the clock ends at
+    /// exactly now + `by`. See
     /// [`TestRuntime::advance`](super::TestRuntime::advance).
     ///
     /// # Errors
-    /// As [`run_until_idle`](Self::run_until_idle).
+    /// As [`TestRuntime::advance`](super::TestRuntime::advance).
     pub async fn advance(&self, by: Duration) -> Result<usize, TestError> {
         self.harness.advance(by).await
+    }
+
+    /// Skip time until job `id` ends (succeeded, or failed for good); see
+    /// [`TestRuntime::run_until_ended`](super::TestRuntime::run_until_ended).
+    ///
+    /// # Errors
+    /// As [`TestRuntime::run_until_ended`](super::TestRuntime::run_until_ended).
+    pub async fn run_until_ended(&self, id: &RunId) -> Result<usize, TestError> {
+        self.harness.skip(Until::Ended(id)).await
+    }
+
+    /// Skip time until no job is due at any future time; see
+    /// [`TestRuntime::run_to_completion`](super::TestRuntime::run_to_completion).
+    ///
+    /// # Errors
+    /// As [`TestRuntime::advance`](super::TestRuntime::advance).
+    pub async fn run_to_completion(&self) -> Result<usize, TestError> {
+        self.harness.skip(Until::Quiet).await
     }
 
     /// Drop the runner as a `kill -9` would and reopen the store; see
@@ -149,9 +172,21 @@ impl TestJobs {
 
     /// Make the next delivery of a job named `job` (its [`Job::NAME`])
     /// return `error` instead of running it (transient errors retry after
-    /// the backoff, permanent ones end the job).
-    pub fn fail_next(&self, job: &str, error: StepError) {
-        self.probe.faults.push(job, error);
+    /// the backoff, permanent ones end the job). Queued failures are used
+    /// in order, one per delivery;
+    /// [`unused_failures`](Self::unused_failures) lists those never used.
+    ///
+    /// # Errors
+    /// [`TestError::UnknownStep`], listing the registered job names, when
+    /// no registered job is named `job`.
+    pub fn fail_next(&self, job: &str, error: StepError) -> Result<(), TestError> {
+        self.probe.faults.push(job, error)
+    }
+
+    /// The failures queued with [`fail_next`](Self::fail_next) that no
+    /// delivery used yet, in the order queued, each with its job name.
+    pub fn unused_failures(&self) -> Vec<(String, StepError)> {
+        self.probe.faults.unused()
     }
 }
 
@@ -230,6 +265,13 @@ impl TestJobsBuilder {
         self
     }
 
+    /// The bound on the clock's steps of one call; see
+    /// [`TestRuntimeBuilder::max_hops`](super::TestRuntimeBuilder::max_hops).
+    pub fn max_hops(mut self, hops: u32) -> Self {
+        self.settings.max_hops = hops.max(1);
+        self
+    }
+
     /// Open the environment.
     ///
     /// # Errors
@@ -270,6 +312,10 @@ impl TestJobsBuilder {
             builder.build().runtime
         });
         let harness = Harness::start(self.settings, probe.calls.clone(), build).await?;
+        // The registered jobs, as the runner built on the first queue has them.
+        probe
+            .faults
+            .know(harness.runtime()?.inner.runner.step_names());
         Ok(TestJobs {
             harness: Arc::new(harness),
             probe,
@@ -348,17 +394,35 @@ impl<J: Job> TestJob<J> {
     /// The output of the job, which must have succeeded.
     ///
     /// # Errors
-    /// [`TestError::NotEnded`] while it runs or waits,
-    /// [`TestError::JobFailed`] when it failed; as [`result`](Self::result).
+    /// [`TestError::NotEnded`] while it runs or waits (saying what it waits
+    /// for: a retry backoff, a delayed start), [`TestError::JobFailed`] when
+    /// it failed; as [`result`](Self::result).
     pub async fn output(&self) -> Result<J::Output, TestError> {
-        match self.result().await? {
-            Some(Ok(output)) => Ok(output),
-            Some(Err(error)) => Err(TestError::JobFailed {
-                id: self.id.clone(),
-                error,
-            }),
-            None => Err(TestError::NotEnded(self.id.clone())),
-        }
+        let result = match self.result().await? {
+            Some(result) => result,
+            None => {
+                let view = self.harness.runtime()?.view().clone();
+                let err = not_ended(&view, &self.id, self.harness.now_ms()).await;
+                // It may have ended since the first read (a worker left
+                // running by a dropped `run_until_idle`).
+                if matches!(
+                    err,
+                    TestError::NotEnded {
+                        waiting: Waiting::Running,
+                        ..
+                    }
+                ) && let Some(result) = self.result().await?
+                {
+                    result
+                } else {
+                    return Err(err);
+                }
+            }
+        };
+        result.map_err(|error| TestError::JobFailed {
+            id: self.id.clone(),
+            error,
+        })
     }
 
     /// The job's recorded history ([`TestJobs::history`]).

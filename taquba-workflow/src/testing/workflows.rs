@@ -13,6 +13,8 @@ use taquba::{MockClock, Queue, QueueConfig};
 
 use super::error::TestError;
 use super::harness::{CurrentView, Harness, QueueSettings};
+use super::skip::Until;
+use super::waiting::{Waiting, not_ended};
 use super::wrap::{Probe, TestHook, TestRunner};
 use crate::coordination::signal::SignalOutcome;
 use crate::history::RunHistory;
@@ -43,8 +45,9 @@ type Configure<R, H> = Arc<
 /// `#[tokio::test(start_paused = true)]` (or any Tokio runtime).
 ///
 /// Steps run when the test says so: [`run_until_idle`](Self::run_until_idle)
-/// runs every step that is due, [`advance`](Self::advance) moves the clock so
-/// that timers, signal timeouts and retry backoffs fall due and runs them.
+/// runs every step that is due, [`advance`](Self::advance) lets time pass,
+/// running everything that falls due at its own time, and
+/// [`run_until_ended`](Self::run_until_ended) skips time until a run ends.
 /// [`crash`](Self::crash) drops the process's runtime as a `kill -9` would
 /// and reopens the store. See the [module doc](super) for a complete test.
 pub struct TestRuntime<R, H = NoopTerminalHook> {
@@ -217,16 +220,59 @@ impl<R: StepRunner + 'static, H: TerminalHook + 'static> TestRuntime<R, H> {
         self.harness.run_until_idle().await
     }
 
-    /// Move the clock by `by` and [`run_until_idle`](Self::run_until_idle):
-    /// the timers ([`Trigger::After`](crate::Trigger::After)), signal
-    /// timeouts and retry backoffs that fall due run, and leases that
-    /// expired are reaped (their steps run again). Tokio's time is not
-    /// moved: the runtime's durable times are all on the clock.
+    /// Let `by` pass on the clock, running everything that falls due
+    /// meanwhile at its own time, in time order, including what the window
+    /// itself schedules; the clock ends at exactly now + `by`.
+    ///
+    /// It runs what is due now ([`run_until_idle`](Self::run_until_idle)),
+    /// then moves the clock to the next instant something falls due within
+    /// the window (a timer ([`Trigger::After`](crate::Trigger::After)), a
+    /// signal wait's timeout, a retry backoff, a terminal notification's
+    /// retry, a delayed start, an expired lease, a retention expiry), runs
+    /// until idle there, and so on; so a step's recorded claim time is its
+    /// own due time, and a step that fails and retries after a backoff
+    /// within the window runs again inside it. `advance(Duration::ZERO)`
+    /// runs what is due now. Returns the runner calls made.
+    ///
+    /// Jobs claimed outside the worker (by the test itself) keep their
+    /// claims until their leases expire, and nothing runs meanwhile. Tokio's
+    /// time is not moved: the runtime's durable times are all on the clock
+    /// (a `tokio::time::sleep` in a test does not move it).
     ///
     /// # Errors
-    /// As [`run_until_idle`](Self::run_until_idle).
+    /// [`TestError::TooManyHops`] when the clock was stepped
+    /// [`max_hops`](TestRuntimeBuilder::max_hops) times and something is
+    /// still due within the window (a run that keeps rescheduling itself);
+    /// as [`run_until_idle`](Self::run_until_idle).
     pub async fn advance(&self, by: Duration) -> Result<usize, TestError> {
         self.harness.advance(by).await
+    }
+
+    /// Skip time until the run `run_id` ends: as [`advance`](Self::advance),
+    /// stepping the clock from one due instant to the next with no end
+    /// time, until the run has terminated (however it ended: read it with
+    /// [`TestRun::outcome`]). A signal wait's timeout fires too: send the
+    /// signal first for a run that should get it. The clock stays at the
+    /// last instant something fell due. Returns the runner calls made.
+    ///
+    /// # Errors
+    /// [`TestError::NotEnded`], saying what the run waits for, when nothing
+    /// is due at any future time and it has not ended;
+    /// [`TestError::UnknownRun`]; as [`advance`](Self::advance) (the hop
+    /// cap bounds it).
+    pub async fn run_until_ended(&self, run_id: &RunId) -> Result<usize, TestError> {
+        self.harness.skip(Until::Ended(run_id)).await
+    }
+
+    /// Skip time until no step is due at any future time: every run has
+    /// ended, or waits for something no time brings (a claim held without
+    /// a lease). As [`run_until_ended`](Self::run_until_ended) for every
+    /// run at once; retention expiries are not waited for.
+    ///
+    /// # Errors
+    /// As [`advance`](Self::advance) (the hop cap bounds it).
+    pub async fn run_to_completion(&self) -> Result<usize, TestError> {
+        self.harness.skip(Until::Quiet).await
     }
 
     /// Send a signal under `correlation_key`, `value` encoded as
@@ -291,9 +337,26 @@ impl<R: StepRunner + 'static, H: TerminalHook + 'static> TestRuntime<R, H> {
     /// name, or what the runner's [`StepRunner::step_name`] or payload
     /// names, else the runner's type name: the name its history records)
     /// return `error` instead of calling the runner. Queued failures are
-    /// used in order, one per delivery, in any run.
-    pub fn fail_next(&self, step: &str, error: StepError) {
-        self.probe.faults.push(step, error);
+    /// used in order, one per delivery, in any run;
+    /// [`unused_failures`](Self::unused_failures) lists those never used.
+    ///
+    /// # Errors
+    /// [`TestError::UnknownStep`], listing the names the runner runs, when
+    /// the runner says which steps it runs ([`StepRunner::step_names`]: a
+    /// `#[workflow]`, a [`Workflows`](crate::workflows::Workflows) router)
+    /// and `step` is none of them (`"AwaitApproval"` for the step
+    /// `await_approval`). A hand-written runner that does not say takes any
+    /// name.
+    pub fn fail_next(&self, step: &str, error: StepError) -> Result<(), TestError> {
+        self.probe.faults.push(step, error)
+    }
+
+    /// The failures queued with [`fail_next`](Self::fail_next) that no
+    /// delivery used yet, in the order queued, each with its step name:
+    /// `assert!(env.unused_failures().is_empty())` at the end of a test
+    /// checks that every injected failure happened.
+    pub fn unused_failures(&self) -> Vec<(String, StepError)> {
+        self.probe.faults.unused()
     }
 }
 
@@ -367,6 +430,17 @@ impl<R: StepRunner + 'static, H: TerminalHook + 'static> TestRuntimeBuilder<R, H
         self
     }
 
+    /// How many times one [`advance`](TestRuntime::advance),
+    /// [`run_until_ended`](TestRuntime::run_until_ended) or
+    /// [`run_to_completion`](TestRuntime::run_to_completion) may step the
+    /// clock to a due instant before it gives up with
+    /// [`TestError::TooManyHops`] (default [`DEFAULT_MAX_HOPS`](super::DEFAULT_MAX_HOPS),
+    /// 1000; at least 1).
+    pub fn max_hops(mut self, hops: u32) -> Self {
+        self.settings.max_hops = hops.max(1);
+        self
+    }
+
     /// Apply `configure` to the runtime's builder each time the environment
     /// builds it (at the start and after each crash): any
     /// [`WorkflowRuntimeBuilder`] setting, such as
@@ -411,6 +485,7 @@ impl<R: StepRunner + 'static, H: TerminalHook + 'static> TestRuntimeBuilder<R, H
                 .build()
             })
         };
+        probe.faults.know(runner.step_names());
         let harness = Harness::start(self.settings, probe.calls.clone(), build).await?;
         Ok(TestRuntime {
             harness: Arc::new(harness),
@@ -512,15 +587,31 @@ impl<W: Workflow> TestRun<W> {
     /// The output of the run, which must have succeeded.
     ///
     /// # Errors
-    /// [`TestError::NotEnded`] while it runs or waits,
-    /// [`TestError::RunFailed`] when it failed or was cancelled; as
+    /// [`TestError::NotEnded`] while it runs or waits (saying what it waits
+    /// for), [`TestError::RunFailed`] when it failed or was cancelled; as
     /// [`outcome`](Self::outcome).
     pub async fn output(&self) -> Result<W::Output, TestError> {
-        match self.outcome().await? {
-            Some(Ok(output)) => Ok(output),
-            Some(Err(failed)) => Err(TestError::RunFailed(failed)),
-            None => Err(TestError::NotEnded(self.run_id.clone())),
-        }
+        let outcome = match self.outcome().await? {
+            Some(outcome) => outcome,
+            None => {
+                let err = not_ended(&self.env.view()?, &self.run_id, self.env.now_ms()).await;
+                // It may have ended since the first read (a worker left
+                // running by a dropped `run_until_idle`).
+                if matches!(
+                    err,
+                    TestError::NotEnded {
+                        waiting: Waiting::Running,
+                        ..
+                    }
+                ) && let Some(outcome) = self.outcome().await?
+                {
+                    outcome
+                } else {
+                    return Err(err);
+                }
+            }
+        };
+        outcome.map_err(TestError::RunFailed)
     }
 
     /// The run's recorded history ([`TestRuntime::history`]).

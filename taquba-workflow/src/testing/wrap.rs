@@ -2,9 +2,10 @@
 //! job handler wrapper count calls and inject the failures queued with
 //! `fail_next`; [`TestHook`] shares one terminal hook across crashes.
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use super::error::TestError;
 
 use crate::hooks::terminal::TerminalHook;
 use crate::jobs::{BoxFuture, Handler};
@@ -13,39 +14,69 @@ use crate::run::effects::TerminalEffects;
 use crate::runner::{Step, StepRunner};
 
 /// Failures queued by step name, each returned by one delivery instead of
-/// calling the runner.
+/// calling the runner, and the names they may be queued for.
 #[derive(Default)]
 pub(crate) struct Faults {
-    queued: Mutex<HashMap<String, VecDeque<StepError>>>,
+    /// In the order queued.
+    queued: Mutex<Vec<(String, StepError)>>,
     /// How many are queued, so a delivery with none to take does not read
     /// its step's name.
     count: AtomicUsize,
+    /// The names of the steps (or jobs) the runner runs; unset when it
+    /// does not say (a hand-written runner), and then any name is taken.
+    known: OnceLock<Vec<String>>,
 }
 
 impl Faults {
-    /// Queue `error` for the next delivery of the step named `step`.
-    pub(crate) fn push(&self, step: &str, error: StepError) {
-        let mut queued = self.queued.lock().unwrap_or_else(PoisonError::into_inner);
-        queued.entry(step.to_string()).or_default().push_back(error);
-        self.count.fetch_add(1, Ordering::SeqCst);
+    /// The names a failure may be queued for: the runner's steps (or the
+    /// registered jobs). Set once, when the environment is built.
+    pub(crate) fn know(&self, names: Option<Vec<String>>) {
+        if let Some(mut names) = names {
+            names.sort();
+            names.dedup();
+            let _ = self.known.set(names);
+        }
     }
 
-    /// The failure queued for the step `name()` names, if any.
+    /// Queue `error` for the next delivery of the step named `step`.
+    ///
+    /// # Errors
+    /// [`TestError::UnknownStep`] when the runner says which steps it runs
+    /// and `step` is none of them.
+    pub(crate) fn push(&self, step: &str, error: StepError) -> Result<(), TestError> {
+        if let Some(known) = self.known.get()
+            && !known.iter().any(|name| name == step)
+        {
+            return Err(TestError::UnknownStep {
+                name: step.to_string(),
+                known: known.clone(),
+            });
+        }
+        let mut queued = self.queued.lock().unwrap_or_else(PoisonError::into_inner);
+        queued.push((step.to_string(), error));
+        self.count.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The failure queued first for the step `name()` names, if any.
     pub(crate) fn take(&self, name: impl FnOnce() -> String) -> Option<StepError> {
         if self.count.load(Ordering::SeqCst) == 0 {
             return None;
         }
         let name = name();
         let mut queued = self.queued.lock().unwrap_or_else(PoisonError::into_inner);
-        let errors = queued.get_mut(&name)?;
-        let error = errors.pop_front();
-        if errors.is_empty() {
-            queued.remove(&name);
-        }
-        if error.is_some() {
-            self.count.fetch_sub(1, Ordering::SeqCst);
-        }
-        error
+        let at = queued.iter().position(|(step, _)| *step == name)?;
+        let (_, error) = queued.remove(at);
+        self.count.fetch_sub(1, Ordering::SeqCst);
+        Some(error)
+    }
+
+    /// The failures queued and not used yet, in the order queued.
+    pub(crate) fn unused(&self) -> Vec<(String, StepError)> {
+        self.queued
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 
@@ -100,6 +131,10 @@ impl<R: StepRunner> StepRunner for TestRunner<R> {
 
     fn step_name(&self, step_number: u32, payload: &[u8]) -> Option<String> {
         self.runner.step_name(step_number, payload)
+    }
+
+    fn step_names(&self) -> Option<Vec<String>> {
+        self.runner.step_names()
     }
 }
 
@@ -188,18 +223,44 @@ mod tests {
                 .is_none()
         );
         assert_eq!(asked, 0, "with nothing queued the name is not read");
-        faults.push("a", StepError::transient("first"));
-        faults.push("b", StepError::permanent("other"));
-        faults.push("a", StepError::transient("second"));
+        faults.push("a", StepError::transient("first")).unwrap();
+        faults.push("b", StepError::permanent("other")).unwrap();
+        faults.push("a", StepError::transient("second")).unwrap();
         assert!(faults.take(|| "c".into()).is_none());
         let taken: Vec<_> = std::iter::from_fn(|| faults.take(|| "a".into()))
             .map(|error| error.message)
             .collect();
         assert_eq!(taken, ["first", "second"]);
+        let unused: Vec<_> = faults
+            .unused()
+            .into_iter()
+            .map(|(step, error)| (step, error.message))
+            .collect();
+        assert_eq!(unused, [("b".to_string(), "other".to_string())]);
         assert_eq!(
             faults.take(|| "b".into()).map(|error| error.kind),
             Some(crate::StepErrorKind::Permanent)
         );
         assert_eq!(faults.count.load(Ordering::SeqCst), 0);
+        assert!(faults.unused().is_empty());
+    }
+
+    #[test]
+    fn only_a_known_name_is_taken_once_the_names_are_known() {
+        let faults = Faults::default();
+        faults.know(Some(vec!["ship".into(), "ask".into()]));
+        match faults.push("Ship", StepError::transient("x")) {
+            Err(TestError::UnknownStep { name, known }) => {
+                assert_eq!(name, "Ship");
+                assert_eq!(known, ["ask", "ship"]);
+            }
+            other => panic!("expected UnknownStep, got {other:?}"),
+        }
+        faults.push("ship", StepError::transient("x")).unwrap();
+        assert_eq!(faults.unused().len(), 1);
+
+        let open = Faults::default();
+        open.know(None);
+        open.push("anything", StepError::transient("x")).unwrap();
     }
 }
