@@ -5,10 +5,11 @@
 //! time, in time order (retries, notification retries and leases
 //! included); `run_until_ended` and `run_to_completion` skip time, all
 //! three bounded by the hop cap; `crash` redelivers a step in flight and
-//! keeps what committed (a terminal notification included); `fail_next`
-//! injects one failure per delivery by step name, refuses a name no step
-//! has and reports those never used; `NotEnded` says what a run waits for;
-//! a step that never returns is reported; jobs share the verbs.
+//! keeps what committed (a terminal notification included), and a crash on
+//! the last attempt records the interrupted claim; `fail_next` injects one
+//! failure per delivery by step name, refuses a name no step has and
+//! reports those never used; `NotEnded` says what a run waits for; a step
+//! that never returns is reported; jobs share the verbs.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -235,31 +236,55 @@ async fn a_crash_redelivers_the_step_in_flight_and_keeps_what_committed() {
     );
 }
 
+/// A crash on the last attempt: the run fails by reconciliation, and the
+/// history records the attempt as interrupted, with its claim time and the
+/// retry before it, as the same crash on an earlier attempt is recorded.
 #[tokio::test(start_paused = true)]
-async fn a_crash_on_the_last_attempt_fails_the_run_by_reconciliation() {
+async fn a_crash_on_the_last_attempt_fails_the_run_and_records_the_interrupted_claim() {
     let env = TestRuntime::builder(Script::default())
-        .max_attempts(1)
+        .max_attempts(2)
+        .retry_backoff(10 * SECOND, 10 * SECOND)
         .build()
         .await
         .unwrap();
+    env.fail_next("block", StepError::transient("warming up"))
+        .unwrap();
     env.submit(spec("r", "block,done")).await.unwrap();
+    env.run_until_idle().await.unwrap();
+    // The retry, 10 s later, blocks; the process dies.
     tokio::select! {
-        _ = env.run_until_idle() => panic!("step 0 blocks"),
+        _ = env.advance(10 * SECOND) => panic!("step 0 blocks"),
         () = env.runner().started.notified() => {}
     }
     env.crash().await.unwrap();
     assert_eq!(env.run_until_idle().await.unwrap(), 0);
+    let state = state_of(&env, "r").await;
+    let RunState::Terminated(termination) = &state else {
+        panic!("the run ended: {state:?}");
+    };
+    assert_eq!(termination.status, TerminalStatus::Failed);
     assert_eq!(
-        terminated(&state_of(&env, "r").await),
-        Some(TerminalStatus::Failed)
+        termination.error.as_deref(),
+        Some("claim interrupted by process exit")
     );
     let history = env.history(&rid("r")).await.unwrap();
-    assert!(
-        matches!(
-            history.steps[0].attempts.last().map(|a| &a.outcome),
-            Some(AttemptOutcome::DeadLettered { .. })
-        ),
-        "{history:?}"
+    let attempts: Vec<_> = history.steps[0]
+        .attempts
+        .iter()
+        .map(|a| (a.attempt, a.claimed_at_ms, a.outcome.clone()))
+        .collect();
+    assert_eq!(
+        attempts,
+        [
+            (
+                1,
+                Some(TEST_EPOCH_MS),
+                AttemptOutcome::Retried {
+                    error: "warming up".into()
+                }
+            ),
+            (2, Some(TEST_EPOCH_MS + 10_000), AttemptOutcome::Interrupted),
+        ]
     );
 }
 
@@ -414,6 +439,71 @@ async fn jobs_retry_after_their_backoff_and_crash_like_workflows() {
     }
     let steps = declined.history().await.unwrap().steps;
     assert_eq!(steps[0].name, Charge::NAME);
+}
+
+/// Fails on its first attempt; hangs on the next (until the process dies),
+/// telling the test it started through the state's `Notify`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Hang;
+
+impl Job for Hang {
+    const NAME: &'static str = "hang";
+    type Output = ();
+    type Error = String;
+
+    async fn run(&self, ctx: JobContext<'_>) -> Result<(), String> {
+        if ctx.attempts < 2 {
+            return Err("warming up".into());
+        }
+        ctx.state::<Arc<tokio::sync::Notify>>().notify_one();
+        std::future::pending().await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_job_crashed_on_its_last_attempt_records_the_interrupted_claim_as_a_workflow_does() {
+    let started = Arc::new(tokio::sync::Notify::new());
+    let env = TestJobs::builder()
+        .register::<Hang>()
+        .state(started.clone())
+        .max_attempts(2)
+        .retry_backoff(10 * SECOND, 10 * SECOND)
+        .build()
+        .await
+        .unwrap();
+    let job = env.submit(Hang).await.unwrap();
+    env.run_until_idle().await.unwrap();
+    tokio::select! {
+        _ = env.advance(10 * SECOND) => panic!("the retry hangs"),
+        () = started.notified() => {}
+    }
+    env.crash().await.unwrap();
+    env.run_until_idle().await.unwrap();
+    match job.output().await {
+        Err(TestError::JobFailed { error, .. }) => {
+            assert_eq!(error.message, "claim interrupted by process exit");
+        }
+        other => panic!("expected a failed job, got {other:?}"),
+    }
+    let steps = job.history().await.unwrap().steps;
+    let attempts: Vec<_> = steps[0]
+        .attempts
+        .iter()
+        .map(|a| (a.attempt, a.claimed_at_ms, a.outcome.clone()))
+        .collect();
+    assert_eq!(
+        attempts,
+        [
+            (
+                1,
+                Some(TEST_EPOCH_MS),
+                AttemptOutcome::Retried {
+                    error: "warming up".into()
+                }
+            ),
+            (2, Some(TEST_EPOCH_MS + 10_000), AttemptOutcome::Interrupted),
+        ]
+    );
 }
 
 // Time skipping: `advance(d)` lets `d` pass, everything due in it running

@@ -197,6 +197,26 @@ impl RuntimeCore {
         outcome: DurableAttemptOutcome,
         claimed_at_ms: Option<u64>,
     ) {
+        let attempt = DurableAttempt {
+            attempt: job.attempts,
+            claimed_at_ms,
+            settled_at_ms: self.now_ms(),
+            outcome,
+        };
+        self.record_detached_attempts(effects, run_id, pointer, job, vec![attempt]);
+    }
+
+    /// [`record_detached`](Self::record_detached) with the step's entry
+    /// holding `attempts` (a reconciled dead letter's, with the attempts
+    /// before it).
+    pub(crate) fn record_detached_attempts(
+        &self,
+        effects: &mut SettlementEffects,
+        run_id: &RunId,
+        pointer: &DurableCurrentStep,
+        job: &JobRecord,
+        attempts: Vec<DurableAttempt>,
+    ) {
         // The cached copy of this pointer is of no more use.
         let cached = self.history_cache.take(&job.id);
         if self.ops.history_limit == 0 {
@@ -206,12 +226,7 @@ impl RuntimeCore {
         pending.push(&DurableStepEntry::new(
             pointer.step_number,
             self.detached_step_name(job),
-            vec![DurableAttempt {
-                attempt: job.attempts,
-                claimed_at_ms,
-                settled_at_ms: self.now_ms(),
-                outcome,
-            }],
+            attempts,
         ));
         set_terminal_history(effects, run_id, pending);
     }

@@ -126,8 +126,9 @@ pub enum AttemptOutcome {
         reason: Option<String>,
     },
     /// The step job was dead-lettered outside the worker (a lease that
-    /// expired past the last attempt, a store reopened after a crash) and
-    /// the run was failed by reconciliation.
+    /// expired past the last attempt, an operator's or tool's
+    /// `taquba::Queue::dead_letter`) and the run was failed by
+    /// reconciliation. (A crash on the last attempt is [`Interrupted`](Self::Interrupted).)
     DeadLettered {
         /// The job's last error (cut to [`MAX_HISTORY_TEXT_LEN`]).
         error: String,
@@ -135,8 +136,11 @@ pub enum AttemptOutcome {
     /// The attempt's lease expired before it settled and the queue's reaper
     /// delivered the step again; what the attempt did is unknown.
     LeaseExpired,
-    /// The process holding the attempt exited before it settled, and the
-    /// step was delivered again when the store was next opened.
+    /// The process holding the attempt exited before it settled: the step
+    /// was delivered again when the store was next opened, or, when this
+    /// was its last attempt, the queue dead-lettered it then and the run
+    /// was failed by reconciliation (its error `claim interrupted by
+    /// process exit`). Either way the entry has the attempt's claim time.
     Interrupted,
     /// The dead-lettered step was requeued by an operator
     /// ([`Command::Requeue`](crate::Command::Requeue)): a marker, not an

@@ -294,6 +294,59 @@ pub(crate) fn earlier_attempts(
         .collect()
 }
 
+/// The error taquba 0.14 gives a claim it dead-letters when the store is
+/// opened and the claim was on its last attempt: the process holding it
+/// exited (`requeue_interrupted_claims`). The same crash on an earlier
+/// attempt is recorded as [`taquba::AttemptOutcome::Interrupted`].
+pub(crate) const INTERRUPTED_CLAIM_ERROR: &str = "claim interrupted by process exit";
+
+/// The attempts of a step job dead-lettered outside the worker on attempt
+/// `last` (its record's claim time `claimed_at_ms`: none, on a dead
+/// record), as its run's reconciliation records them, from the queue's
+/// attempt history `entries`: the earlier attempts (see
+/// [`earlier_attempts`]) and the dead-lettered one with the claim time and
+/// commit time the queue recorded, its outcome `ended` (what the
+/// reconciliation ends the run with) except that a claim interrupted by a
+/// process exit is recorded as [`DurableAttemptOutcome::Interrupted`], as
+/// on an earlier attempt. With no entry of the dead letter in `entries`
+/// (history unreadable), the last attempt is `ended` at `now_ms` with
+/// `claimed_at_ms`.
+pub(crate) fn dead_letter_attempts(
+    entries: &[taquba::JobAttempt],
+    last: u32,
+    claimed_at_ms: Option<u64>,
+    ended: DurableAttemptOutcome,
+    now_ms: u64,
+) -> Vec<DurableAttempt> {
+    let mut attempts = earlier_attempts(entries, last);
+    let dead = entries
+        .iter()
+        .rev()
+        .find(|e| e.attempt == last && e.outcome == taquba::AttemptOutcome::DeadLettered);
+    attempts.push(match dead {
+        Some(dead) => DurableAttempt {
+            attempt: dead.attempt,
+            claimed_at_ms: dead.claimed_at,
+            settled_at_ms: dead.recorded_at,
+            outcome: match ended {
+                DurableAttemptOutcome::DeadLettered { .. }
+                    if dead.error.as_deref() == Some(INTERRUPTED_CLAIM_ERROR) =>
+                {
+                    DurableAttemptOutcome::Interrupted
+                }
+                ended => ended,
+            },
+        },
+        None => DurableAttempt {
+            attempt: last,
+            claimed_at_ms,
+            settled_at_ms: now_ms,
+            outcome: ended,
+        },
+    });
+    attempts
+}
+
 /// Decode concatenated entries; decoding stops at the first that does not
 /// decode (a record of a future format is read up to it).
 pub(crate) fn decode_entries(mut bytes: &[u8]) -> Vec<DurableStepEntry> {
@@ -396,6 +449,73 @@ pub(crate) fn decode_chunk(bytes: &[u8], run_id: &RunId) -> Option<DurableHistor
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn queue_entry(
+        attempt: u32,
+        claimed_at: u64,
+        outcome: taquba::AttemptOutcome,
+        error: Option<&str>,
+    ) -> taquba::JobAttempt {
+        taquba::JobAttempt {
+            attempt,
+            claimed_at: Some(claimed_at),
+            recorded_at: claimed_at + 5,
+            outcome,
+            error: error.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn a_reconciled_dead_letter_keeps_its_claim_time_and_the_attempts_before_it() {
+        use taquba::AttemptOutcome::{DeadLettered, Retried};
+        let retried = queue_entry(1, 100, Retried, Some("busy"));
+        let ended = || DurableAttemptOutcome::dead_lettered("whatever the record says");
+        // A crash on the last attempt: interrupted, as on an earlier one.
+        let crashed = [
+            retried.clone(),
+            queue_entry(2, 200, DeadLettered, Some(INTERRUPTED_CLAIM_ERROR)),
+        ];
+        let attempts = dead_letter_attempts(&crashed, 2, None, ended(), 999);
+        assert_eq!(
+            attempts,
+            [
+                DurableAttempt {
+                    attempt: 1,
+                    claimed_at_ms: Some(100),
+                    settled_at_ms: 105,
+                    outcome: DurableAttemptOutcome::retried("busy"),
+                },
+                DurableAttempt {
+                    attempt: 2,
+                    claimed_at_ms: Some(200),
+                    settled_at_ms: 205,
+                    outcome: DurableAttemptOutcome::Interrupted,
+                },
+            ]
+        );
+        // Any other dead letter keeps the outcome it is ended with.
+        let expired = [
+            retried,
+            queue_entry(2, 200, DeadLettered, Some("lease expired")),
+        ];
+        let attempts = dead_letter_attempts(&expired, 2, None, ended(), 999);
+        assert_eq!(attempts[1].outcome, ended());
+        assert_eq!(attempts[1].claimed_at_ms, Some(200));
+        // A cancellation delivered before the dead letter stays one.
+        let cancelled = DurableAttemptOutcome::cancelled(Some("stop"));
+        let attempts = dead_letter_attempts(&crashed, 2, None, cancelled.clone(), 999);
+        assert_eq!(attempts[1].outcome, cancelled);
+        // No entries (the history did not read): the record's view.
+        assert_eq!(
+            dead_letter_attempts(&[], 3, None, ended(), 999),
+            [DurableAttempt {
+                attempt: 3,
+                claimed_at_ms: None,
+                settled_at_ms: 999,
+                outcome: ended(),
+            }]
+        );
+    }
 
     fn entry(step: u32) -> DurableStepEntry {
         DurableStepEntry::new(

@@ -11,7 +11,7 @@ use tracing::{debug, warn};
 use crate::coordination::group::Membership;
 use crate::coordination::group_forget::Swept;
 use crate::error::Result;
-use crate::history::record::DurableAttemptOutcome;
+use crate::history::record::{DurableAttemptOutcome, dead_letter_attempts};
 use crate::model::TerminalStatus;
 use crate::run::core::RuntimeCore;
 use crate::store::durable::{self, DurableCurrentStep, DurableRunRecord, DurableTermination};
@@ -348,7 +348,18 @@ async fn reconcile_step(
             Some(error) => DurableAttemptOutcome::dead_lettered(error),
             None => DurableAttemptOutcome::cancelled(record.cancel_reason.as_deref()),
         };
-        core.record_detached(&mut effects, &run_id, &pointer, job, entry, job.claimed_at);
+        // The queue's own entries of the job's attempts: the dead letter's
+        // claim time, and the attempts before it.
+        let entries = match core.queue.view().attempt_history(&job.id).await {
+            Ok(entries) => entries,
+            Err(err) => {
+                warn!(run_id = %run_id, job_id = %job.id, "the step's attempts are left out of its history: {err}");
+                Vec::new()
+            }
+        };
+        let attempts =
+            dead_letter_attempts(&entries, job.attempts, job.claimed_at, entry, core.now_ms());
+        core.record_detached_attempts(&mut effects, &run_id, &pointer, job, attempts);
         // The pointer can leave a dead job only by the run's termination,
         // which deletes the run record too: the guard on the record stops a
         // concurrent settlement or reconciliation as well.
