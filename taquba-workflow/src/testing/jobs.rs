@@ -12,7 +12,7 @@ use taquba::{MockClock, Queue, QueueConfig};
 use super::error::TestError;
 use super::harness::{Harness, QueueSettings};
 use super::skip::Until;
-use super::waiting::{Waiting, not_ended};
+use super::waiting::ended_or_waiting;
 use super::workflows::history;
 use super::wrap::{Probe, TestHandler};
 use crate::history::RunHistory;
@@ -398,27 +398,7 @@ impl<J: Job> TestJob<J> {
     /// for: a retry backoff, a delayed start), [`TestError::JobFailed`] when
     /// it failed; as [`result`](Self::result).
     pub async fn output(&self) -> Result<J::Output, TestError> {
-        let result = match self.result().await? {
-            Some(result) => result,
-            None => {
-                let view = self.harness.runtime()?.view().clone();
-                let err = not_ended(&view, &self.id, self.harness.now_ms()).await;
-                // It may have ended since the first read (a worker left
-                // running by a dropped `run_until_idle`).
-                if matches!(
-                    err,
-                    TestError::NotEnded {
-                        waiting: Waiting::Running,
-                        ..
-                    }
-                ) && let Some(result) = self.result().await?
-                {
-                    result
-                } else {
-                    return Err(err);
-                }
-            }
-        };
+        let result = ended_or_waiting(&*self.harness, &self.id, || self.result()).await?;
         result.map_err(|error| TestError::JobFailed {
             id: self.id.clone(),
             error,

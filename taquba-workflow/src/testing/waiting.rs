@@ -3,8 +3,10 @@
 //! gets when it asks for the output of a run that has not ended.
 
 use std::fmt;
+use std::future::Future;
 
 use super::error::TestError;
+use super::harness::CurrentView;
 use crate::model::RunState;
 use crate::store::keys::RunId;
 use crate::view::WorkflowView;
@@ -143,4 +145,34 @@ pub(crate) async fn not_ended(view: &WorkflowView, run_id: &RunId, now_ms: u64) 
         Ok(None) => TestError::UnknownRun(run_id.clone()),
         Err(err) => TestError::Runtime(err),
     }
+}
+
+/// What `read` returns once the run `run_id` ended, else its
+/// [`TestError::NotEnded`] from `env`'s view. A run reported running is
+/// read again: it may have ended since the first read (a worker left
+/// running by a dropped `run_until_idle`).
+pub(crate) async fn ended_or_waiting<T, F, Fut>(
+    env: &dyn CurrentView,
+    run_id: &RunId,
+    read: F,
+) -> Result<T, TestError>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<Option<T>, TestError>>,
+{
+    if let Some(ended) = read().await? {
+        return Ok(ended);
+    }
+    let err = not_ended(&env.view()?, run_id, env.now_ms()).await;
+    if matches!(
+        err,
+        TestError::NotEnded {
+            waiting: Waiting::Running,
+            ..
+        }
+    ) && let Some(ended) = read().await?
+    {
+        return Ok(ended);
+    }
+    Err(err)
 }

@@ -14,7 +14,7 @@ use taquba::{MockClock, Queue, QueueConfig};
 use super::error::TestError;
 use super::harness::{CurrentView, Harness, QueueSettings};
 use super::skip::Until;
-use super::waiting::{Waiting, not_ended};
+use super::waiting::ended_or_waiting;
 use super::wrap::{Probe, TestHook, TestRunner};
 use crate::coordination::signal::SignalOutcome;
 use crate::history::RunHistory;
@@ -591,26 +591,7 @@ impl<W: Workflow> TestRun<W> {
     /// for), [`TestError::RunFailed`] when it failed or was cancelled; as
     /// [`outcome`](Self::outcome).
     pub async fn output(&self) -> Result<W::Output, TestError> {
-        let outcome = match self.outcome().await? {
-            Some(outcome) => outcome,
-            None => {
-                let err = not_ended(&self.env.view()?, &self.run_id, self.env.now_ms()).await;
-                // It may have ended since the first read (a worker left
-                // running by a dropped `run_until_idle`).
-                if matches!(
-                    err,
-                    TestError::NotEnded {
-                        waiting: Waiting::Running,
-                        ..
-                    }
-                ) && let Some(outcome) = self.outcome().await?
-                {
-                    outcome
-                } else {
-                    return Err(err);
-                }
-            }
-        };
+        let outcome = ended_or_waiting(&*self.env, &self.run_id, || self.outcome()).await?;
         outcome.map_err(TestError::RunFailed)
     }
 
