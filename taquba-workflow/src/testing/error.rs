@@ -53,7 +53,7 @@ pub enum TestError {
         now_ms: u64,
     },
     /// One call stepped the clock [`max_hops`](super::TestRuntimeBuilder::max_hops)
-    /// times (1000 by default) and something was still due within its
+    /// times (200 by default) and something was still due within its
     /// reach: a run that keeps rescheduling itself (a timer loop, a step
     /// retried for ever with a backoff). `run_id` is the run most of the
     /// hops were for. The clock stays where the last hop left it.

@@ -20,8 +20,10 @@ use crate::runner::StepRunner;
 use crate::store::keys::RunId;
 
 /// The default bound on the clock's steps in one call
-/// ([`TestRuntimeBuilder::max_hops`](super::TestRuntimeBuilder::max_hops)).
-pub const DEFAULT_MAX_HOPS: u32 = 1000;
+/// ([`TestRuntimeBuilder::max_hops`](super::TestRuntimeBuilder::max_hops)):
+/// far more than a test's timers and retries need, few enough that a run
+/// that keeps rescheduling itself is reported within seconds.
+pub const DEFAULT_MAX_HOPS: u32 = 200;
 
 /// Where a [`Harness::skip`] stops.
 #[derive(Debug, Clone, Copy)]

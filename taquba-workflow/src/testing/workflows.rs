@@ -442,7 +442,10 @@ impl<R: StepRunner + 'static, H: TerminalHook + 'static> TestRuntimeBuilder<R, H
     /// [`run_to_completion`](TestRuntime::run_to_completion) may step the
     /// clock to a due instant before it gives up with
     /// [`TestError::TooManyHops`] (default [`DEFAULT_MAX_HOPS`](super::DEFAULT_MAX_HOPS),
-    /// 1000; at least 1).
+    /// 200; at least 1). Each step of the clock runs the queue until idle,
+    /// a few ms of wall time that grow with what the store holds (a few
+    /// hundred steps in one test take seconds), so a test of a long loop
+    /// raises it knowingly.
     pub fn max_hops(mut self, hops: u32) -> Self {
         self.settings.max_hops = hops.max(1);
         self
