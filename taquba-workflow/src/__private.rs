@@ -376,6 +376,12 @@ pub(crate) fn workflow_registrations() -> Vec<&'static WorkflowRegistration> {
     all
 }
 
+/// What the `StepRunner` impl `#[workflow]` writes answers to
+/// `StepRunner::hosted`: the workflow `W` with its steps.
+pub fn hosted_workflow<W: Workflow>() -> crate::Hosted {
+    crate::Hosted::workflow(W::NAME, W::STEPS)
+}
+
 /// A boxed step future.
 pub type BoxStepFuture<'a> =
     Pin<Box<dyn Future<Output = Result<StepOutcome, StepError>> + Send + 'a>>;
@@ -386,11 +392,17 @@ pub trait ErasedWorkflow: Send + Sync + 'static {
     fn type_name(&self) -> &'static str;
     /// `StepRunner::run_step`, boxed.
     fn run_erased<'a>(&'a self, step: &'a Step) -> BoxStepFuture<'a>;
+    /// `Workflow::STEPS`.
+    fn steps(&self) -> &'static [&'static str];
 }
 
 impl<W: Workflow> ErasedWorkflow for W {
     fn type_name(&self) -> &'static str {
         std::any::type_name::<W>()
+    }
+
+    fn steps(&self) -> &'static [&'static str] {
+        W::STEPS
     }
 
     fn run_erased<'a>(&'a self, step: &'a Step) -> BoxStepFuture<'a> {

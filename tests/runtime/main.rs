@@ -21,6 +21,7 @@ mod groups;
 mod history;
 mod hook_faults;
 mod inbox;
+mod inbox_hostile;
 mod jobs;
 mod kill9;
 mod kit;

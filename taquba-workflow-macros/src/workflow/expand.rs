@@ -333,6 +333,10 @@ fn workflow_impl(model: &WorkflowModel, krate: &TokenStream, fallback: bool) -> 
             ) -> impl ::core::future::Future<
                 Output = ::core::result::Result<#krate::StepOutcome, #krate::StepError>,
             > + ::core::marker::Send #run_step_body
+
+            fn hosted(&self) -> #krate::Hosted {
+                #krate::__private::hosted_workflow::<Self>()
+            }
         }
     }
 }

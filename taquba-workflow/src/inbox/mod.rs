@@ -27,6 +27,7 @@
 //! access to the bucket (or directory) only to those who may steer its runs.
 
 pub(crate) mod apply;
+pub(crate) mod objects;
 pub(crate) mod record;
 pub(crate) mod wire;
 

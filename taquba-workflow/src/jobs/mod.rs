@@ -295,6 +295,11 @@ pub(crate) struct JobDispatch {
 }
 
 impl StepRunner for JobDispatch {
+    /// Every registered job type.
+    fn hosted(&self) -> crate::Hosted {
+        crate::Hosted::Jobs(self.handlers.keys().map(|name| name.to_string()).collect())
+    }
+
     async fn run_step(&self, step: &Step) -> std::result::Result<StepOutcome, StepError> {
         let input: DurableJobInput = durable::decode(&step.payload)
             .map_err(|err| StepError::permanent(format!("job input does not decode: {err}")))?;
