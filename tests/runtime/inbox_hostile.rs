@@ -490,6 +490,10 @@ fn envelope(workflow: &str, step: &str) -> Vec<u8> {
     .unwrap()
 }
 
+/// A hand-written submit: its run id, input, headers and run time, and
+/// what its rejection must name.
+type Case = (&'static str, Vec<u8>, HashMap<String, String>, Option<u64>, String);
+
 #[tokio::test(start_paused = true)]
 async fn inbox_submits_are_checked_like_in_process_ones() {
     let dir = tempfile::tempdir().unwrap();
@@ -503,7 +507,7 @@ async fn inbox_submits_are_checked_like_in_process_ones() {
         .map(|n| (format!("h{n}"), "v".repeat(40)))
         .collect();
     let far = u64::MAX - 1;
-    let cases: Vec<(&str, Vec<u8>, HashMap<String, String>, Option<u64>, String)> = vec![
+    let cases: Vec<Case> = vec![
         (
             "unknown-workflow",
             envelope("nope", "hello"),
