@@ -492,7 +492,13 @@ fn envelope(workflow: &str, step: &str) -> Vec<u8> {
 
 /// A hand-written submit: its run id, input, headers and run time, and
 /// what its rejection must name.
-type Case = (&'static str, Vec<u8>, HashMap<String, String>, Option<u64>, String);
+type Case = (
+    &'static str,
+    Vec<u8>,
+    HashMap<String, String>,
+    Option<u64>,
+    String,
+);
 
 #[tokio::test(start_paused = true)]
 async fn inbox_submits_are_checked_like_in_process_ones() {
