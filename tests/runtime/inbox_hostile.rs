@@ -7,6 +7,8 @@
 //! junk, and checks inbox submits as it checks in-process ones.
 
 use crate::common;
+use crate::inbox::{rejection, settled};
+use crate::operator::second_process;
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -18,7 +20,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::*;
 use taquba::object_store::ObjectStore;
-use taquba::{QueueReader, ReaderOptions};
 use taquba_workflow::workflows::{StepContext, Transition};
 use taquba_workflow::{
     Command, CommandAnswer, CommandId, CommandState, Inbox, MemoStore, NoopTerminalHook,
@@ -56,30 +57,6 @@ fn runtime_on<R: StepRunner + 'static>(
 /// The inbox directory of the default runtime in the store at `dir`.
 fn inbox_dir(dir: &FsPath) -> PathBuf {
     dir.join(MEMO_PREFIX).join("inbox").join("v1")
-}
-
-/// Poll `view` until command `id` is applied or rejected (at most 60 s of
-/// the test's time).
-async fn settled(view: &WorkflowView, id: &CommandId) -> CommandState {
-    let mut state = CommandState::Pending;
-    for _ in 0..6_000 {
-        state = view.command(id).await.unwrap();
-        if matches!(
-            state,
-            CommandState::Applied { .. } | CommandState::Rejected { .. }
-        ) {
-            return state;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("command {id} not settled: {state:?}");
-}
-
-fn rejection(state: CommandState) -> String {
-    match state {
-        CommandState::Rejected { error, .. } => error,
-        other => panic!("not rejected: {other:?}"),
-    }
 }
 
 /// Every regular file under `dir`, with its bytes.
@@ -343,19 +320,6 @@ async fn fifos_in_the_inbox_are_never_opened() {
 /// The command id `ulid` is.
 fn command_id(ulid: ulid::Ulid) -> CommandId {
     ulid.to_string().parse().expect("a ULID is a command id")
-}
-
-/// A second process's view of the store in `dir`.
-async fn second_process(dir: &FsPath) -> (QueueReader, Arc<dyn ObjectStore>) {
-    let store = dir_store(dir);
-    let reader = QueueReader::open_with_options(
-        store.clone(),
-        "db",
-        ReaderOptions::default().manifest_poll_interval(Duration::from_millis(20)),
-    )
-    .await
-    .expect("open a reader");
-    (reader, store)
 }
 
 /// Junk objects named as commands older than a real cancel: the cancel

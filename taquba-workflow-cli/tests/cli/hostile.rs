@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use taquba_workflow::{RunState, TerminalStatus};
+use taquba_workflow::{RunId, RunState, TerminalStatus};
 
 use crate::common::{Owner, cli, json, run, stderr, stdout};
 use crate::web::Dashboard;
@@ -25,6 +25,18 @@ fn mkfifo(path: &Path) {
         .status()
         .expect("mkfifo runs");
     assert!(made.success(), "mkfifo {}", path.display());
+}
+
+/// Wait (at most 10 s) until run `id` of `owner` is at step `step`.
+async fn at_step(owner: &Owner, id: &RunId, step: u32) {
+    for _ in 0..500 {
+        let status = owner.runtime.status(id).await.expect("the run status");
+        if status.is_some_and(|s| s.current_step == step) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("run {id} did not reach step {step} within 10 s");
 }
 
 /// A command id no one sent.
@@ -141,18 +153,7 @@ async fn offline_refuses_an_owner_busy_in_a_long_step() {
 
     // Once it stopped cleanly, no check refuses.
     let other = owner.start("long-later", 1, "timer", &[]).await;
-    for _ in 0..200 {
-        if owner
-            .runtime
-            .status(&other)
-            .await
-            .unwrap()
-            .is_some_and(|s| s.current_step == 1)
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    at_step(&owner, &other, 1).await;
     owner.stop().await;
     let done = run(cli(
         dir.path(),
@@ -179,18 +180,7 @@ async fn a_time_past_year_9999_is_shown_not_panicked_on() {
     let dir = tempfile::tempdir().unwrap();
     let owner = Owner::open(dir.path()).await;
     let never = owner.start("never-1", 1, "never", &[]).await;
-    for _ in 0..500 {
-        if owner
-            .runtime
-            .status(&never)
-            .await
-            .unwrap()
-            .is_some_and(|s| s.current_step == 1)
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    at_step(&owner, &never, 1).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let described = run(cli(
         dir.path(),
