@@ -10,7 +10,7 @@
 //! feature `aws` `s3` (a bucket store, run by `.ci/s3.sh`).
 
 mod common;
-#[cfg(feature = "ui")]
+#[cfg(all(feature = "ui", unix))]
 mod hostile;
 mod read;
 #[cfg(feature = "aws")]
