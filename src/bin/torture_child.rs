@@ -503,10 +503,11 @@ async fn check(cli: &Cli, batches: usize, timeout: Duration) -> Result<Summary, 
             .kv_scan(b"workflow/", .., 1000)
             .await
             .map_err(|e| e.to_string())?;
-        // The runtime's descriptor (one per runtime, for tools) stays.
-        reserved
-            .entries
-            .retain(|(key, _)| !key.starts_with(b"workflow/runtimes/"));
+        // The runtime's descriptor and its worker record (one each per
+        // runtime, for tools) stay.
+        reserved.entries.retain(|(key, _)| {
+            !key.starts_with(b"workflow/runtimes/") && !key.starts_with(b"workflow/workers/")
+        });
         let mut statuses = 0;
         for run_id in &all {
             if runtime

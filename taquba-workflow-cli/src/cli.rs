@@ -268,9 +268,16 @@ pub struct SendArgs {
     pub wait_timeout: Duration,
     /// No process owns the store (a stopped or copied store): open it as
     /// its writer and apply the command directly, after checking that no
-    /// writer committed recently.
+    /// process owns it (its heartbeat, its commits, claimed steps' leases,
+    /// the runtimes' recorded starts and clean stops). Refused when a check
+    /// says an owner may be alive.
     #[arg(long, conflicts_with = "wait")]
     pub offline: bool,
+    /// With `--offline`: open the store even when a check refused. A
+    /// process that still owns it is fenced (it stops with "detected newer
+    /// DB client") and its running steps run again.
+    #[arg(long, requires = "offline")]
+    pub force: bool,
 }
 
 /// `groups ...`

@@ -15,7 +15,8 @@
 //! Each S3 HTTP request is bounded by [`S3_REQUEST_TIMEOUT`] (connect by
 //! [`S3_CONNECT_TIMEOUT`]) with at most [`S3_MAX_RETRIES`] retries, and
 //! [`probe`] lists the store once first, so wrong credentials fail with the
-//! server's own message instead of a queue open that retries forever. The
+//! server's own message instead of a queue open that retries forever.
+//! Every call to any store is bounded ([`BoundedStore`]). The
 //! same approach as the examples' store helper, kept here so the CLI
 //! depends on published crates only.
 
@@ -26,6 +27,8 @@ use std::time::Duration;
 
 use taquba::object_store::local::LocalFileSystem;
 use taquba::object_store::{self, ObjectStore};
+
+use crate::bounded::{BoundedStore, MAX_CALLS_IN_FLIGHT, STORE_CALL_TIMEOUT};
 
 /// The bound of one S3 HTTP request (the whole request, body included).
 #[cfg_attr(not(feature = "aws"), allow(dead_code))]
@@ -173,20 +176,26 @@ impl Location {
         Ok(Location::Dir(PathBuf::from(location)))
     }
 
-    /// The object store of this location. Nothing is sent to it yet:
-    /// [`probe`] checks that it answers.
+    /// The object store of this location, every call to it bounded by
+    /// [`STORE_CALL_TIMEOUT`] ([`BoundedStore`]). Nothing is sent to it
+    /// yet: [`probe`] checks that it answers.
     ///
     /// # Errors
     /// [`LocationError::NoDirectory`] for a directory that does not exist
     /// (the CLI never creates a store), [`LocationError::FeatureDisabled`]
     /// for S3 in a build without `aws`, [`LocationError::Configure`].
     pub fn object_store(&self) -> Result<Arc<dyn ObjectStore>, LocationError> {
-        match self {
+        let store = match self {
             Location::Dir(path) => dir_store(path),
             Location::S3 { bucket, prefix } => {
                 s3_store(&self.to_string(), bucket, prefix.as_deref())
             }
-        }
+        }?;
+        Ok(Arc::new(BoundedStore::new(
+            store,
+            STORE_CALL_TIMEOUT,
+            MAX_CALLS_IN_FLIGHT,
+        )))
     }
 }
 

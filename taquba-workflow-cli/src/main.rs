@@ -8,6 +8,7 @@
 //!
 //! Exit codes: 0 success, 1 the command failed, 2 usage error.
 
+mod bounded;
 mod cli;
 mod commands;
 mod error;

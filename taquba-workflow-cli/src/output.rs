@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use comfy_table::{ContentArrangement, Table as ComfyTable, presets};
 use serde::Serialize;
+use taquba_workflow::MAX_RUN_AT_MS;
 
 use crate::cli::{Format, TimeFormat};
 use crate::error::CliResult;
@@ -64,9 +65,14 @@ impl Times {
     }
 }
 
-/// `at_ms` as RFC 3339 in UTC with milliseconds.
+/// `at_ms` as RFC 3339 in UTC with milliseconds; a time RFC 3339 cannot
+/// write (past 9999-12-31, [`MAX_RUN_AT_MS`]) as its milliseconds, so a
+/// stored far-future time is shown, never a panic.
 pub fn iso(at_ms: u64) -> String {
-    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(at_ms)).to_string()
+    match UNIX_EPOCH.checked_add(Duration::from_millis(at_ms)) {
+        Some(at) if at_ms <= MAX_RUN_AT_MS => humantime::format_rfc3339_millis(at).to_string(),
+        _ => format!("{at_ms} ms after the epoch (past year 9999)"),
+    }
 }
 
 /// A duration of `ms` cut to its two largest units: `850ms`, `12s`,
@@ -331,6 +337,19 @@ mod tests {
         assert_eq!(relative.maybe_at(None), "-");
         let iso = Times::new(TimeFormat::Iso, now);
         assert_eq!(iso.at(now), "2023-11-14T22:13:20.000Z");
+        assert_eq!(iso.at(MAX_RUN_AT_MS), "9999-12-31T23:59:59.999Z");
+    }
+
+    #[test]
+    fn far_future_times_are_shown_not_panicked_on() {
+        let iso = Times::new(TimeFormat::Iso, 1_700_000_000_000);
+        for at in [MAX_RUN_AT_MS + 1, u64::MAX - 1, u64::MAX] {
+            let text = iso.at(at);
+            assert!(text.contains(&at.to_string()), "{text}");
+            assert!(text.contains("past year 9999"), "{text}");
+        }
+        let relative = Times::new(TimeFormat::Relative, 1_700_000_000_000);
+        assert!(relative.at(u64::MAX).starts_with("in "));
     }
 
     #[test]

@@ -176,8 +176,6 @@ pub struct Runtime {
     pub queue_name: String,
     /// The runtime's memo prefix.
     pub memo_prefix: String,
-    /// The descriptor the runtime recorded, when it recorded one.
-    pub info: Option<RuntimeInfo>,
     /// The view of its runs.
     pub view: WorkflowView,
 }
@@ -250,7 +248,7 @@ impl Session {
     /// As [`choose_runtime`]; storage errors.
     pub async fn runtime(&self, global: &Global) -> CliResult<Runtime> {
         let recorded = WorkflowView::runtimes(self.reader.view()).await?;
-        let (queue_name, memo_prefix, info) = choose_runtime(
+        let (queue_name, memo_prefix, _) = choose_runtime(
             &recorded,
             global.queue.as_deref(),
             global.memo_prefix.as_deref(),
@@ -262,7 +260,6 @@ impl Session {
         Ok(Runtime {
             queue_name,
             memo_prefix,
-            info,
             view,
         })
     }

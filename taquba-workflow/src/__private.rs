@@ -376,6 +376,12 @@ pub(crate) fn workflow_registrations() -> Vec<&'static WorkflowRegistration> {
     all
 }
 
+/// What the `StepRunner` impl `#[workflow]` writes answers to
+/// `StepRunner::hosted`: the workflow `W` with its steps.
+pub fn hosted_workflow<W: Workflow>() -> crate::Hosted {
+    crate::Hosted::workflow(W::NAME, W::STEPS)
+}
+
 /// A boxed step future.
 pub type BoxStepFuture<'a> =
     Pin<Box<dyn Future<Output = Result<StepOutcome, StepError>> + Send + 'a>>;
@@ -444,14 +450,6 @@ impl<W: Workflow> MakeWithoutDefault for &Maker<W> {
     fn make(&self) -> Option<Box<dyn ErasedWorkflow>> {
         None
     }
-}
-
-/// What `StepRunner::step_names` returns.
-pub type StepNames = Option<Vec<String>>;
-
-/// The generated `StepRunner::step_names`: `W::STEPS`.
-pub fn workflow_step_names<W: Workflow>() -> StepNames {
-    Some(W::STEPS.iter().map(|name| (*name).to_string()).collect())
 }
 
 /// The generated `StepRunner::run_step` decodes the payload with this.

@@ -192,6 +192,13 @@ pub enum Error {
         "the Tokio runtime shut down before the operation finished; whether it took effect is unknown"
     )]
     RuntimeShutdown,
+    /// A submission's options break a limit (the message names it and
+    /// the value): more than [`MAX_HEADERS`](crate::MAX_HEADERS) headers,
+    /// headers over [`MAX_HEADERS_SIZE`](crate::MAX_HEADERS_SIZE) bytes,
+    /// a run time past [`MAX_RUN_AT_MS`](crate::MAX_RUN_AT_MS). Nothing
+    /// was submitted.
+    #[error("invalid run options: {0}")]
+    InvalidRunOptions(String),
     /// An inbox command (or its object) is invalid; the message names the
     /// field and the value.
     #[error("invalid command: {0}")]

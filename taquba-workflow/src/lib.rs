@@ -133,11 +133,12 @@ pub use inbox::{
     SubmitCommand,
 };
 pub use model::{
-    MAX_TERMINATION_ERROR_LEN, RunEnd, RunOptions, RunOutcome, RunSpec, RunState, RunStatus,
-    RunTermination, StepError, StepErrorKind, StepOutcome, SubmitOutcome, TerminalStatus, Trigger,
+    MAX_HEADERS, MAX_HEADERS_SIZE, MAX_RUN_AT_MS, MAX_TERMINATION_ERROR_LEN, RunEnd, RunOptions,
+    RunOutcome, RunSpec, RunState, RunStatus, RunTermination, StepError, StepErrorKind,
+    StepOutcome, SubmitOutcome, TerminalStatus, Trigger,
 };
 pub use run::effects::{EffectsHandle, TerminalEffects};
-pub use runner::{Delivery, Step, StepRunner};
+pub use runner::{Delivery, Hosted, Step, StepRunner};
 pub use runtime::{RunnerHandle, WorkflowRuntime, WorkflowRuntimeBuilder};
 pub use store::keys::{
     HEADER_RUN_ID, HEADER_SIGNAL_DELIVERED, HEADER_SIGNAL_WAIT, HEADER_STEP, HEADER_TERMINAL,

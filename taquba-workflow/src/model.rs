@@ -14,20 +14,84 @@ use taquba::SettlementEffects;
 use crate::error::Error;
 use crate::store::keys::RunId;
 
+/// The latest first-step time a submission may ask for
+/// ([`RunOptions::run_at`], [`SubmitCommand::run_at_ms`](crate::SubmitCommand::run_at_ms)),
+/// ms since the UNIX epoch: 9999-12-31T23:59:59.999Z, the last instant
+/// RFC 3339 writes with a four-digit year, so every stored time can be
+/// shown. A later one is refused with [`Error::InvalidRunOptions`].
+pub const MAX_RUN_AT_MS: u64 = 253_402_300_799_999;
+/// The most headers a submission may carry ([`RunOptions::headers`]);
+/// more are refused with [`Error::InvalidRunOptions`]. Every step job of
+/// the run carries a copy.
+pub const MAX_HEADERS: usize = 128;
+/// The most bytes a submission's headers may take, names and values
+/// together ([`RunOptions::headers`]); more are refused with
+/// [`Error::InvalidRunOptions`].
+pub const MAX_HEADERS_SIZE: usize = 16 * 1024;
+
 /// Per-run options, applied to every step of the run.
 #[derive(Debug, Clone, Default)]
 pub struct RunOptions {
     /// Headers threaded through every step ([`Delivery::headers`](crate::Delivery::headers))
     /// and reported to the terminal hook ([`RunOutcome::headers`]). Names
-    /// starting with `workflow.` are reserved and rejected.
+    /// starting with `workflow.` are reserved and rejected; at most
+    /// [`MAX_HEADERS`] of them, [`MAX_HEADERS_SIZE`] bytes in all.
     pub headers: HashMap<String, String>,
     /// The queue priority of every step (lower is claimed first; see
     /// [`taquba::PRIORITY_NORMAL`]); `None` is the queue's default.
     pub priority: Option<u32>,
     /// The attempt limit of every step; `None` is the queue's default.
     pub max_attempts_per_step: Option<u32>,
-    /// The first step is not claimable before this time.
+    /// The first step is not claimable before this time (at most
+    /// [`MAX_RUN_AT_MS`]).
     pub run_at: Option<SystemTime>,
+}
+
+impl RunOptions {
+    /// Check the limits every submission is held to, in process and from
+    /// the inbox alike: the header count and size, and the run time.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRunOptions`] naming the limit and the value.
+    pub(crate) fn check_limits(&self) -> Result<(), Error> {
+        let run_at_ms = self.run_at.map(|at| {
+            at.duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        });
+        check_limits(&self.headers, run_at_ms)
+    }
+}
+
+/// [`RunOptions::check_limits`] of `headers` and a run time of
+/// `run_at_ms` (ms since the UNIX epoch).
+pub(crate) fn check_limits(
+    headers: &HashMap<String, String>,
+    run_at_ms: Option<u64>,
+) -> Result<(), Error> {
+    if headers.len() > MAX_HEADERS {
+        return Err(Error::InvalidRunOptions(format!(
+            "{} headers, more than the {MAX_HEADERS} allowed",
+            headers.len()
+        )));
+    }
+    let size: usize = headers
+        .iter()
+        .map(|(name, value)| name.len().saturating_add(value.len()))
+        .fold(0, usize::saturating_add);
+    if size > MAX_HEADERS_SIZE {
+        return Err(Error::InvalidRunOptions(format!(
+            "the {} headers take {size} bytes (names and values), more than the {MAX_HEADERS_SIZE} allowed",
+            headers.len()
+        )));
+    }
+    if let Some(ms) = run_at_ms
+        && ms > MAX_RUN_AT_MS
+    {
+        return Err(Error::InvalidRunOptions(format!(
+            "run_at is {ms} ms since the epoch, past the latest allowed ({MAX_RUN_AT_MS}, 9999-12-31T23:59:59.999Z)"
+        )));
+    }
+    Ok(())
 }
 
 /// A run to submit.

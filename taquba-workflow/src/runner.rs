@@ -2,7 +2,7 @@
 //! implements, the [`Step`] and [`Delivery`] it receives, and the
 //! [`StepOutcome`] / [`StepError`] it returns.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::ops::{Deref, DerefMut};
 
@@ -14,6 +14,7 @@ use crate::run::effects::EffectsHandle;
 use crate::store::keys::RunId;
 use crate::store::kv::KvReadHandle;
 use crate::store::memo::{Memo, MemoStore};
+use crate::workflows::EnvelopeHead;
 
 /// The per-step logic of a workflow: bytes in ([`Step::payload`]), a
 /// decision out ([`StepOutcome`]). The runtime persists everything else.
@@ -53,16 +54,112 @@ pub trait StepRunner: Send + Sync {
         None
     }
 
-    /// The names of every step this runner runs, as its history names them
-    /// (see [`step_name`](Self::step_name)), for tools that check a step
-    /// name given to them (the test kit's `fail_next` refuses a name not
-    /// in it); `None`, the default, when the runner does not say. A
-    /// `#[workflow]` returns its steps' names
-    /// ([`Workflow::STEPS`](crate::workflows::Workflow::STEPS)), a
-    /// [`Workflows`](crate::workflows::Workflows) router those of every
-    /// workflow it hosts, a job runner its registered jobs' names.
-    fn step_names(&self) -> Option<Vec<String>> {
-        None
+    /// The workflows (or jobs) this runner can run, by name, asked once
+    /// when the runtime is built. The owner checks the input of every
+    /// inbox submit against it before it records the run, so a run no
+    /// step of this runner could start is rejected with a recorded reason
+    /// naming the value, instead of being accepted and failing later.
+    /// `#[workflow]` types, the [`Workflows`](crate::workflows::Workflows)
+    /// router and [`JobRunner`](crate::jobs::JobRunner)s say what they host;
+    /// the default, [`Hosted::Unknown`], checks nothing.
+    fn hosted(&self) -> Hosted {
+        Hosted::Unknown
+    }
+}
+
+/// What a [`StepRunner`] can run, by name ([`StepRunner::hosted`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Hosted {
+    /// The runner does not say: any input is accepted.
+    #[default]
+    Unknown,
+    /// `#[workflow]`s: each workflow's name with the names of its steps.
+    /// An input must be a step envelope
+    /// ([`encode_input`](crate::workflows::encode_input)) of one of them
+    /// that names one of its steps.
+    Workflows(BTreeMap<String, BTreeSet<String>>),
+    /// Job types by name: an input must be a job input naming one of
+    /// them.
+    Jobs(BTreeSet<String>),
+}
+
+impl Hosted {
+    /// One workflow, `name`, with the steps `steps`.
+    pub fn workflow(name: &str, steps: &[&str]) -> Self {
+        Self::Workflows(BTreeMap::from([(
+            name.to_string(),
+            steps.iter().map(|step| step.to_string()).collect(),
+        )]))
+    }
+
+    /// Every step name this describes, as a run's history names its steps
+    /// (the steps of every workflow, or the job names), sorted and without
+    /// duplicates; `None` for [`Hosted::Unknown`]. Tools that take a step
+    /// name check it against this (the test kit's `fail_next` refuses a
+    /// name not in it).
+    pub fn step_names(&self) -> Option<Vec<String>> {
+        let names: BTreeSet<&String> = match self {
+            Hosted::Unknown => return None,
+            Hosted::Workflows(workflows) => workflows.values().flatten().collect(),
+            Hosted::Jobs(jobs) => jobs.iter().collect(),
+        };
+        Some(names.into_iter().cloned().collect())
+    }
+
+    /// Whether a run whose first step's payload is `input` can run here;
+    /// the reason names the value when it cannot.
+    pub(crate) fn check(&self, input: &[u8]) -> Result<(), String> {
+        match self {
+            Hosted::Unknown => Ok(()),
+            Hosted::Workflows(workflows) => {
+                let Ok(head) = rmp_serde::from_slice::<EnvelopeHead>(input) else {
+                    return Err(format!(
+                        "the input ({} bytes) is not a `#[workflow]` step envelope (this runtime hosts the workflows {})",
+                        input.len(),
+                        list(workflows.keys())
+                    ));
+                };
+                let Some(steps) = workflows.get(&head.workflow) else {
+                    return Err(format!(
+                        "the input names workflow {:?}, which this runtime does not host (it hosts {})",
+                        head.workflow,
+                        list(workflows.keys())
+                    ));
+                };
+                if !steps.contains(&head.step.0) {
+                    return Err(format!(
+                        "the input names step {:?} of workflow {:?}, which has no such step (its steps are {})",
+                        head.step.0,
+                        head.workflow,
+                        list(steps.iter())
+                    ));
+                }
+                Ok(())
+            }
+            Hosted::Jobs(jobs) => match crate::history::naming::job_name(input) {
+                Some(name) if jobs.contains(&name) => Ok(()),
+                Some(name) => Err(format!(
+                    "the input names job {name:?}, which this runner does not register (it registers {})",
+                    list(jobs.iter())
+                )),
+                None => Err(format!(
+                    "the input ({} bytes) is not a job input (this runner registers {})",
+                    input.len(),
+                    list(jobs.iter())
+                )),
+            },
+        }
+    }
+}
+
+/// `` `a`, `b` `` (or `none`).
+fn list<'a>(names: impl Iterator<Item = &'a String>) -> String {
+    let names: Vec<String> = names.map(|name| format!("`{name}`")).collect();
+    if names.is_empty() {
+        "none".to_string()
+    } else {
+        names.join(", ")
     }
 }
 
@@ -182,6 +279,48 @@ impl DerefMut for Step {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn hosted_names_check_an_input_naming_the_value() {
+        #[derive(serde::Serialize)]
+        struct Env<'a> {
+            workflow: &'a str,
+            step: std::collections::BTreeMap<&'a str, (u32,)>,
+        }
+        let env = |workflow: &str, step: &str| {
+            rmp_serde::to_vec_named(&Env {
+                workflow,
+                step: [(step, (1,))].into(),
+            })
+            .unwrap()
+        };
+        let hosted = Hosted::workflow("order", &["charge", "ship"]);
+        assert_eq!(hosted.check(&env("order", "ship")), Ok(()));
+        let err = hosted.check(&env("order", "refund")).unwrap_err();
+        assert!(
+            err.contains("\"refund\"") && err.contains("`charge`, `ship`"),
+            "{err}"
+        );
+        let err = hosted.check(&env("invoice", "charge")).unwrap_err();
+        assert!(
+            err.contains("\"invoice\"") && err.contains("`order`"),
+            "{err}"
+        );
+        let err = hosted.check(b"\xc1 raw").unwrap_err();
+        assert!(err.contains("not a `#[workflow]` step envelope"), "{err}");
+        assert_eq!(Hosted::Unknown.check(b"anything"), Ok(()));
+        let jobs = Hosted::Jobs(["math.add".to_string()].into());
+        let job = crate::store::durable::encode(&crate::store::durable::DurableJobInput {
+            name: "math.mul".into(),
+            payload: vec![],
+        });
+        let err = jobs.check(&job).unwrap_err();
+        assert!(
+            err.contains("\"math.mul\"") && err.contains("`math.add`"),
+            "{err}"
+        );
+        assert!(jobs.check(&env("order", "ship")).is_err());
+    }
     use std::time::Duration;
 
     use super::*;

@@ -138,7 +138,11 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// version's records);
     /// [`Error::ReservedHeaderInSubmit`](crate::Error::ReservedHeaderInSubmit)
     /// for a `workflow.` header in `spec.options` or on an enqueue of
-    /// `spec.effects`; [`Error::ReservedKvKey`](crate::Error::ReservedKvKey)
+    /// `spec.effects`; [`Error::InvalidRunOptions`](crate::Error::InvalidRunOptions)
+    /// for more than [`MAX_HEADERS`](crate::MAX_HEADERS) headers, headers
+    /// over [`MAX_HEADERS_SIZE`](crate::MAX_HEADERS_SIZE) bytes or a
+    /// `run_at` past [`MAX_RUN_AT_MS`](crate::MAX_RUN_AT_MS) (the value
+    /// named); [`Error::ReservedKvKey`](crate::Error::ReservedKvKey)
     /// for an effect under `workflow/`; [`Error::Queue`](crate::Error::Queue)
     /// with [`taquba::Error::InvalidQueueName`] naming the runtime's queue
     /// for an enqueue of `spec.effects` into it (the queue takes only the
@@ -706,6 +710,7 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
                 runner_label: self.runner_label.unwrap_or_else(runner_label::<R>),
                 naming: self.naming,
                 command_retention: self.command_retention,
+                hosted: self.runner.hosted(),
             },
         });
         WorkflowRuntime {

@@ -6,7 +6,7 @@ mod input;
 mod ops;
 pub(crate) mod types;
 
-pub(crate) use self::ops::DurableRuntimeInfo;
+pub(crate) use self::ops::{DurableRuntimeInfo, DurableWorkerRecord};
 
 use taquba::{JobRecord, JobStatus, QueueView};
 

@@ -82,7 +82,7 @@ fn runtime_over(
 }
 
 /// Poll `view` until command `id` is applied or rejected; its state.
-async fn settled(view: &WorkflowView, id: &CommandId) -> CommandState {
+pub(crate) async fn settled(view: &WorkflowView, id: &CommandId) -> CommandState {
     let mut state = CommandState::Pending;
     for _ in 0..6_000 {
         state = view.command(id).await.unwrap();
@@ -104,7 +104,7 @@ fn answer(state: CommandState) -> CommandAnswer {
     }
 }
 
-fn rejection(state: CommandState) -> String {
+pub(crate) fn rejection(state: CommandState) -> String {
     match state {
         CommandState::Rejected { error, .. } => error,
         other => panic!("not rejected: {other:?}"),

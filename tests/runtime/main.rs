@@ -21,6 +21,8 @@ mod groups;
 mod history;
 mod hook_faults;
 mod inbox;
+#[cfg(unix)]
+mod inbox_hostile;
 mod jobs;
 mod kill9;
 mod kit;

@@ -54,7 +54,7 @@ fn envelope(workflow: &str, step: &str) -> Vec<u8> {
 
 /// A second process's view of the store in `dir`: its own object store
 /// and a reader polling the manifest every 20 ms.
-async fn second_process(dir: &std::path::Path) -> (QueueReader, Arc<dyn ObjectStore>) {
+pub(crate) async fn second_process(dir: &std::path::Path) -> (QueueReader, Arc<dyn ObjectStore>) {
     let store = dir_store(dir);
     let reader = QueueReader::open_with_options(
         store.clone(),

@@ -2,6 +2,7 @@
 //! module (`ui` to [`crate::ui`], which keeps its session while it
 //! serves).
 
+pub mod activity;
 pub mod answer;
 pub mod groups;
 pub mod json;

@@ -16,6 +16,7 @@ use taquba_workflow::{
 };
 
 use crate::cli::SendArgs;
+use crate::commands::activity;
 use crate::commands::answer::{Change, answer, command_card, command_json};
 use crate::commands::json::{state_word, step_text};
 use crate::commands::offline;
@@ -275,7 +276,7 @@ async fn deliver(
     out: &Output,
 ) -> CliResult<()> {
     if send.offline {
-        return offline::apply(session, runtime, change, out).await;
+        return offline::apply(session, runtime, change, send.force, out).await;
     }
     let inbox = inbox(session, runtime, "taquba-workflow");
     let id = inbox.send(change.command).await?;
@@ -293,18 +294,21 @@ async fn deliver(
         change.what
     ))?;
     let started = Instant::now();
+    let seq_before = session.reader.last_store_activity().durable_seq;
     let state = loop {
         let state = runtime.view.command(&id).await?;
         match state {
             CommandState::Applied { .. } | CommandState::Rejected { .. } => break state,
             _ if started.elapsed() >= send.wait_timeout => {
-                let activity = session.reader.last_store_activity();
-                let flushed = activity
-                    .last_flush_at_ms
-                    .map(|ms| format!("its last flush was {}", out.times().at(ms)))
-                    .unwrap_or_else(|| "no flush recorded".to_string());
+                let hint = activity::owner_hint(
+                    &session.target,
+                    &session.reader,
+                    seq_before,
+                    &out.times(),
+                )
+                .await?;
                 return Err(CliError::Timeout(format!(
-                    "command {id} ({}) is still {} after {}: is the owning process running ({flushed})? It stays in the inbox at {path} and is applied when the owner next runs; for a store no process owns, use --offline",
+                    "command {id} ({}) is still {} after {}: is the owning process running? ({hint}.) It stays in the inbox at {path} and is applied when the owner next runs; for a store no process owns, use --offline",
                     change.what,
                     command_json(&id, &state, String::new()).state,
                     humantime::format_duration(send.wait_timeout)

@@ -1,17 +1,20 @@
 //! `store info`: the store as a whole. Job counts per queue, the first dead
 //! letters, the size of each top-level prefix (by listing the store), and
-//! what the reader can tell of the owning writer: its epoch, its last flush
-//! and, when it writes one, its liveness heartbeat.
+//! what the reader can tell of the owning writer: its epoch, what moves
+//! with its commits (the durable sequence number, the newest write-ahead
+//! log object), its last flush and, when it writes one, its liveness
+//! heartbeat.
 
 use std::collections::BTreeMap;
 
 use futures_util::TryStreamExt;
 use serde::Serialize;
 use taquba::QueueReader;
-use taquba::object_store::ObjectStore;
 use taquba_workflow::{HEADER_RUN_ID, WorkflowView};
 
-use crate::error::CliResult;
+use crate::commands::activity::{WalObject, newest_wal};
+use crate::error::{CliError, CliResult};
+use crate::location::Location;
 use crate::output::{Card, Output, Times, short_duration};
 use crate::session::{Session, Target};
 
@@ -39,6 +42,9 @@ pub struct StoreInfoJson {
     pub total_objects: u64,
     /// Bytes in the whole store.
     pub total_bytes: u64,
+    /// Entries of a local store that are not regular files (links, FIFOs,
+    /// sockets): not counted, not followed, not opened.
+    pub passed_over: u64,
 }
 
 /// A runtime recorded in the store.
@@ -52,6 +58,9 @@ pub struct RuntimeJson {
     pub crate_version: String,
     /// When that worker started (ms since the Unix epoch).
     pub started_at_ms: u64,
+    /// When that worker stopped cleanly (ms since the Unix epoch); `None`
+    /// while it runs, after a crash, or when the runtime records no stop.
+    pub stopped_at_ms: Option<u64>,
 }
 
 /// The writer, as the reader sees it.
@@ -60,10 +69,15 @@ pub struct WriterJson {
     /// The writer epoch in the manifest (advances with each writer open).
     pub epoch: u64,
     /// The time embedded in the newest flushed table (writer clock, ms):
-    /// for display only, an idle writer leaves it old.
+    /// for display only, an idle writer leaves it old, and so does one that
+    /// commits often but flushes rarely.
     pub last_flush_at_ms: Option<u64>,
-    /// The sequence number up to which writes are durable.
+    /// The sequence number up to which writes are durable (moves with every
+    /// commit).
     pub durable_seq: u64,
+    /// The newest object of the write-ahead log: the last commit, as the
+    /// store's clock stamps it.
+    pub newest_wal: Option<WalObject>,
     /// The last liveness beat, when the writer writes them.
     pub heartbeat: Option<HeartbeatJson>,
 }
@@ -159,6 +173,7 @@ pub async fn gather(target: &Target, reader: &QueueReader) -> CliResult<StoreInf
             memo_prefix: r.memo_prefix,
             crate_version: r.crate_version,
             started_at_ms: r.started_at_ms,
+            stopped_at_ms: r.stopped_at_ms,
         })
         .collect();
     let mut queues = Vec::new();
@@ -186,7 +201,8 @@ pub async fn gather(target: &Target, reader: &QueueReader) -> CliResult<StoreInf
             dead: stats.dead,
         });
     }
-    let prefixes = sizes(target.store.as_ref()).await?;
+    let newest_wal = newest_wal(target).await?;
+    let (prefixes, passed_over) = sizes(target).await?;
     Ok(StoreInfoJson {
         store: target.location.to_string(),
         db: target.db_path.clone(),
@@ -194,6 +210,7 @@ pub async fn gather(target: &Target, reader: &QueueReader) -> CliResult<StoreInf
             epoch: activity.writer_epoch,
             last_flush_at_ms: activity.last_flush_at_ms,
             durable_seq: activity.durable_seq,
+            newest_wal,
             heartbeat,
         },
         runtimes,
@@ -202,31 +219,109 @@ pub async fn gather(target: &Target, reader: &QueueReader) -> CliResult<StoreInf
         total_objects: prefixes.iter().map(|p| p.objects).sum(),
         total_bytes: prefixes.iter().map(|p| p.bytes).sum(),
         prefixes,
+        passed_over,
     })
 }
 
-/// Objects and bytes per top-level prefix, by listing the whole store.
-async fn sizes(store: &dyn ObjectStore) -> CliResult<Vec<PrefixJson>> {
+/// Objects and bytes per top-level prefix, and the entries passed over:
+/// a local directory is walked without following links (a link, a FIFO,
+/// a socket is passed over, never followed or opened), any other store
+/// listed.
+async fn sizes(target: &Target) -> CliResult<(Vec<PrefixJson>, u64)> {
     let mut by_prefix: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-    let mut listing = store.list(None);
-    while let Some(meta) = listing.try_next().await? {
-        let path = meta.location.as_ref();
-        let prefix = match path.split_once('/') {
-            Some((top, _)) => top.to_string(),
-            None => String::new(),
-        };
-        let entry = by_prefix.entry(prefix).or_default();
-        entry.0 += 1;
-        entry.1 += meta.size;
+    let mut passed_over = 0;
+    match &target.location {
+        Location::Dir(root) => {
+            let dir = root.clone();
+            let failed = |e: &dyn std::fmt::Display| {
+                CliError::Refused(format!(
+                    "cannot walk the store directory {}: {e}",
+                    root.display()
+                ))
+            };
+            let walked = tokio::task::spawn_blocking(move || walk(&dir))
+                .await
+                .map_err(|e| failed(&e))?
+                .map_err(|e| failed(&e))?;
+            for (prefix, size) in walked.files {
+                let entry = by_prefix.entry(prefix).or_default();
+                entry.0 += 1;
+                entry.1 += size;
+            }
+            passed_over = walked.passed_over;
+        }
+        Location::S3 { .. } => {
+            let mut listing = target.store.list(None);
+            while let Some(meta) = listing.try_next().await? {
+                let path = meta.location.as_ref();
+                let prefix = match path.split_once('/') {
+                    Some((top, _)) => top.to_string(),
+                    None => String::new(),
+                };
+                let entry = by_prefix.entry(prefix).or_default();
+                entry.0 += 1;
+                entry.1 += meta.size;
+            }
+        }
     }
-    Ok(by_prefix
+    let prefixes = by_prefix
         .into_iter()
         .map(|(prefix, (objects, bytes))| PrefixJson {
             prefix,
             objects,
             bytes,
         })
-        .collect())
+        .collect();
+    Ok((prefixes, passed_over))
+}
+
+/// The regular files of a directory tree, by top-level prefix with their
+/// sizes, and the entries that are not regular files or directories.
+#[derive(Debug, Default)]
+struct Walked {
+    files: Vec<(String, u64)>,
+    passed_over: u64,
+}
+
+/// Directories deeper than this are not walked (counted as passed over).
+const MAX_WALK_DEPTH: usize = 64;
+
+/// Walk `root` without following links.
+fn walk(root: &std::path::Path) -> std::io::Result<Walked> {
+    let mut walked = Walked::default();
+    let mut dirs = vec![(root.to_path_buf(), None::<String>, 0)];
+    while let Some((dir, top, depth)) = dirs.pop() {
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if depth == 0 => return Err(e),
+            Err(_) => {
+                walked.passed_over += 1;
+                continue;
+            }
+        };
+        for entry in entries {
+            let Ok(entry) = entry else {
+                walked.passed_over += 1;
+                continue;
+            };
+            // `DirEntry::file_type` and `metadata` do not follow links.
+            let Ok(kind) = entry.file_type() else {
+                walked.passed_over += 1;
+                continue;
+            };
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if kind.is_dir() && depth < MAX_WALK_DEPTH {
+                let top = top.clone().unwrap_or_else(|| name.clone());
+                dirs.push((entry.path(), Some(top), depth + 1));
+            } else if kind.is_file() {
+                let size = entry.metadata().map_or(0, |m| m.len());
+                walked.files.push((top.clone().unwrap_or_default(), size));
+            } else {
+                walked.passed_over += 1;
+            }
+        }
+    }
+    Ok(walked)
 }
 
 /// `bytes` in binary units: `812 B`, `3.4 KiB`, `12.0 MiB`.
@@ -266,10 +361,29 @@ fn card(json: &StoreInfoJson, times: &Times) -> Card {
     );
     let w = &json.writer;
     card.field("Writer epoch", w.epoch.to_string());
+    card.field("Durable sequence", w.durable_seq.to_string());
+    card.field(
+        "Last commit",
+        match &w.newest_wal {
+            Some(wal) => format!(
+                "{} (the newest write-ahead log object, {})",
+                times.at(wal.at_ms),
+                wal.path
+            ),
+            None => "none in the write-ahead log".to_string(),
+        },
+    );
     card.field(
         "Last flush",
-        w.last_flush_at_ms
-            .map_or_else(|| "none recorded".to_string(), |ms| times.at(ms)),
+        w.last_flush_at_ms.map_or_else(
+            || "none recorded".to_string(),
+            |ms| {
+                format!(
+                    "{} (the newest table in the manifest: it lags the commits)",
+                    times.at(ms)
+                )
+            },
+        ),
     );
     card.field(
         "Heartbeat",
@@ -293,10 +407,13 @@ fn card(json: &StoreInfoJson, times: &Times) -> Card {
                 .iter()
                 .map(|r| {
                     format!(
-                        "{}: memo prefix {}, worker started {} (taquba-workflow {})",
+                        "{}: memo prefix {}, worker started {}{} (taquba-workflow {})",
                         r.queue_name,
                         r.memo_prefix,
                         times.at(r.started_at_ms),
+                        r.stopped_at_ms
+                            .map(|at| format!(", stopped cleanly {}", times.at(at)))
+                            .unwrap_or_default(),
                         r.crate_version
                     )
                 })
@@ -348,6 +465,12 @@ fn card(json: &StoreInfoJson, times: &Times) -> Card {
                 };
                 format!("{name}: {} in {}", bytes(p.bytes), objects(p.objects))
             })
+            .chain((json.passed_over > 0).then(|| {
+                format!(
+                    "{} entries that are not regular files (links, FIFOs, sockets): not counted, not followed",
+                    json.passed_over
+                )
+            }))
             .collect(),
     );
     card

@@ -1,8 +1,10 @@
 //! The dashboard's routes ([`router`]) and the middleware in front of
-//! every one of them ([`guard`]): the checks of [`crate::ui::security`]
-//! and the response headers.
+//! every one of them ([`guard`]): the checks of [`crate::ui::security`],
+//! the bound on serving one request ([`REQUEST_TIMEOUT`]) and the response
+//! headers.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Request, State};
@@ -17,6 +19,10 @@ use crate::ui::error::UiError;
 use crate::ui::pages::{actions, dead, groups, run, runs, store};
 use crate::ui::security::CONTENT_SECURITY_POLICY;
 use crate::ui::{assets, error};
+
+/// The longest a request is served: past it the answer is 504 (every call
+/// to the store is bounded too, see [`crate::bounded`]).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Every route of the dashboard, behind [`guard`].
 pub fn router(app: Arc<App>) -> Router {
@@ -71,7 +77,18 @@ pub async fn guard(State(app): State<Arc<App>>, request: Request, next: Next) ->
         )
         .into_response()
     } else {
-        next.run(request).await
+        match tokio::time::timeout(REQUEST_TIMEOUT, next.run(request)).await {
+            Ok(response) => response,
+            Err(_) => UiError::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "The store did not answer",
+                format!(
+                    "The page was not ready within {}: the store did not answer in time.",
+                    humantime::format_duration(REQUEST_TIMEOUT)
+                ),
+            )
+            .into_response(),
+        }
     };
     let headers = response.headers_mut();
     headers.insert(

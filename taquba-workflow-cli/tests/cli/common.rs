@@ -37,7 +37,8 @@ pub struct Summary {
 /// The workflow of the tests. `begin` picks the run's path by `mode`:
 /// `ok` counts `n` down one step at a time and succeeds; `fail` fails at
 /// once; `signal` waits for a signal on `approve:{n}` (1 h timeout);
-/// `timer` waits 1 h; `flaky` returns a transient error on every attempt
+/// `timer` waits 1 h; `never` waits `Duration::MAX` (a wake-up time past
+/// year 9999); `flaky` returns a transient error on every attempt
 /// (dead-lettered after [`MAX_ATTEMPTS`]) until [`Demo::healed`] is set;
 /// `hold` blocks until the test releases a permit of [`Demo::hold`].
 pub struct Demo {
@@ -67,6 +68,10 @@ impl Demo {
             "timer" => Ok(Transition::after(
                 DemoStep::Finish { total: n },
                 Duration::from_secs(3600),
+            )),
+            "never" => Ok(Transition::after(
+                DemoStep::Finish { total: n },
+                Duration::MAX,
             )),
             "flaky" if self.healed.load(Ordering::SeqCst) => {
                 Ok(Transition::next(DemoStep::Finish { total: n }))

@@ -4,10 +4,14 @@
 //! copy of a store no process owns). One test binary: `read` (listing,
 //! describing, history, results, store info, discovery, exit codes) and
 //! `steer` (cancel, signal, requeue through the inbox and `--offline`),
-//! `ui` (the dashboard over HTTP, with `web` its client), and with
+//! `ui` (the dashboard over HTTP, with `web` its client), `hostile`
+//! (hostile inbox entries, far-future times, `--offline` against a busy
+//! owner, the liveness hints), and with
 //! feature `aws` `s3` (a bucket store, run by `.ci/s3.sh`).
 
 mod common;
+#[cfg(all(feature = "ui", unix))]
+mod hostile;
 mod read;
 #[cfg(feature = "aws")]
 mod s3;

@@ -339,11 +339,11 @@ async fn offline_changes_apply_to_a_copied_store_after_checking_for_a_writer() {
             .and(predicate::str::contains("use --offline")),
     );
 
-    // Offline: the command waiting in the inbox is applied first, then
-    // this one; the output says what was checked and what was applied.
-    let done = run(cli(
-        &copy,
-        &[
+    // Offline: refused at first, as the copy is what a crashed owner
+    // leaves (a worker start with no clean stop, no heartbeat), naming the
+    // check and the override.
+    let signal = |force: bool| {
+        let mut args = vec![
             "runs",
             "signal",
             "approve:21",
@@ -352,12 +352,25 @@ async fn offline_changes_apply_to_a_copied_store_after_checking_for_a_writer() {
             "--offline",
             "-o",
             "json",
-        ],
-    ))
-    .await;
+        ];
+        if force {
+            args.push("--force");
+        }
+        cli(&copy, &args)
+    };
+    let refused = run(signal(false)).await.code(1);
+    let err = stderr(&refused);
+    assert!(err.contains("recorded no clean stop"), "{err}");
+    assert!(err.contains("--force opens the store anyway"), "{err}");
+    // With --force the command waiting in the inbox is applied first, then
+    // this one; the output says what was checked and what was applied.
+    let done = run(signal(true)).await;
     let done = done.success();
     let err = stderr(&done);
-    assert!(err.contains("No live writer found. Checked:"), "{err}");
+    assert!(
+        err.contains("--force: opening the store although 1 check(s) refused:"),
+        "{err}"
+    );
     assert!(err.contains("heartbeat: none recorded"), "{err}");
     assert!(err.contains("commits: none for 3s"), "{err}");
     assert!(err.contains("as its writer"), "{err}");
@@ -387,24 +400,28 @@ async fn offline_changes_apply_to_a_copied_store_after_checking_for_a_writer() {
         "{value}"
     );
 
-    let value = json(
-        &run(cli(
-            &copy,
-            &[
-                "runs",
-                "cancel",
-                "off-3",
-                "--yes",
-                "--reason",
-                "offline",
-                "--offline",
-                "-o",
-                "json",
-            ],
-        ))
-        .await
-        .success(),
-    );
+    // The offline writer closed cleanly with a heartbeat: the next
+    // --offline needs no --force.
+    let done = run(cli(
+        &copy,
+        &[
+            "runs",
+            "cancel",
+            "off-3",
+            "--yes",
+            "--reason",
+            "offline",
+            "--offline",
+            "-o",
+            "json",
+        ],
+    ))
+    .await
+    .success();
+    let err = stderr(&done);
+    assert!(err.contains("No live writer found. Checked:"), "{err}");
+    assert!(err.contains("is a clean close's"), "{err}");
+    let value = json(&done);
     assert_eq!(value["answer"]["cancelled"], true, "{value}");
     let value = json(
         &run(cli(&copy, &["runs", "describe", "off-3", "-o", "json"]))

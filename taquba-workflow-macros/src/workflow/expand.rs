@@ -334,8 +334,8 @@ fn workflow_impl(model: &WorkflowModel, krate: &TokenStream, fallback: bool) -> 
                 Output = ::core::result::Result<#krate::StepOutcome, #krate::StepError>,
             > + ::core::marker::Send #run_step_body
 
-            fn step_names(&self) -> #krate::__private::StepNames {
-                #krate::__private::workflow_step_names::<Self>()
+            fn hosted(&self) -> #krate::Hosted {
+                #krate::__private::hosted_workflow::<Self>()
             }
         }
     }
@@ -539,9 +539,9 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("Self :: ship (__taquba_arg0)"), "{out}");
-        // The step names a tool checks a name against: `STEPS`.
+        // What the runner hosts, which the inbox and the test kit check names against.
         assert!(
-            out.contains("fn step_names (& self) -> :: taquba_workflow :: __private :: StepNames { :: taquba_workflow :: __private :: workflow_step_names :: < Self > () }"),
+            out.contains("fn hosted (& self) -> :: taquba_workflow :: Hosted { :: taquba_workflow :: __private :: hosted_workflow :: < Self > () }"),
             "{out}"
         );
         // The generated enum, the enum's name as the module sees it, and the

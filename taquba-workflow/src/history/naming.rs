@@ -59,6 +59,11 @@ fn envelope(payload: &[u8]) -> Option<EnvelopeHead> {
     rmp_serde::from_slice(payload).ok()
 }
 
+/// The job name a job run's input names.
+pub(crate) fn job_name(payload: &[u8]) -> Option<String> {
+    job(payload)
+}
+
 fn job(payload: &[u8]) -> Option<String> {
     rmp_serde::from_slice::<JobHead>(payload)
         .ok()

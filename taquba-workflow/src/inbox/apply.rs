@@ -1,26 +1,41 @@
 //! The owner's side of the inbox: a maintenance round lists the inbox (when
-//! [`InboxWatch`] says it may hold something new), and for each command object (in id order) skips it when its record says
-//! it was handled, else decodes and validates it and applies it with its
-//! record committed in the same transaction as its first effect, then
-//! deletes the object. Errors of a command's input reject it with a
-//! recorded error; storage errors leave it for the next round.
+//! [`InboxWatch`] says it may hold something new) through
+//! [`InboxObjects`] (which never follows a link out of the store nor opens
+//! what is not a regular file), then:
+//!
+//! 1. objects not named as a command are deleted;
+//! 2. commands whose record says they were handled (before a crash or a
+//!    failed delete) have only their object deleted;
+//! 3. the others are read in id order, within a budget of objects and
+//!    bytes, and decoded and validated;
+//! 4. those that decode are applied first, in id order, each with its
+//!    record committed in the same transaction as its first effect;
+//! 5. those that do not (and those the apply rejects) are rejected in
+//!    bulk: their records in one transaction per
+//!    [`REJECTIONS_PER_COMMIT`], then their objects deleted.
+//!
+//! So junk in the inbox costs a share of one round, not a round each, and
+//! never holds up a valid command behind it. Entries the listing passes
+//! over (links, directories, FIFOs, names that are not object names) are
+//! logged once each and left where they are. Storage errors leave a
+//! command for the next round.
 
+use std::collections::{HashSet, VecDeque};
 use std::time::{Duration, UNIX_EPOCH};
 
-use futures_util::TryStreamExt;
+use futures_util::{StreamExt, stream};
 use taquba::SettlementEffects;
-use taquba::object_store::ObjectMeta;
 use taquba::object_store::path::Path;
 use tracing::{debug, warn};
 
 use crate::error::{Error, Result};
+use crate::inbox::objects::{InboxEntry, InboxObjects, TouchSeen};
 use crate::inbox::record::{DurableAnswer, DurableCommandRecord, DurableCommandState};
 use crate::inbox::wire::{self, Received};
-use crate::inbox::{
-    Command, CommandAnswer, CommandId, MAX_COMMAND_SIZE, inbox_dir, inbox_touch_path,
-};
+use crate::inbox::{Command, CommandAnswer, CommandId, MAX_COMMAND_SIZE};
 use crate::model::{RunOptions, RunSpec};
 use crate::run::cancel::CancelRequest;
+use crate::run::compose::merge_effects;
 use crate::run::core::RuntimeCore;
 use crate::store::durable;
 use crate::store::keys::{RunId, command_kv_key};
@@ -28,9 +43,19 @@ use crate::store::keys::{RunId, command_kv_key};
 /// Commands applied per maintenance round at most.
 const COMMANDS_PER_ROUND: usize = 64;
 /// Inbox entries listed per round at most. Not every store lists in name
-/// order, so the listed entries are sorted before the first
-/// [`COMMANDS_PER_ROUND`] are applied.
+/// order, so the listed entries are sorted before they are handled.
 const MAX_LISTED: usize = 4096;
+/// Command objects read per round at most (valid or not).
+const READS_PER_ROUND: usize = MAX_LISTED;
+/// Bytes of command objects read per round at most (at least one object
+/// is read): what a round holds in memory.
+const READ_BYTES_PER_ROUND: u64 = 16 * 1024 * 1024;
+/// Command objects read (and command records looked up) at once.
+const READ_CONCURRENCY: usize = 16;
+/// Rejection records committed in one transaction at most.
+pub(crate) const REJECTIONS_PER_COMMIT: usize = 1024;
+/// Names of passed-over inbox entries remembered, so each is logged once.
+const LOGGED_NAMES: usize = 4096;
 /// The longest a cancellation waits for the step it reached in one round
 /// (a step claimed by another runtime over the queue); it resumes in the
 /// next round, its request already recorded.
@@ -42,6 +67,19 @@ struct Envelope {
     kind: &'static str,
     sent_at_ms: u64,
     sender: Option<String>,
+}
+
+impl Envelope {
+    /// The envelope of a command whose object was not (or could not be)
+    /// read.
+    fn unread(id: &CommandId) -> Self {
+        Self {
+            id: id.clone(),
+            kind: "unknown",
+            sent_at_ms: id.timestamp_ms(),
+            sender: None,
+        }
+    }
 }
 
 /// The longest the owner goes without listing the inbox when its touch
@@ -62,11 +100,14 @@ pub(crate) struct InboxWatch {
 struct WatchState {
     /// The touch object's identity (ETag, modification time) at the last
     /// listing; `None` before the first.
-    seen: Option<Option<(Option<String>, String)>>,
+    seen: Option<TouchSeen>,
     /// Whether the last listing left commands in the inbox.
     more: bool,
     /// When the inbox was last listed.
     listed_at: Option<tokio::time::Instant>,
+    /// What was logged once (passed-over entries, a touch that is not a
+    /// file), at most [`LOGGED_NAMES`].
+    logged: HashSet<String>,
 }
 
 impl InboxWatch {
@@ -75,6 +116,48 @@ impl InboxWatch {
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
     }
+
+    /// Whether `what` is logged for the first time (remembered, unless
+    /// [`LOGGED_NAMES`] are already: then it is not logged again either).
+    pub(crate) fn first_time(&self, what: &str) -> bool {
+        let mut state = self.lock();
+        if state.logged.contains(what) {
+            return false;
+        }
+        if state.logged.len() == LOGGED_NAMES {
+            return false;
+        }
+        state.logged.insert(what.to_string())
+    }
+}
+
+/// A command read this round.
+struct Read {
+    id: CommandId,
+    location: Path,
+    outcome: ReadOutcome,
+}
+
+enum ReadOutcome {
+    /// Handled before: only its object is left to delete.
+    Handled,
+    /// Gone since the listing.
+    Gone,
+    /// Decoded and validated.
+    Valid(Box<Received>),
+    /// Rejected without applying it.
+    Invalid(Error),
+    /// A storage error: left for the next round.
+    Failed(Error),
+}
+
+/// The outcome of one round.
+#[derive(Debug, Default)]
+struct Round {
+    /// Commands applied, rejected or found handled, and junk deleted.
+    handled: usize,
+    /// Whether the inbox holds more for the next round.
+    more: bool,
 }
 
 impl RuntimeCore {
@@ -84,11 +167,16 @@ impl RuntimeCore {
     /// # Errors
     /// Storage errors of the look or the listing.
     pub(crate) async fn poll_inbox(&self) -> Result<usize> {
-        let objects = self.memo_store.objects();
-        let touch = objects
-            .head_meta(&inbox_touch_path(objects))
-            .await?
-            .map(|meta| (meta.e_tag, meta.last_modified.to_rfc3339()));
+        let inbox = InboxObjects::new(self.memo_store.objects());
+        let touch = inbox.touch().await?;
+        if let Some((None, what)) = &touch
+            && self.inbox_watch.first_time("touch: not a file")
+        {
+            warn!(
+                queue = %self.queue_name,
+                "the inbox touch object is {what}, not a regular file: it is not opened; the inbox is listed every {FULL_LIST_EVERY:?} and when a round leaves commands"
+            );
+        }
         {
             let mut state = self.inbox_watch.lock();
             let due = state.seen.as_ref() != Some(&touch)
@@ -104,9 +192,9 @@ impl RuntimeCore {
             state.seen = Some(touch);
             state.listed_at = Some(tokio::time::Instant::now());
         }
-        let (handled, more) = self.apply_inbox_round().await?;
-        self.inbox_watch.lock().more = more;
-        Ok(handled)
+        let round = self.apply_inbox_round(&inbox).await?;
+        self.inbox_watch.lock().more = round.more;
+        Ok(round.handled)
     }
 
     /// Apply the inbox's pending commands now (at most
@@ -117,58 +205,179 @@ impl RuntimeCore {
     /// Storage errors of the listing (a command's own errors are logged and
     /// leave it for the next round, without holding up the others).
     pub(crate) async fn apply_inbox(&self) -> Result<usize> {
-        Ok(self.apply_inbox_round().await?.0)
+        let inbox = InboxObjects::new(self.memo_store.objects());
+        Ok(self.apply_inbox_round(&inbox).await?.handled)
     }
 
-    /// One round over the inbox: the commands handled, and whether any is
-    /// left for the next round.
-    async fn apply_inbox_round(&self) -> Result<(usize, bool)> {
-        let objects = self.memo_store.objects();
-        let dir = inbox_dir(objects);
-        let mut listed: Vec<ObjectMeta> = Vec::new();
-        {
-            let mut listing = objects.store().list(Some(&dir));
-            while let Some(meta) = listing.try_next().await? {
-                listed.push(meta);
-                if listed.len() == MAX_LISTED {
-                    break;
-                }
+    /// One round over the inbox (see the module documentation).
+    async fn apply_inbox_round(&self, inbox: &InboxObjects) -> Result<Round> {
+        let listing = inbox.list(MAX_LISTED).await?;
+        for skipped in &listing.skipped {
+            if self.inbox_watch.first_time(skipped) {
+                warn!(
+                    queue = %self.queue_name,
+                    dir = %inbox.dir(),
+                    "an inbox entry passed over and left in place: {skipped}"
+                );
             }
         }
-        listed.sort_by(|a, b| a.location.cmp(&b.location));
-        let mut more = listed.len() > COMMANDS_PER_ROUND;
-        let mut handled = 0;
-        for meta in listed.into_iter().take(COMMANDS_PER_ROUND) {
-            let path = meta.location.clone();
-            match self.handle_object(meta).await {
-                Ok(true) => handled += 1,
-                Ok(false) => more = true,
-                Err(err) => {
-                    // Left for the next round; the others go on.
+        let mut round = Round {
+            more: listing.truncated,
+            ..Round::default()
+        };
+        let mut entries = listing.entries;
+        entries.sort_by(|a, b| a.location.cmp(&b.location));
+        let dir = inbox.dir();
+        let mut junk = Vec::new();
+        let mut candidates: VecDeque<(CommandId, InboxEntry)> = VecDeque::new();
+        let mut ids = HashSet::new();
+        for entry in entries {
+            match command_id_of(&dir, &entry.location) {
+                None => junk.push(entry.location),
+                // A second object of one command (its id in another case):
+                // handled once the first is.
+                Some(id) if !ids.insert(id.clone()) => round.more = true,
+                Some(id) => candidates.push_back((id, entry)),
+            }
+        }
+        if !junk.is_empty() {
+            warn!(queue = %self.queue_name, count = junk.len(), first = %junk[0], "inbox objects that are not named as commands; deleted");
+            round.handled += junk.len();
+        }
+
+        let (reads, left) = self.read_commands(inbox, candidates).await;
+        round.more |= left;
+        let mut done = junk;
+        let mut rejections: Vec<(Envelope, Path, Error)> = Vec::new();
+        let mut valid = Vec::new();
+        for read in reads {
+            match read.outcome {
+                ReadOutcome::Handled => {
+                    round.handled += 1;
+                    done.push(read.location);
+                }
+                ReadOutcome::Gone => round.handled += 1,
+                ReadOutcome::Invalid(err) => {
+                    rejections.push((Envelope::unread(&read.id), read.location, err));
+                }
+                ReadOutcome::Failed(err) => {
                     self.note_error(&err);
                     if self.store_closed.is_cancelled() {
                         return Err(err);
                     }
-                    warn!(path = %path, "inbox command left for the next round: {err}");
-                    more = true;
+                    warn!(path = %read.location, "inbox command left for the next round: {err}");
+                    round.more = true;
+                }
+                ReadOutcome::Valid(received) => valid.push((read.id, read.location, *received)),
+            }
+        }
+
+        // The commands that decode first, in id order.
+        for (id, location, received) in valid {
+            let envelope = Envelope {
+                id: id.clone(),
+                kind: received.command.kind(),
+                sent_at_ms: received.sent_at_ms,
+                sender: received.sender.clone(),
+            };
+            match self.apply_command(&envelope, received).await {
+                Ok(Some(answer)) => {
+                    debug!(command = %id, kind = envelope.kind, ?answer, "inbox command applied");
+                    round.handled += 1;
+                    done.push(location);
+                }
+                // Accepted: finished in a later round.
+                Ok(None) => round.more = true,
+                Err(err) if err.is_permanent() => rejections.push((envelope, location, err)),
+                Err(err) => {
+                    self.note_error(&err);
+                    if self.store_closed.is_cancelled() {
+                        return Err(err);
+                    }
+                    warn!(command = %id, "inbox command left for the next round: {err}");
+                    round.more = true;
                 }
             }
         }
-        Ok((handled, more))
+
+        // Then the rest, rejected in bulk.
+        for chunk in rejections.chunks(REJECTIONS_PER_COMMIT) {
+            match self.reject_all(chunk).await {
+                Ok(()) => {
+                    round.handled += chunk.len();
+                    done.extend(chunk.iter().map(|(_, location, _)| location.clone()));
+                }
+                Err(err) => {
+                    self.note_error(&err);
+                    if self.store_closed.is_cancelled() {
+                        return Err(err);
+                    }
+                    warn!(
+                        count = chunk.len(),
+                        "inbox rejections left for the next round: {err}"
+                    );
+                    round.more = true;
+                }
+            }
+        }
+        if let Err(err) = inbox.delete_all(done).await {
+            // Their records say they were handled: the next round deletes
+            // what is left.
+            warn!(queue = %self.queue_name, "deleting handled inbox objects failed: {err}");
+            round.more = true;
+        }
+        Ok(round)
     }
 
-    /// Handle one inbox object; `Ok(false)` when it stays for a later round
-    /// (a cancellation waiting for its step).
-    async fn handle_object(&self, meta: ObjectMeta) -> Result<bool> {
-        let objects = self.memo_store.objects();
-        let Some(id) = command_id_of(&inbox_dir(objects), &meta.location) else {
-            warn!(path = %meta.location, "an inbox object that is not named as a command; deleted");
-            return objects.delete(&meta.location).await.map(|()| true);
+    /// Look up the records of `candidates` and read the objects of those
+    /// not handled yet, in id order, until [`COMMANDS_PER_ROUND`] decode,
+    /// [`READS_PER_ROUND`] are read or [`READ_BYTES_PER_ROUND`] bytes are;
+    /// with whether candidates are left for the next round.
+    async fn read_commands(
+        &self,
+        inbox: &InboxObjects,
+        candidates: VecDeque<(CommandId, InboxEntry)>,
+    ) -> (Vec<Read>, bool) {
+        let total = candidates.len();
+        let mut reads = Vec::new();
+        let (mut valid, mut read, mut bytes) = (0, 0, 0u64);
+        let mut looked = stream::iter(candidates)
+            .map(|(id, entry)| self.read_command(inbox, id, entry))
+            .buffered(READ_CONCURRENCY);
+        while let Some((next, cost)) = looked.next().await {
+            if matches!(next.outcome, ReadOutcome::Valid(_)) {
+                valid += 1;
+            }
+            read += usize::from(cost > 0);
+            bytes = bytes.saturating_add(cost);
+            reads.push(next);
+            if valid == COMMANDS_PER_ROUND
+                || read >= READS_PER_ROUND
+                || bytes >= READ_BYTES_PER_ROUND
+            {
+                // Reads in flight are dropped: their objects are read again
+                // next round.
+                break;
+            }
+        }
+        let left = reads.len() < total;
+        (reads, left)
+    }
+
+    /// Look up command `id`'s record and, when it is not handled, read and
+    /// decode its object; with the bytes read.
+    async fn read_command(
+        &self,
+        inbox: &InboxObjects,
+        id: CommandId,
+        entry: InboxEntry,
+    ) -> (Read, u64) {
+        let location = entry.location;
+        let outcome = |outcome| Read {
+            id: id.clone(),
+            location: location.clone(),
+            outcome,
         };
-        // The object as listed: a ULID in lower or mixed case names the
-        // same command (its record is under the canonical id), and its
-        // object is read and deleted where it is.
-        let path = meta.location.clone();
         let record_key = command_kv_key(&id.to_string());
         let record = durable::kv_record::<DurableCommandRecord>(self.queue.view(), &record_key)
             .await
@@ -177,51 +386,40 @@ impl RuntimeCore {
                 None
             });
         if record.as_ref().is_some_and(DurableCommandRecord::is_final) {
-            // Handled before a crash or a failed delete: only the object is
-            // left to remove.
-            return objects.delete(&path).await.map(|()| true);
+            return (outcome(ReadOutcome::Handled), 0);
         }
-        let unread = Envelope {
-            id: id.clone(),
-            kind: "unknown",
-            sent_at_ms: id.timestamp_ms(),
-            sender: None,
-        };
-        let size = usize::try_from(meta.size).unwrap_or(usize::MAX);
+        let size = usize::try_from(entry.size).unwrap_or(usize::MAX);
         if size > MAX_COMMAND_SIZE {
-            self.reject(&unread, &wire::oversized(size)).await?;
-            return objects.delete(&path).await.map(|()| true);
+            return (outcome(ReadOutcome::Invalid(wire::oversized(size))), 0);
         }
-        let Some(bytes) = objects.get(&path).await? else {
-            // Deleted meanwhile (by an earlier round's delete retried).
-            return Ok(true);
+        let bytes = match inbox.read(&location).await {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return (outcome(ReadOutcome::Gone), 0),
+            Err(err) => return (outcome(ReadOutcome::Failed(err)), 0),
         };
-        let received = match wire::decode(&id, &bytes) {
-            Ok(received) => received,
-            Err(err) => {
-                self.reject(&unread, &err).await?;
-                return objects.delete(&path).await.map(|()| true);
-            }
+        let cost = u64::try_from(bytes.len()).unwrap_or(u64::MAX).max(1);
+        let decoded = wire::decode(&id, &bytes).and_then(|received| {
+            self.check_received(&received)?;
+            Ok(received)
+        });
+        let read = match decoded {
+            Ok(received) => outcome(ReadOutcome::Valid(Box::new(received))),
+            Err(err) => outcome(ReadOutcome::Invalid(err)),
         };
-        let envelope = Envelope {
-            id: id.clone(),
-            kind: received.command.kind(),
-            sent_at_ms: received.sent_at_ms,
-            sender: received.sender.clone(),
-        };
-        match self.apply_command(&envelope, received).await {
-            Ok(Some(answer)) => {
-                debug!(command = %id, kind = envelope.kind, ?answer, "inbox command applied");
-            }
-            // Accepted: finished in a later round.
-            Ok(None) => return Ok(false),
-            Err(err) if err.is_permanent() => {
-                warn!(command = %id, kind = envelope.kind, "inbox command rejected: {err}");
-                self.reject(&envelope, &err).await?;
-            }
-            Err(err) => return Err(err),
+        (read, cost)
+    }
+
+    /// What the owner checks of a decoded command beyond its fields (which
+    /// [`wire::decode`] checked as the in-process API checks its
+    /// arguments): a submit's input against what the runner hosts.
+    fn check_received(&self, received: &Received) -> Result<()> {
+        if let Command::Submit(submit) = &received.command {
+            self.ops
+                .hosted
+                .check(&submit.input)
+                .map_err(Error::InvalidCommand)?;
         }
-        objects.delete(&path).await.map(|()| true)
+        Ok(())
     }
 
     /// Apply `received`; `Ok(None)` when its effect is committed and its
@@ -361,16 +559,23 @@ impl RuntimeCore {
         Ok(())
     }
 
-    /// Record the rejection of the command of `envelope` with `err`.
-    async fn reject(&self, envelope: &Envelope, err: &Error) -> Result<()> {
-        warn!(command = %envelope.id, kind = envelope.kind, "inbox command rejected: {err}");
-        self.commit_record(
-            envelope,
-            DurableCommandState::Rejected {
-                error: err.to_string(),
-            },
-        )
-        .await
+    /// Record the rejections of `chunk` in one transaction.
+    async fn reject_all(&self, chunk: &[(Envelope, Path, Error)]) -> Result<()> {
+        let mut effects = SettlementEffects::default();
+        for (envelope, _, err) in chunk {
+            warn!(command = %envelope.id, kind = envelope.kind, "inbox command rejected: {err}");
+            merge_effects(
+                &mut effects,
+                self.command_record(
+                    envelope,
+                    DurableCommandState::Rejected {
+                        error: err.to_string(),
+                    },
+                ),
+            );
+        }
+        self.commits.commit(effects).await?;
+        Ok(())
     }
 
     /// One pass of the command retention sweep.

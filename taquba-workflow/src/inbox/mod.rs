@@ -18,7 +18,12 @@
 //! effect, then deletes the object: a crash at any point leaves either the
 //! command unapplied with its object in place, or applied with its record,
 //! and a command with a record is never applied again. A malformed,
-//! oversized or invalid command is rejected with a recorded error.
+//! oversized or invalid command is rejected with a recorded error, and so
+//! is a submit past the limits of every submission or naming a workflow,
+//! step or job the runner does not host; rejections are recorded in bulk
+//! after the round's valid commands are applied (`apply`). On a
+//! local-directory store the inbox is read without following links or
+//! opening anything that is not a regular file (`objects`).
 //! [`WorkflowView::command`](crate::WorkflowView::command) reads a
 //! command's state.
 //!
@@ -27,6 +32,7 @@
 //! access to the bucket (or directory) only to those who may steer its runs.
 
 pub(crate) mod apply;
+pub(crate) mod objects;
 pub(crate) mod record;
 pub(crate) mod wire;
 
@@ -169,14 +175,16 @@ pub struct SubmitCommand {
     /// The payload of step 0 (for a `#[workflow]`,
     /// [`encode_input`](crate::workflows::encode_input) of its input).
     pub input: Vec<u8>,
-    /// Headers of every step; names under `workflow.` are rejected.
+    /// Headers of every step; names under `workflow.` are rejected, and
+    /// so are more than [`MAX_HEADERS`](crate::MAX_HEADERS) or over
+    /// [`MAX_HEADERS_SIZE`](crate::MAX_HEADERS_SIZE) bytes.
     pub headers: HashMap<String, String>,
     /// The queue priority of every step.
     pub priority: Option<u32>,
     /// The attempt limit of every step (at least 1).
     pub max_attempts_per_step: Option<u32>,
     /// The first step is not claimable before this time, ms since the UNIX
-    /// epoch.
+    /// epoch (at most [`MAX_RUN_AT_MS`](crate::MAX_RUN_AT_MS)).
     pub run_at_ms: Option<u64>,
 }
 
@@ -337,8 +345,9 @@ impl Inbox {
     /// # Errors
     /// [`Error::InvalidCommand`] naming the field and the value (a reserved
     /// header, an oversized payload or reason, an attempt limit of 0, an
-    /// object over [`MAX_COMMAND_SIZE`]); [`Error::Store`] when the object
-    /// store fails.
+    /// object over [`MAX_COMMAND_SIZE`]); [`Error::InvalidRunOptions`] for
+    /// a submit past the header or run-time limits; [`Error::Store`] when
+    /// the object store fails.
     pub async fn send(&self, command: Command) -> Result<CommandId> {
         let id = CommandId::generate();
         let sent_at_ms = SystemTime::now()

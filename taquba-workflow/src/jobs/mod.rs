@@ -295,6 +295,11 @@ pub(crate) struct JobDispatch {
 }
 
 impl StepRunner for JobDispatch {
+    /// Every registered job type.
+    fn hosted(&self) -> crate::Hosted {
+        crate::Hosted::Jobs(self.handlers.keys().map(|name| name.to_string()).collect())
+    }
+
     async fn run_step(&self, step: &Step) -> std::result::Result<StepOutcome, StepError> {
         let input: DurableJobInput = durable::decode(&step.payload)
             .map_err(|err| StepError::permanent(format!("job input does not decode: {err}")))?;
@@ -307,14 +312,6 @@ impl StepRunner for JobDispatch {
         handler.run(&input.payload, step, &self.state).await
     }
 
-    fn step_names(&self) -> Option<Vec<String>> {
-        Some(
-            self.handlers
-                .keys()
-                .map(|name| (*name).to_string())
-                .collect(),
-        )
-    }
 }
 
 pub(crate) type JobRuntime = WorkflowRuntime<JobDispatch, NoopTerminalHook>;

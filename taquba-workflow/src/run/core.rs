@@ -72,6 +72,8 @@ pub(crate) struct OpsSettings {
     pub(crate) naming: crate::history::naming::Naming,
     /// How long a command record is kept after it was recorded.
     pub(crate) command_retention: Duration,
+    /// What the runner can run, checked against inbox submits.
+    pub(crate) hosted: crate::runner::Hosted,
 }
 
 /// The engine of one runtime.
@@ -101,6 +103,9 @@ pub(crate) struct RuntimeCore {
     pub(crate) inbox_watch: crate::inbox::apply::InboxWatch,
     /// Whether this runtime's descriptor was recorded since it was built.
     pub(crate) descriptor_recorded: std::sync::atomic::AtomicBool,
+    /// The start its worker record names (ms, runtime clock); 0 before it
+    /// is recorded.
+    pub(crate) worker_started_at_ms: AtomicU64,
     pub(crate) memo_prefix: String,
     pub(crate) inflight: Arc<InFlightRegistry>,
     /// Waiters on run terminations in this process.
@@ -201,6 +206,7 @@ impl RuntimeCore {
             history_cache: Default::default(),
             inbox_watch: Default::default(),
             descriptor_recorded: std::sync::atomic::AtomicBool::new(false),
+            worker_started_at_ms: AtomicU64::new(0),
             memo_prefix,
             inflight: Arc::default(),
             run_watchers,

@@ -170,12 +170,14 @@ impl RuntimeCore {
     }
 
     /// Reject what no submission may carry: a reserved header name in
-    /// `options` ([`Error::ReservedHeaderInSubmit`]) or a KV key under the
+    /// `options` ([`Error::ReservedHeaderInSubmit`]), options past their
+    /// limits ([`Error::InvalidRunOptions`]) or a KV key under the
     /// reserved prefix in `user_effects`.
     pub(crate) fn check_submission(
         options: &RunOptions,
         user_effects: &SettlementEffects,
     ) -> Result<()> {
+        options.check_limits()?;
         if let Some(name) = options
             .headers
             .keys()

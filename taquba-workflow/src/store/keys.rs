@@ -279,6 +279,13 @@ pub(crate) fn runtime_kv_key(queue_name: &str) -> Vec<u8> {
 /// The prefix of the runtime descriptors.
 pub(crate) const RUNTIMES_PREFIX: &str = "workflow/runtimes/";
 
+/// The worker record of the runtime whose queue is `queue_name`: its
+/// last start and whether it stopped cleanly (outside
+/// [`RUNTIMES_PREFIX`], whose entries are descriptors).
+pub(crate) fn worker_kv_key(queue_name: &str) -> Vec<u8> {
+    kv_key(&["workers", queue_name])
+}
+
 /// The expiry index of run terminal markers (memo retention).
 pub(crate) const TERMINALS_PREFIX: &str = "workflow/terminals/";
 /// The expiry index of group terminal markers (group retention).
@@ -443,6 +450,7 @@ mod tests {
             history_kv_key(&id, 7),
             command_kv_key("01ARZ3NDEKTSV4RRFFQ69G5FAV"),
             runtime_kv_key("q"),
+            worker_kv_key("q"),
         ] {
             assert!(key.starts_with(RESERVED_KV_PREFIX.as_bytes()));
         }
@@ -455,5 +463,7 @@ mod tests {
         assert!(outcome_kv_key(&id).starts_with(OUTCOMES_PREFIX.as_bytes()));
         assert!(group_submissions_kv_key(&id).starts_with(GROUP_SUBMISSIONS_PREFIX.as_bytes()));
         assert!(runtime_kv_key("q").starts_with(RUNTIMES_PREFIX.as_bytes()));
+        assert!(!worker_kv_key("q").starts_with(RUNTIMES_PREFIX.as_bytes()));
+        assert_eq!(worker_kv_key("q"), b"workflow/workers/q");
     }
 }

@@ -315,7 +315,7 @@ impl TestJobsBuilder {
         // The registered jobs, as the runner built on the first queue has them.
         probe
             .faults
-            .know(harness.runtime()?.inner.runner.step_names());
+            .know(harness.runtime()?.inner.runner.hosted().step_names());
         Ok(TestJobs {
             harness: Arc::new(harness),
             probe,

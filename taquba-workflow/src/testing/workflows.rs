@@ -349,7 +349,7 @@ impl<R: StepRunner + 'static, H: TerminalHook + 'static> TestRuntime<R, H> {
     ///
     /// # Errors
     /// [`TestError::UnknownStep`], listing the names the runner runs, when
-    /// the runner says which steps it runs ([`StepRunner::step_names`]: a
+    /// the runner says which steps it runs ([`StepRunner::hosted`]: a
     /// `#[workflow]`, a [`Workflows`](crate::workflows::Workflows) router)
     /// and `step` is none of them (`"AwaitApproval"` for the step
     /// `await_approval`). A hand-written runner that does not say takes any
@@ -495,7 +495,7 @@ impl<R: StepRunner + 'static, H: TerminalHook + 'static> TestRuntimeBuilder<R, H
                 .build()
             })
         };
-        probe.faults.know(runner.step_names());
+        probe.faults.know(runner.hosted().step_names());
         let harness = Harness::start(self.settings, probe.calls.clone(), build).await?;
         Ok(TestRuntime {
             harness: Arc::new(harness),

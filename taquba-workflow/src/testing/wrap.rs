@@ -133,8 +133,8 @@ impl<R: StepRunner> StepRunner for TestRunner<R> {
         self.runner.step_name(step_number, payload)
     }
 
-    fn step_names(&self) -> Option<Vec<String>> {
-        self.runner.step_names()
+    fn hosted(&self) -> crate::Hosted {
+        self.runner.hosted()
     }
 }
 

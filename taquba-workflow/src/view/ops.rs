@@ -16,6 +16,7 @@ use crate::error::Result;
 use crate::history::naming::step_of_named_run;
 use crate::history::record::{DurableStepEntry, PendingHistory, decode_entries, earlier_attempts};
 use crate::history::{RunHistory, StepAttempt, StepHistory, read};
+use crate::inbox::objects::InboxObjects;
 use crate::inbox::record::DurableCommandRecord;
 use crate::inbox::{CommandId, CommandState, command_path};
 use crate::model::{RunState, RunTermination};
@@ -23,7 +24,7 @@ use crate::run::core::user_headers;
 use crate::store::durable::{self, DurableCurrentStep, DurableRunRecord, DurableTermination};
 use crate::store::keys::{
     GROUP_SUBMISSIONS_PREFIX, HEADER_GROUP, HEADER_GROUP_KEY, HEADER_SIGNAL_WAIT, OUTCOMES_PREFIX,
-    RUNS_PREFIX, RUNTIMES_PREFIX, RunId, command_kv_key, signal_delivered_kv_key,
+    RUNS_PREFIX, RUNTIMES_PREFIX, RunId, command_kv_key, signal_delivered_kv_key, worker_kv_key,
 };
 use crate::view::WorkflowView;
 use crate::view::types::{
@@ -44,14 +45,33 @@ pub(crate) struct DurableRuntimeInfo {
     pub(crate) started_at_ms: u64,
 }
 
-impl From<DurableRuntimeInfo> for RuntimeInfo {
-    fn from(record: DurableRuntimeInfo) -> Self {
+/// A runtime worker's last start and clean stop, under
+/// `workflow/workers/{queue_name}`: written with the descriptor when the
+/// worker starts (no stop) and again when its loop returns cleanly.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct DurableWorkerRecord {
+    /// The start, as the descriptor written with it says.
+    pub(crate) started_at_ms: u64,
+    /// The lease its steps are claimed with, ms.
+    pub(crate) claim_lease_ms: u64,
+    /// When the loop returned cleanly.
+    #[serde(default)]
+    pub(crate) stopped_at_ms: Option<u64>,
+}
+
+impl RuntimeInfo {
+    /// The descriptor `record` with what its worker record says of the
+    /// same start.
+    fn from_records(record: DurableRuntimeInfo, worker: Option<DurableWorkerRecord>) -> Self {
+        let worker = worker.filter(|w| w.started_at_ms == record.started_at_ms);
         RuntimeInfo {
             queue_name: record.queue_name,
             memo_prefix: record.memo_prefix,
             format: record.format,
             crate_version: record.crate_version,
             started_at_ms: record.started_at_ms,
+            claim_lease_ms: worker.as_ref().map(|w| w.claim_lease_ms),
+            stopped_at_ms: worker.and_then(|w| w.stopped_at_ms),
         }
     }
 }
@@ -140,8 +160,9 @@ impl WorkflowView {
     /// The runtimes recorded in the store `queue` reads (a writer's
     /// [`taquba::Queue::view`] or a reader's
     /// [`taquba::QueueReader::view`]), in queue-name order: each runtime's
-    /// worker records its queue name, memo prefix, version and start time
-    /// when it starts. With one, a tool needs only the store to open a
+    /// worker records its queue name, memo prefix, version, start time and
+    /// claim lease when it starts, and its clean stop when its loop
+    /// returns. With one, a tool needs only the store to open a
     /// view of it: `WorkflowView::new(queue, MemoStore::new(store,
     /// info.memo_prefix))`.
     ///
@@ -152,18 +173,28 @@ impl WorkflowView {
             .kv_entries(RUNTIMES_PREFIX.as_bytes(), .., SCAN_PAGE)
             .try_collect()
             .await?;
-        Ok(entries
-            .into_iter()
-            .filter_map(|(key, value)| {
-                let whose = String::from_utf8_lossy(&key).into_owned();
-                durable::decode_or_absent::<DurableRuntimeInfo>(
-                    &value,
-                    "runtime descriptor",
-                    &whose,
-                )
-            })
-            .map(Into::into)
-            .collect())
+        let mut runtimes = Vec::with_capacity(entries.len());
+        for (key, value) in entries {
+            let whose = String::from_utf8_lossy(&key).into_owned();
+            let Some(record) = durable::decode_or_absent::<DurableRuntimeInfo>(
+                &value,
+                "runtime descriptor",
+                &whose,
+            ) else {
+                continue;
+            };
+            let worker_key = worker_kv_key(&record.queue_name);
+            let worker = match queue.kv_get(&worker_key).await? {
+                Some(bytes) => durable::decode_or_absent::<DurableWorkerRecord>(
+                    &bytes,
+                    "runtime worker record",
+                    &record.queue_name,
+                ),
+                None => None,
+            };
+            runtimes.push(RuntimeInfo::from_records(record, worker));
+        }
+        Ok(runtimes)
     }
 
     /// The queue view this view reads through (for the queue's own
@@ -591,7 +622,10 @@ impl WorkflowView {
     /// The state of inbox command `id`
     /// ([`Inbox::send`](crate::Inbox::send)): its record when the owner
     /// recorded one, else [`CommandState::Pending`] while its object is in
-    /// the inbox, else [`CommandState::Unknown`].
+    /// the inbox, else [`CommandState::Unknown`]. On a local-directory
+    /// store only a regular file counts as the object, and nothing is
+    /// opened to find out (whatever is planted under the command's name,
+    /// a FIFO or a link, is answered `Unknown` at once).
     ///
     /// # Errors
     /// Storage and decoding errors.
@@ -601,7 +635,12 @@ impl WorkflowView {
             return Ok(record.into());
         }
         let objects = self.memos.objects();
-        if objects.head(&command_path(objects, id)).await? {
+        // Only a regular file in the inbox is a command the owner applies
+        // (on a local store nothing is opened to find out).
+        if InboxObjects::new(objects)
+            .holds(&command_path(objects, id))
+            .await?
+        {
             return Ok(CommandState::Pending);
         }
         // Applied between the two reads: the record is committed before the

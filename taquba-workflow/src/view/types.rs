@@ -241,4 +241,12 @@ pub struct RuntimeInfo {
     pub crate_version: String,
     /// When that worker started, ms since the UNIX epoch (runtime clock).
     pub started_at_ms: u64,
+    /// The lease that worker claims its steps with, ms; `None` when it
+    /// recorded none (a runtime before the worker record). A step claimed
+    /// less than a lease ago may be running in it.
+    pub claim_lease_ms: Option<u64>,
+    /// When that worker stopped cleanly (its loop drained and returned),
+    /// ms since the UNIX epoch (runtime clock); `None` while it runs, after
+    /// it crashed or was dropped, and for a runtime that records no stop.
+    pub stopped_at_ms: Option<u64>,
 }

@@ -198,6 +198,7 @@ where
         if let Err(err) = core.apply_inbox().await {
             warn!("inbox round at shutdown: {err}");
         }
+        core.record_clean_stop().await;
     }
     if closed.is_cancelled() {
         // The store is closed to this process (another process opened it):

@@ -1026,6 +1026,21 @@ impl fmt::Debug for Workflows {
 }
 
 impl StepRunner for Workflows {
+    /// Every hosted workflow with its steps.
+    fn hosted(&self) -> crate::Hosted {
+        crate::Hosted::Workflows(
+            self.entries
+                .iter()
+                .map(|(name, workflow)| {
+                    (
+                        name.to_string(),
+                        workflow.steps().iter().map(|s| s.to_string()).collect(),
+                    )
+                })
+                .collect(),
+        )
+    }
+
     async fn run_step(&self, step: &Step) -> std::result::Result<StepOutcome, StepError> {
         let head: EnvelopeHead = rmp_serde::from_slice(&step.payload).map_err(|e| {
             StepError::permanent(format!("the step payload is not a `#[workflow]` step: {e}"))
@@ -1041,15 +1056,6 @@ impl StepRunner for Workflows {
         }
     }
 
-    fn step_names(&self) -> Option<Vec<String>> {
-        Some(
-            self.entries
-                .values()
-                .flat_map(|workflow| workflow.steps().iter())
-                .map(|name| (*name).to_string())
-                .collect(),
-        )
-    }
 }
 
 /// Builds a [`Workflows`] router.

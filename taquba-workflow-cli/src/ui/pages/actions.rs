@@ -26,6 +26,7 @@ use maud::{Markup, html};
 use serde::Deserialize;
 use taquba_workflow::{Command, CommandId, MAX_COMMAND_TEXT_LEN, RunId, RunState};
 
+use crate::commands::activity;
 use crate::commands::answer::{AnswerJson, command_json, state_note};
 use crate::commands::json::state_word;
 use crate::commands::mutate::{cancel_effect, check_requeue, existing_run, where_it_is};
@@ -304,7 +305,11 @@ pub async fn command_page(
     };
     let times = app.times();
     let age = times.now_ms().saturating_sub(id.timestamp_ms());
-    let activity = app.session.reader.last_store_activity();
+    let hint = if !settled && age > PENDING_HINT_AFTER_MS {
+        Some(activity::last_commit_hint(&app.session.target, &app.session.reader, &times).await?)
+    } else {
+        None
+    };
     let here = url(
         &format!("/commands/{id}"),
         &[(
@@ -333,13 +338,10 @@ pub async fn command_page(
                     dt { "Note" } dd { (note) }
                 }
             }
-            @if !settled && age > PENDING_HINT_AFTER_MS {
+            @if let Some(hint) = &hint {
                 p.warning {
                     "Not applied after " (short_duration(age)) ": is the owning process running? "
-                    @match activity.last_flush_at_ms {
-                        Some(at) => { "Its last flush was " (layout::time(&times, at)) ". " }
-                        None => { "No flush is recorded. " }
-                    }
+                    "In the store, " (hint) ". "
                     "The command stays in the inbox and is applied when the owner next runs; for a store no process owns, "
                     code { "taquba-workflow runs … --offline" }
                     " applies commands directly."

@@ -1,6 +1,7 @@
 //! `GET /store`: the store as a whole, as `taquba-workflow store info`
 //! shows it: job counts per queue, the runtimes it records, what the
-//! reader sees of the owning writer (its epoch, last flush, heartbeat),
+//! reader sees of the owning writer (its epoch, last commit, last flush,
+//! heartbeat),
 //! and the size of each top-level prefix.
 
 use std::sync::Arc;
@@ -37,8 +38,15 @@ pub async fn page(State(app): State<Arc<App>>) -> UiResult<Markup> {
                 h2 { "Writer" }
                 dl.card {
                     dt { "Epoch" } dd { (w.epoch) }
+                    dt { "Last commit" }
+                    dd {
+                        @match &w.newest_wal {
+                            Some(wal) => { (layout::time(&times, wal.at_ms)) " (newest write-ahead log object " code { (wal.path) } ")" }
+                            None => "none in the write-ahead log",
+                        }
+                    }
                     dt { "Last flush" }
-                    dd { @match w.last_flush_at_ms { Some(at) => (layout::time(&times, at)), None => "none recorded" } }
+                    dd { @match w.last_flush_at_ms { Some(at) => { (layout::time(&times, at)) " (the manifest's newest table: it lags the commits)" }, None => "none recorded" } }
                     dt { "Heartbeat" }
                     dd {
                         @match &w.heartbeat {
