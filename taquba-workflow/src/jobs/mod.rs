@@ -311,7 +311,6 @@ impl StepRunner for JobDispatch {
         };
         handler.run(&input.payload, step, &self.state).await
     }
-
 }
 
 pub(crate) type JobRuntime = WorkflowRuntime<JobDispatch, NoopTerminalHook>;

@@ -1055,7 +1055,6 @@ impl StepRunner for Workflows {
             ))),
         }
     }
-
 }
 
 /// Builds a [`Workflows`] router.
