@@ -201,7 +201,7 @@ fn a_step_added_between_two_process_runs_keeps_runs_in_flight() {
         let worker = rt.spawn(std::future::pending::<()>());
         let result = tokio::time::timeout(
             Duration::from_secs(10),
-            rt.workflow_run::<v1::Signup>(new_run).wait(),
+            rt.workflow_run::<v1::Signup>(new_run.clone()).wait(),
         )
         .await
         .expect("the run ends")
@@ -212,7 +212,8 @@ fn a_step_added_between_two_process_runs_keeps_runs_in_flight() {
                 message: Some(message),
                 ..
             }) => assert!(
-                message.contains("workflow `signup` has no step named `audit`"),
+                message.contains("workflow `signup` has no step named `audit`")
+                    && message.contains(&format!("run `{new_run}`")),
                 "{message}"
             ),
             other => panic!("expected a failure, got {other:?}"),

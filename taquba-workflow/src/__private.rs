@@ -530,7 +530,7 @@ fn generated_transition<G: WorkflowStep, S: 'static>(
         .downcast_mut::<Option<Transition<G>>>()
         .and_then(Option::take)
         .ok_or_else(|| {
-            StepError::permanent(format!(
+            crate::run::context::failure(format_args!(
                 "workflow `{}`: a step returned a `Transition<{}>`, not a transition of its step enum `{}`",
                 G::Workflow::NAME,
                 std::any::type_name::<S>(),

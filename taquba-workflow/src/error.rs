@@ -101,8 +101,7 @@ pub enum Error {
     GroupNotFound(RunId),
     /// A plain submission (a run, a typed workflow start, a keyed job) named
     /// the run id of a group member's run (the hex SHA-256 of
-    /// `{group_id}/{key}`, or that followed by `-{n}` for a re-run), active
-    /// or terminated: a plain run under it
+    /// `{group_id}/{key}`), active or terminated: a plain run under it
     /// would answer for the member's run, or overwrite its terminal and
     /// result records. Submit the member through its group.
     #[error(

@@ -294,15 +294,6 @@ pub fn member_run_id(group_id: &str, key: &str) -> RunId {
     rid(&hex::encode(Sha256::digest(format!("{group_id}/{key}"))))
 }
 
-/// The run id of run `n` of member `key` of `group_id`: its first run (0)
-/// has [`member_run_id`], each later run that id followed by `-{n}`.
-pub fn member_rerun_id(group_id: &str, key: &str, n: u32) -> RunId {
-    match n {
-        0 => member_run_id(group_id, key),
-        n => rid(&format!("{}-{n}", member_run_id(group_id, key))),
-    }
-}
-
 /// Remove group `group_id`'s member records, submission counter, manifest
 /// claim and manifest (under `memo_prefix`) and nothing else, cancelling
 /// nothing: what `forget` did to a group with running members before it

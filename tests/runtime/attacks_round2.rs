@@ -1317,6 +1317,9 @@ mod drift {
         const NAME: &'static str = "drift.send";
         type Output = String;
         type Error = String;
+        fn idempotency_key(&self) -> Option<String> {
+            Some(format!("send:{}", self.to))
+        }
         async fn run(&self, _ctx: JobContext<'_>) -> Result<String, String> {
             Ok(format!("sent to {}", self.to))
         }
@@ -1342,7 +1345,8 @@ mod drift {
 
 /// A job submitted by one deploy and run by the next, whose job type gained
 /// a required field: the job must fail permanently (one attempt, not
-/// three) with an error naming the job and the missing field.
+/// three) with an error naming the job, the missing field, the run and the
+/// job's key.
 #[tokio::test(start_paused = true)]
 async fn a_job_whose_type_changed_between_deploys_fails_once_naming_the_field() {
     use taquba_workflow::jobs::JobRunner;
@@ -1389,6 +1393,12 @@ async fn a_job_whose_type_changed_between_deploys_fails_once_naming_the_field() 
     assert!(
         error.contains("drift.send") && error.contains("template"),
         "unclear: {error}"
+    );
+    // An operator finds the run from the error alone: it names the run id
+    // and the job's key (issue 22).
+    assert!(
+        error.contains(&format!("run `{}`", waiting.id())) && error.contains("\"send:c@d\""),
+        "the error names neither the run nor the key: {error}"
     );
     let history = new.view().steps(waiting.id()).await.unwrap().unwrap();
     let attempts: usize = history.steps.iter().map(|s| s.attempts.len()).sum();

@@ -922,3 +922,93 @@ async fn a_cancel_from_another_runtime_reports_how_the_run_ended() {
     assert_eq!(endings.len(), 2, "both endings were exercised: {endings:?}");
     worker.shutdown().await.unwrap();
 }
+
+/// An urgent run's terminal notification has the run's priority: with a
+/// backlog of less urgent runs queued before it ends, its hook is called
+/// before the backlog's steps run, not after them (issue 22).
+#[tokio::test(start_paused = true)]
+async fn a_notification_has_the_priority_of_its_run() {
+    let (queue, store, _clock) = memory_queue().await;
+    // What ran, in order: `step:{run}` for each runner call,
+    // `hook:{run}` for each hook call.
+    let order = Arc::new(Mutex::new(Vec::<String>::new()));
+    let steps = order.clone();
+    let runner = FnRunner(move |step: Step| {
+        steps
+            .lock()
+            .expect("order lock")
+            .push(format!("step:{}", step.run_id));
+        async move {
+            // A backlog step takes a while, so the urgent run's settlement
+            // (and its notification) commits while the backlog waits.
+            if step.run_id.starts_with("backlog") {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Ok(StepOutcome::Succeed { result: vec![] })
+        }
+    });
+    struct OrderHook(Arc<Mutex<Vec<String>>>);
+    impl TerminalHook for OrderHook {
+        async fn on_termination(
+            &self,
+            outcome: &RunOutcome,
+            _effects: &TerminalEffects,
+        ) -> Result<(), StepError> {
+            self.0
+                .lock()
+                .expect("order lock")
+                .push(format!("hook:{}", outcome.run_id));
+            Ok(())
+        }
+    }
+    let runtime = WorkflowRuntime::builder(queue, store, runner, OrderHook(order.clone()))
+        .max_concurrent_steps(1)
+        .build();
+    // The backlog, at the queue's default priority, queued first.
+    for n in 0..20 {
+        runtime
+            .submit(spec(&format!("backlog-{n:02}"), "ok"))
+            .await
+            .expect("submit backlog");
+    }
+    let mut urgent = spec("urgent", "ok");
+    urgent.options.priority = Some(0);
+    runtime.submit(urgent).await.expect("submit urgent");
+
+    let worker = runtime.spawn(std::future::pending::<()>());
+    within(60, runtime.wait(&rid("urgent")))
+        .await
+        .expect("urgent ends");
+    within(60, async {
+        loop {
+            if order
+                .lock()
+                .expect("order lock")
+                .iter()
+                .any(|e| e == "hook:urgent")
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let order = order.lock().expect("order lock").clone();
+    let hook_at = order
+        .iter()
+        .position(|e| e == "hook:urgent")
+        .expect("the urgent run's hook ran");
+    let backlog_before = order[..hook_at]
+        .iter()
+        .filter(|e| e.starts_with("step:backlog"))
+        .count();
+    // The urgent run's step runs first (priority 0); its notification,
+    // at the same priority, is claimed before the 20 queued backlog steps.
+    // A backlog step or two may be claimed while the urgent run's
+    // settlement commits.
+    assert!(
+        backlog_before <= 2,
+        "{backlog_before} backlog steps ran before the urgent run's hook: {order:?}"
+    );
+    worker.shutdown().await.expect("shutdown");
+}

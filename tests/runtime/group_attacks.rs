@@ -35,12 +35,6 @@ use taquba_workflow::{
 // Fixtures
 // ---------------------------------------------------------------------------
 
-/// The member a member run belongs to, named by its first run's id (the
-/// digest): a member's later runs are `{digest}-{n}`.
-fn member_of(run_id: &RunId) -> RunId {
-    rid(run_id.split('-').next().unwrap_or(run_id))
-}
-
 /// What the members' runner observed.
 #[derive(Default)]
 struct Book {
@@ -77,14 +71,14 @@ impl Members {
         members
     }
 
-    /// Executions of step 0 by the member whose first run is `run_id`, over
+    /// Executions of step 0 by the member whose run id is `run_id`, over
     /// all its runs.
     fn starts(&self, run_id: &RunId) -> usize {
         self.book
             .lock()
             .unwrap()
             .starts
-            .get(&member_of(run_id))
+            .get(run_id)
             .copied()
             .unwrap_or(0)
     }
@@ -104,7 +98,7 @@ impl StepRunner for Members {
         }
         let fail_now = {
             let mut book = self.book.lock().unwrap();
-            let member = member_of(&step.run_id);
+            let member = step.run_id.clone();
             *book.starts.entry(member.clone()).or_default() += 1;
             if !book.active.insert(step.run_id.clone()) {
                 book.overlaps.push(step.run_id.clone());
@@ -147,13 +141,13 @@ impl StepRunner for Members {
 struct Tally(Arc<Mutex<HashMap<RunId, Vec<TerminalStatus>>>>);
 
 impl Tally {
-    /// The terminations with `status` of the member whose first run is
+    /// The terminations with `status` of the member whose run id is
     /// `run_id`.
     fn count(&self, run_id: &RunId, status: TerminalStatus) -> usize {
         self.0
             .lock()
             .unwrap()
-            .get(&member_of(run_id))
+            .get(run_id)
             .map(|all| all.iter().filter(|s| **s == status).count())
             .unwrap_or(0)
     }
@@ -168,7 +162,7 @@ impl TerminalHook for Tally {
         self.0
             .lock()
             .unwrap()
-            .entry(member_of(&outcome.run_id))
+            .entry(outcome.run_id.clone())
             .or_default()
             .push(outcome.status);
         Ok(())
@@ -708,20 +702,9 @@ async fn large_group(n: usize) {
             .iter()
             .all(|r| r.termination.status == TerminalStatus::Succeeded)
     );
-    // A member run again is a new run: its first run's id numbered.
-    let reran: HashSet<&str> = members
-        .iter()
-        .filter(|m| m.input == b"flaky")
-        .map(|m| m.key.as_str())
-        .collect();
+    // A member run again keeps its derived run id.
     for r in &results {
-        let run = u32::from(reran.contains(r.key.as_str()));
-        assert_eq!(
-            r.run_id,
-            member_rerun_id(&id, &r.key, run),
-            "{id}: {}",
-            r.key
-        );
+        assert_eq!(r.run_id, member_run_id(&id, &r.key), "{id}: {}", r.key);
     }
     for (i, m) in members.iter().enumerate() {
         let starts = runner.starts(&member_run_id(&id, &m.key));

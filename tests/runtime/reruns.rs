@@ -1,6 +1,6 @@
 //! A run started again under a run id or group member key whose earlier run
-//! ended (issue 12, points 6 and 7): a group member run again is a new run
-//! with a run id of its own that sees nothing of the earlier run (no replay
+//! ended (issue 12, points 6 and 7; issue 22): a group member run again
+//! keeps its derived run id and sees nothing of the earlier run (no replay
 //! records, no memo entries); a plain run id submitted again runs its steps
 //! afresh (the earlier run's replay records are not replayed) and shares
 //! the earlier run's memo entries, as the seeds describe, which memo
@@ -89,20 +89,12 @@ async fn results(group: &RunGroup) -> Vec<MemberResult> {
     results
 }
 
-/// A member that failed and one that was cancelled, run again by `resume`
-/// (with step-output replay on): each runs its step afresh as a new run,
-/// under a run id of its own that `MemberResult::run_id` reports, and sees
-/// none of the earlier run's memo entries. The earlier runs stay readable
-/// under their own run ids.
-#[tokio::test(start_paused = true)]
-async fn a_member_run_again_is_a_new_run_that_starts_clean() {
-    let (queue, store, _clock) = memory_queue().await;
-    let drafts = Drafts::default();
-    drafts.failing.store(true, Ordering::SeqCst);
-    let runtime = workflow_builder(&queue, &store, &drafts)
-        .step_output_replay()
-        .build();
-    let worker = runtime.spawn(std::future::pending::<()>());
+/// Fail one member and cancel another (parked on a signal), with
+/// step-output replay on; return the group's first results, sorted by key.
+async fn fail_and_cancel<R: StepRunner, H: taquba_workflow::TerminalHook>(
+    runtime: &taquba_workflow::WorkflowRuntime<R, H>,
+    drafts: &Drafts,
+) -> Vec<MemberResult> {
     let group = runtime.group(rid("drafts"));
     group
         .submit(
@@ -122,7 +114,19 @@ async fn a_member_run_again_is_a_new_run_that_starts_clean() {
     let first = results(&group).await;
     assert_eq!(first[0].termination.status, TerminalStatus::Failed);
     assert_eq!(first[1].termination.status, TerminalStatus::Cancelled);
+    first
+}
 
+/// Resume the group and check its re-runs: each member keeps its derived
+/// run id (0.13's), runs its step again (the earlier `Fail` verdict's
+/// replay record is not replayed) and reads none of the earlier run's memo
+/// entries.
+async fn resume_and_check<R: StepRunner, H: taquba_workflow::TerminalHook>(
+    runtime: &taquba_workflow::WorkflowRuntime<R, H>,
+    drafts: &Drafts,
+    first: &[MemberResult],
+) {
+    let group = runtime.group(rid("drafts"));
     drafts.failing.store(false, Ordering::SeqCst);
     group.resume(&RunOptions::default()).await.unwrap();
     runtime.signal("drafts-gate", b"go".to_vec()).await.unwrap();
@@ -142,30 +146,56 @@ async fn a_member_run_again_is_a_new_run_that_starts_clean() {
     let seen = drafts.seen();
     assert_eq!(seen.len(), 4, "each member's step ran again: {seen:?}");
     for (earlier, now) in first.iter().zip(&second) {
-        assert_ne!(now.run_id, earlier.run_id, "{}: a new run id", now.key);
+        assert_eq!(
+            now.run_id,
+            member_run_id("drafts", &now.key),
+            "{}: the member's derived run id",
+            now.key
+        );
+        assert_eq!(now.run_id, earlier.run_id, "{}: the same run id", now.key);
         let outcome = now.outcome.as_ref().expect("recorded");
         assert_eq!(outcome.run_id, now.run_id);
-        // The failing member's result is its step's own run id.
         if now.key == "fails" {
+            // Its result is what its step returned this time.
             assert_eq!(outcome.result.as_deref(), Some(now.run_id.as_bytes()));
         }
         let rerun = seen
             .iter()
-            .find(|s| s.run_id == now.run_id)
-            .expect("the new run's step ran");
+            .filter(|s| s.run_id == now.run_id)
+            .nth(1)
+            .expect("the member's step ran a second time");
         assert_eq!(rerun.step_memo, None, "{}: a clean step memo", now.key);
         assert_eq!(rerun.run_memo, None, "{}: a clean run memo", now.key);
-        // The earlier run is still there under its own id.
-        let Some(RunState::Terminated(t)) = runtime
-            .status(&earlier.run_id)
-            .await
-            .unwrap()
-            .map(|s| s.state)
+        let Some(RunState::Terminated(t)) =
+            runtime.status(&now.run_id).await.unwrap().map(|s| s.state)
         else {
-            panic!("{}: the earlier run is gone", now.key);
+            panic!("{}: the re-run is not terminated", now.key);
         };
-        assert_eq!(t.status, earlier.termination.status);
+        assert_eq!(t.status, TerminalStatus::Succeeded);
     }
+
+    // `forget` removes the member's runs and memo entries.
+    group.forget().await.unwrap();
+    for result in &second {
+        assert!(runtime.status(&result.run_id).await.unwrap().is_none());
+    }
+}
+
+/// A member that failed and one that was cancelled, run again by `resume`
+/// (with step-output replay on): each keeps its derived run id, which
+/// `MemberResult::run_id` reports, runs its step afresh and sees none of
+/// the earlier run's memo entries (issue 22).
+#[tokio::test(start_paused = true)]
+async fn a_member_run_again_keeps_its_run_id_and_starts_clean() {
+    let (queue, store, _clock) = memory_queue().await;
+    let drafts = Drafts::default();
+    drafts.failing.store(true, Ordering::SeqCst);
+    let runtime = workflow_builder(&queue, &store, &drafts)
+        .step_output_replay()
+        .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let first = fail_and_cancel(&runtime, &drafts).await;
+    // The earlier run's outcome is readable until the member runs again.
     assert_eq!(
         runtime
             .outcome(&first[0].run_id)
@@ -175,12 +205,7 @@ async fn a_member_run_again_is_a_new_run_that_starts_clean() {
             .error,
         Some(format!("failed in {}", first[0].run_id))
     );
-
-    // `forget` removes every run of every member.
-    group.forget().await.unwrap();
-    for result in first.iter().chain(&second) {
-        assert!(runtime.status(&result.run_id).await.unwrap().is_none());
-    }
+    resume_and_check(&runtime, &drafts, &first).await;
     assert!(
         MemoStore::new(store.clone(), MEMO_PREFIX)
             .new_run_memo(&first[0].run_id)
@@ -189,6 +214,35 @@ async fn a_member_run_again_is_a_new_run_that_starts_clean() {
             .unwrap()
             .is_none()
     );
+    worker.shutdown().await.unwrap();
+}
+
+/// The same with the process restarted between the two submissions: the
+/// re-run's isolation does not depend on anything held in memory.
+#[tokio::test(start_paused = true)]
+async fn a_member_run_again_after_a_restart_keeps_its_run_id_and_starts_clean() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir_store(dir.path());
+    let clock = taquba::MockClock::new(T0);
+    let drafts = Drafts::default();
+    drafts.failing.store(true, Ordering::SeqCst);
+
+    let queue = open(&store, &clock).await;
+    let runtime = workflow_builder(&queue, &store, &drafts)
+        .step_output_replay()
+        .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let first = fail_and_cancel(&runtime, &drafts).await;
+    worker.shutdown().await.unwrap();
+    drop(runtime);
+    close(queue).await;
+
+    let queue = open(&store, &clock).await;
+    let runtime = workflow_builder(&queue, &store, &drafts)
+        .step_output_replay()
+        .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    resume_and_check(&runtime, &drafts, &first).await;
     worker.shutdown().await.unwrap();
 }
 

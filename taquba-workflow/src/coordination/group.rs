@@ -40,18 +40,14 @@ const RESULTS_WINDOW: usize = 256;
 /// Records read per page and deleted per transaction.
 const PAGE: usize = 1000;
 
-/// The run id of run `incarnation` of member `key` of `group_id`: the hex
-/// SHA-256 of `{group_id}/{key}` for its first run (0), so keys may hold
-/// any text and groups never share runs, and that digest followed by
-/// `-{incarnation}` for each run after it (a submission or resume running
-/// the member again after it failed or was cancelled), so a re-run is a new
-/// run that shares nothing keyed by run id with the runs before it.
-pub(crate) fn member_run_id(group_id: &RunId, key: &str, incarnation: u32) -> RunId {
-    let first = RunId::digest(&[group_id.as_bytes(), b"/", key.as_bytes()]);
-    match incarnation {
-        0 => first,
-        n => first.numbered(n),
-    }
+/// The run id of member `key` of `group_id`: the hex SHA-256 of
+/// `{group_id}/{key}` (0.13's derivation), so keys may hold any text and
+/// groups never share runs. Every run of the member has it: a member run
+/// again after it failed or was cancelled keeps its id and starts clean
+/// through `group_submit` (its memo entries are cleared before the re-run
+/// commits; its replay records and history carry the run's execution).
+pub(crate) fn member_run_id(group_id: &RunId, key: &str) -> RunId {
+    RunId::digest(&[group_id.as_bytes(), b"/", key.as_bytes()])
 }
 
 /// A run's membership of a group, carried on every step job in the
@@ -86,25 +82,9 @@ impl Membership {
         group_member_kv_key(&self.group_id, &self.key)
     }
 
-    /// The run id of this member's run `incarnation`.
-    pub(crate) fn run_id(&self, incarnation: u32) -> RunId {
-        member_run_id(&self.group_id, &self.key, incarnation)
-    }
-
-    /// Which run of this member `run_id` is (0 for the first, and for a
-    /// run id that is none of this member's).
-    pub(crate) fn incarnation_of(&self, run_id: &RunId) -> u32 {
-        let first = self.run_id(0);
-        run_id
-            .strip_prefix(first.as_str())
-            .and_then(|rest| rest.strip_prefix('-'))
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
-    }
-
-    /// The run id of this member's run after `run_id` (one of its runs).
-    pub(crate) fn run_after(&self, run_id: &RunId) -> RunId {
-        self.run_id(self.incarnation_of(run_id).saturating_add(1))
+    /// The run id of every run of this member.
+    pub(crate) fn run_id(&self) -> RunId {
+        member_run_id(&self.group_id, &self.key)
     }
 
     /// The membership as a terminal record keeps it.
@@ -191,9 +171,9 @@ pub struct GroupStatus {
 pub struct MemberResult {
     /// The member's key.
     pub key: String,
-    /// The member's last run: the digest run id of the member (hex SHA-256
-    /// of `{group_id}/{key}`) for its first run, that id followed by `-{n}`
-    /// for its `n`-th re-run (see [`RunGroup::submit`]).
+    /// The member's run id: the hex SHA-256 of `{group_id}/{key}`, the
+    /// same for every run of the member (a re-run keeps it; see
+    /// [`RunGroup::submit`]).
     pub run_id: RunId,
     /// Its last termination.
     pub termination: RunTermination,
@@ -405,10 +385,10 @@ impl GroupStore {
 /// [`WorkflowRuntime::new_group`](crate::WorkflowRuntime::new_group). Cheap
 /// to clone.
 ///
-/// Members are keyed; a member's run ids derive from the group id and its
-/// key (hex SHA-256 of `{group_id}/{key}` for its first run, followed by
-/// `-{n}` for each re-run) and belong to the group: a plain submission
-/// under one is refused ([`Error::GroupMemberRunId`]), so the group always
+/// Members are keyed; a member's run id derives from the group id and its
+/// key (hex SHA-256 of `{group_id}/{key}`, as in 0.13), the same for every
+/// run of the member, and belongs to the group: a plain submission
+/// under it is refused ([`Error::GroupMemberRunId`]), so the group always
 /// reports its member's own run. The manifest is durable, so
 /// [`results`](Self::results), [`status`](Self::status),
 /// [`cancel`](Self::cancel) and [`forget`](Self::forget) work after a
@@ -463,14 +443,14 @@ impl RunGroup {
     /// commit in flight when it happened has finished by then), and a
     /// re-submission or [`resume`](Self::resume) completes the rest.
     ///
-    /// A member run again (its last run failed or was cancelled) is a new
-    /// run under a run id of its own: the member's first run has the
-    /// digest run id, each later run that digest followed by `-{n}` (`n` =
-    /// 1, 2, ...), which [`MemberResult::run_id`] reports. So a re-run
-    /// starts clean, with none of the earlier run's memo entries or
-    /// step-output replay records (which stay under the earlier run's id,
-    /// readable through [`WorkflowRuntime::outcome`](crate::WorkflowRuntime::outcome),
-    /// until memo retention or [`forget`](Self::forget) removes them).
+    /// A member run again (its last run failed or was cancelled) keeps the
+    /// member's run id (which [`MemberResult::run_id`] reports) and starts
+    /// clean: the earlier run's memo entries and run result record are
+    /// removed before the re-run commits, and its step-output replay
+    /// records and history entries, which name the run's execution, are
+    /// not the re-run's. A crash between the two leaves the member failed
+    /// (or cancelled) without its recorded outcome; the next submission
+    /// runs it again.
     ///
     /// Submissions and resumes of one group (from any runtime over the
     /// queue in this process) run one at a time, and wait for a

@@ -13,7 +13,7 @@
 //! counter, the manifest claim, and last the manifest, so a removal that
 //! failed part-way is found and finished by the next one.
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 
 use futures_util::TryStreamExt;
 use taquba::SettlementEffects;
@@ -119,31 +119,22 @@ impl GroupStore {
     /// Remove the state of `group_id` (see the module doc). The caller holds
     /// the group's lock and has ended its members.
     pub(crate) async fn remove(&self, group_id: &RunId) -> Result<()> {
-        // Each member's last run: 0 for a manifest member without a record.
-        let mut last_runs: BTreeMap<String, u32> = BTreeMap::new();
+        // Each member's run id; and a run id a member record names beside
+        // it (a record written by a build that numbered re-runs).
+        let mut runs: BTreeSet<RunId> = BTreeSet::new();
+        let membership = |key: String| Membership {
+            group_id: group_id.clone(),
+            key,
+        };
         if let Some(manifest) = self.read_manifest(group_id).await? {
             for member in manifest.members {
-                last_runs.insert(member.key, 0);
+                runs.insert(membership(member.key).run_id());
             }
         }
         for member in self.members(group_id).await? {
-            let membership = Membership {
-                group_id: group_id.clone(),
-                key: member.key.clone(),
-            };
-            let last = membership.incarnation_of(&member.record.run_id);
-            last_runs
-                .entry(member.key)
-                .and_modify(|n| *n = (*n).max(last))
-                .or_insert(last);
+            runs.insert(membership(member.key).run_id());
+            runs.insert(member.record.run_id);
         }
-        let runs = last_runs.into_iter().flat_map(|(key, last)| {
-            let membership = Membership {
-                group_id: group_id.clone(),
-                key,
-            };
-            (0..=last).map(move |n| membership.run_id(n))
-        });
         let run_keys: Vec<Vec<Vec<u8>>> =
             try_join_settled(runs, SUBMIT_CONCURRENCY, |run_id| self.clear_run(run_id)).await?;
         let mut keys = Vec::new();

@@ -8,12 +8,14 @@
 //! in their number. A chunk reads each member's run record and commits the
 //! rest together.
 //!
-//! Which run. A member's first run has the member's digest run id; a member
-//! whose last run failed or was cancelled runs again as the next run of the
-//! member, under that digest numbered (`{digest}-{n}`), so a re-run starts
-//! with nothing of the runs before it (no replay records, no memo entries).
-//! The run to submit is read from the member record, which every submission
-//! and termination of the member rewrites.
+//! Which run. Every run of a member has the member's digest run id (0.13's
+//! derivation). A member whose last run failed or was cancelled runs again
+//! under it, and starts with nothing of the runs before it: its memo
+//! entries (and run result record) are removed before the re-run's
+//! transaction commits ([`clear_earlier_run`]), and its step-output replay
+//! records and history name the execution that wrote them, which the re-run
+//! is not. What to submit is read from the member record, which every
+//! submission and termination of the member rewrites.
 //!
 //! Why the counter is enough. A submission reads the counter, then the
 //! member records. A member that the records show as never submitted,
@@ -44,6 +46,7 @@ use crate::coordination::group::{GroupMember, Membership, pending_member};
 use crate::error::{Error, Result};
 use crate::model::RunOptions;
 use crate::run::core::RuntimeCore;
+use crate::run::submit::SubmittedAs;
 use crate::run::submit_batch::MAX_BATCH_BYTES;
 use crate::settled::try_join_settled;
 use crate::store::durable::{self, DurableMember};
@@ -312,6 +315,15 @@ async fn commit_chunk(
     batch: Vec<Candidate>,
     options: &RunOptions,
 ) -> Result<Chunk> {
+    let reruns: Vec<RunId> = batch
+        .iter()
+        .filter(|candidate| candidate.recorded == Recorded::Idle)
+        .map(|candidate| candidate.run_id.clone())
+        .collect();
+    try_join_settled(reruns, SUBMIT_CONCURRENCY, |run_id| async move {
+        clear_earlier_run(core, &run_id).await
+    })
+    .await?;
     let next = new_counter_value();
     let mut merged = SettlementEffects::default();
     let mut submitted = Vec::with_capacity(batch.len());
@@ -322,7 +334,7 @@ async fn commit_chunk(
             candidate.member.member.input.clone(),
             &candidate.member.input_hash,
             options,
-            Some(&membership),
+            SubmittedAs::Member(&membership),
             &SettlementEffects::default(),
         );
         // One enqueue per member (step 0), in member order.
@@ -361,6 +373,24 @@ async fn commit_chunk(
             Ok(Chunk::Rejected(batch))
         }
     }
+}
+
+/// Remove what the earlier run of a member that is about to run again left
+/// under its run id outside the queue: its memo entries, run result record
+/// and replay records (the memo store's directory of the run). Called
+/// before the re-run's transaction, with the group's lock held, so no
+/// other submission of the member runs meanwhile; the earlier run has
+/// terminated, so nothing writes there either. A crash after it and before
+/// the commit leaves the member failed (or cancelled) without its result
+/// record, which the next submission runs again.
+///
+/// # Errors
+/// [`Error::Store`] when the object store cannot list or delete; the
+/// member is then not submitted.
+async fn clear_earlier_run(core: &RuntimeCore, run_id: &RunId) -> Result<()> {
+    let removed = core.memo_store.clear_memos_for_run(run_id).await?;
+    debug!(run_id = %run_id, removed, "cleared the memo entries of a member's earlier run before it runs again");
+    Ok(())
 }
 
 /// Submit each of `alone` in its own transaction, as a re-submission of a
@@ -409,8 +439,9 @@ async fn submit_member(
                 &membership.key,
             )
         });
+        let rerun = record.as_ref().is_some_and(|r| r.terminated.is_some());
         let run_id = match &record {
-            None => membership.run_id(0),
+            None => membership.run_id(),
             Some(DurableMember {
                 terminated: Some(termination),
                 run_id,
@@ -423,9 +454,8 @@ async fn submit_member(
             }
             Some(DurableMember {
                 terminated: Some(_),
-                run_id,
                 ..
-            }) => membership.run_after(run_id),
+            }) => membership.run_id(),
             Some(DurableMember { run_id, .. }) => run_id.clone(),
         };
         let run_key = run_kv_key(&run_id);
@@ -462,12 +492,15 @@ async fn submit_member(
             // reads (its end rewrote the record); read again.
             continue;
         }
+        if rerun {
+            clear_earlier_run(core, &run_id).await?;
+        }
         let (effects, job_id) = core.submission_effects(
             &run_id,
             member.member.input.clone(),
             &member.input_hash,
             options,
-            Some(membership),
+            SubmittedAs::Member(membership),
             &SettlementEffects::default(),
         );
         if let Some(results) = core
@@ -484,7 +517,7 @@ async fn submit_member(
             return Ok(());
         }
     }
-    Err(Error::InconsistentRunState(membership.run_id(0)))
+    Err(Error::InconsistentRunState(membership.run_id()))
 }
 
 /// A value the submission counter never held before (a new ULID): every
@@ -498,11 +531,11 @@ pub(crate) fn new_counter_value() -> Vec<u8> {
 /// calls for; `None` for a success (not to be submitted again).
 fn recorded(membership: &Membership, record: Option<&DurableMember>) -> Option<(Recorded, RunId)> {
     match record {
-        None => Some((Recorded::Missing, membership.run_id(0))),
+        None => Some((Recorded::Missing, membership.run_id())),
         Some(record) => match record.terminated.as_ref().map(|t| t.status) {
             None => Some((Recorded::Active, record.run_id.clone())),
             Some(durable::DurableStatus::Succeeded) => None,
-            Some(_) => Some((Recorded::Idle, membership.run_after(&record.run_id))),
+            Some(_) => Some((Recorded::Idle, membership.run_id())),
         },
     }
 }
@@ -595,16 +628,14 @@ mod tests {
             .await
             .expect("submit");
         for member in &members {
-            let run_id =
-                crate::coordination::group::member_run_id(&group_id, &member.member.key, 0);
+            let run_id = crate::coordination::group::member_run_id(&group_id, &member.member.key);
             core.wait_run(&run_id).await.expect("wait");
         }
         submit_from(&core, &group_id, members.clone(), &options, stale)
             .await
             .expect("stale submit");
         for member in &members {
-            let run_id =
-                crate::coordination::group::member_run_id(&group_id, &member.member.key, 0);
+            let run_id = crate::coordination::group::member_run_id(&group_id, &member.member.key);
             core.wait_run(&run_id).await.expect("wait");
         }
         assert_eq!(
@@ -678,8 +709,7 @@ mod tests {
         assert_eq!(rejected.len(), 3);
         open.send_replace(true);
         for member in &members {
-            let run_id =
-                crate::coordination::group::member_run_id(&group_id, &member.member.key, 0);
+            let run_id = crate::coordination::group::member_run_id(&group_id, &member.member.key);
             core.wait_run(&run_id).await.expect("wait");
         }
         assert_eq!(runner.started.lock().expect("lock").len(), 3);
@@ -695,7 +725,7 @@ mod tests {
             group_id: RunId::new("g").expect("id"),
             key: "m".into(),
         };
-        let run_id = membership.run_id(0);
+        let run_id = membership.run_id();
         let first = durable::encode(&pending_member(&membership, &run_id));
         let second = durable::encode(&pending_member(&membership, &run_id));
         assert_ne!(first, second);
@@ -714,8 +744,8 @@ mod tests {
                 input: Vec::new(),
             })
         };
-        let ended = |key: &str, run: u32, status| DurableMember {
-            run_id: membership(key).run_id(run),
+        let ended = |key: &str, status| DurableMember {
+            run_id: membership(key).run_id(),
             terminated: Some(crate::store::durable::DurableTermination {
                 status,
                 error: None,
@@ -738,19 +768,19 @@ mod tests {
         let states = HashMap::from([
             (
                 "ok".to_string(),
-                ended("ok", 0, durable::DurableStatus::Succeeded),
+                ended("ok", durable::DurableStatus::Succeeded),
             ),
             (
                 "failed".to_string(),
-                ended("failed", 0, durable::DurableStatus::Failed),
+                ended("failed", durable::DurableStatus::Failed),
             ),
             (
                 "cancelled".to_string(),
-                ended("cancelled", 2, durable::DurableStatus::Cancelled),
+                ended("cancelled", durable::DurableStatus::Cancelled),
             ),
             (
                 "running".to_string(),
-                pending_member(&membership("running"), &membership("running").run_id(1)),
+                pending_member(&membership("running"), &membership("running").run_id()),
             ),
         ]);
         let picked: Vec<(String, Recorded, RunId)> = candidates(
@@ -768,47 +798,34 @@ mod tests {
                 (
                     "failed".to_string(),
                     Recorded::Idle,
-                    membership("failed").run_id(1)
+                    membership("failed").run_id()
                 ),
                 (
                     "cancelled".to_string(),
                     Recorded::Idle,
-                    membership("cancelled").run_id(3)
+                    membership("cancelled").run_id()
                 ),
                 (
                     "running".to_string(),
                     Recorded::Active,
-                    membership("running").run_id(1)
+                    membership("running").run_id()
                 ),
                 (
                     "new".to_string(),
                     Recorded::Missing,
-                    membership("new").run_id(0)
+                    membership("new").run_id()
                 ),
             ]
         );
     }
 
     #[test]
-    fn a_members_runs_are_numbered_after_its_digest() {
+    fn every_run_of_a_member_has_its_digest_run_id() {
         let membership = Membership {
             group_id: RunId::new("g").expect("id"),
             key: "k/1".into(),
         };
-        let first = membership.run_id(0);
-        assert_eq!(first.as_str(), hex::encode(sha256(b"g/k/1")));
-        let third = membership.run_id(2);
-        assert_eq!(third.as_str(), format!("{first}-2"));
-        assert_eq!(membership.incarnation_of(&first), 0);
-        assert_eq!(membership.incarnation_of(&third), 2);
-        assert_eq!(membership.run_after(&third), membership.run_id(3));
-        assert_eq!(
-            membership.incarnation_of(&RunId::new("other").expect("id")),
-            0
-        );
-        let last = membership.run_id(u32::MAX);
-        assert!(RunId::new(last.as_str()).is_ok(), "a valid run id");
-        assert_eq!(membership.run_after(&last), last);
+        assert_eq!(membership.run_id().as_str(), hex::encode(sha256(b"g/k/1")));
     }
 
     #[test]

@@ -310,6 +310,7 @@ impl RuntimeCore {
             },
         };
         if let Some(reason) = refused {
+            let reason = crate::run::context::RunScope::of_job(run_id, claimed.job).name(reason);
             let outcome = crate::model::RunOutcome {
                 run_id: run_id.clone(),
                 status: TerminalStatus::Failed,
@@ -330,7 +331,7 @@ impl RuntimeCore {
                 &outcome,
                 termination,
                 claimed.membership.as_ref(),
-                claimed.job.max_attempts,
+                claimed.job,
                 true,
             );
             return Ok(Settlement::of(SettleKind::Ack(effects)).ending(ended));

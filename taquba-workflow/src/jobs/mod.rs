@@ -75,6 +75,7 @@ use crate::model::{RunEnd, RunOptions, RunSpec, RunStatus, RunTermination};
 use crate::model::{RunOutcome, TerminalStatus};
 use crate::model::{StepError, StepErrorKind, StepOutcome};
 use crate::run::commit::detached;
+use crate::run::context::failure;
 use crate::run::core::OnTerminated;
 use crate::runner::{Delivery, Step, StepRunner};
 use crate::runtime::{RunnerHandle, WorkflowRuntime};
@@ -259,7 +260,7 @@ impl<J: Job> Handler for TypedHandler<J> {
     ) -> BoxFuture<'a, std::result::Result<StepOutcome, StepError>> {
         Box::pin(async move {
             let job: J = rmp_serde::from_slice(payload).map_err(|err| {
-                StepError::permanent(format!(
+                failure(format_args!(
                     "job `{}`: payload does not decode as `{}`: {err}",
                     J::NAME,
                     type_name::<J>()
@@ -272,7 +273,7 @@ impl<J: Job> Handler for TypedHandler<J> {
             match job.run(ctx).await {
                 Ok(output) => {
                     let result = durable::try_encode(&output).map_err(|err| {
-                        StepError::permanent(format!(
+                        failure(format_args!(
                             "job `{}`: output does not encode: {err}",
                             J::NAME
                         ))
@@ -302,9 +303,9 @@ impl StepRunner for JobDispatch {
 
     async fn run_step(&self, step: &Step) -> std::result::Result<StepOutcome, StepError> {
         let input: DurableJobInput = durable::decode(&step.payload)
-            .map_err(|err| StepError::permanent(format!("job input does not decode: {err}")))?;
+            .map_err(|err| failure(format_args!("job input does not decode: {err}")))?;
         let Some(handler) = self.handlers.get(input.name.as_str()) else {
-            return Err(StepError::permanent(format!(
+            return Err(failure(format_args!(
                 "no job type named {:?} is registered on this JobRunner",
                 input.name
             )));
@@ -612,16 +613,14 @@ impl JobRunner {
         let input = job_input(&job)?;
         let input_hash = job_input_hash(&job)?;
         options.max_attempts_per_step = options.max_attempts_per_step.or(job.max_attempts());
-        let run_id = job
-            .idempotency_key()
-            .map(|key| RunId::digest(&[key.as_bytes()]));
+        let key = job.idempotency_key();
+        let run_id = key.as_ref().map(|key| RunId::digest(&[key.as_bytes()]));
         // A keyed job that terminated is answered by its record; the check
         // shares the submission's retry loop, so a job terminating while it
         // is submitted again does not run twice.
-        let on_terminated = if run_id.is_some() {
-            OnTerminated::Keep
-        } else {
-            OnTerminated::Restart
+        let on_terminated = match key {
+            Some(key) => OnTerminated::Keep(key),
+            None => OnTerminated::Restart,
         };
         let spec = RunSpec {
             run_id,

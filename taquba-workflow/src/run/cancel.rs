@@ -232,13 +232,8 @@ impl RuntimeCore {
         );
         let membership = Membership::from_headers(&job.headers)?;
         let termination = self.termination(&outcome, None, record, &job.id, membership.as_ref());
-        let (mut effects, ended) = self.terminate_effects(
-            &outcome,
-            termination,
-            membership.as_ref(),
-            job.max_attempts,
-            false,
-        );
+        let (mut effects, ended) =
+            self.terminate_effects(&outcome, termination, membership.as_ref(), job, false);
         effects
             .kv_deletes
             .extend(crate::coordination::signal::waiter_cleanup(job));

@@ -137,12 +137,14 @@ pub(crate) struct RuntimeCore {
 }
 
 /// What a plain submission does with a run id whose run terminated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum OnTerminated {
     /// Start a new run under the id (runs).
     Restart,
-    /// Answer with the recorded run (idempotent jobs).
-    Keep,
+    /// Answer with the recorded run (idempotent jobs); the job's
+    /// idempotency key, which its step job carries in
+    /// [`HEADER_JOB_KEY`](crate::store::keys::HEADER_JOB_KEY).
+    Keep(String),
 }
 
 /// The queue options of a run's next step.
@@ -365,8 +367,9 @@ impl RuntimeCore {
     /// and pointer, write the terminal record (and the member record of a
     /// group member), the retention marker when retention is configured,
     /// and the notification job when the hook observes the outcome.
-    /// `max_attempts` is the terminal step's attempt limit, which the
-    /// notification inherits. With the effects, the end the run's waiters
+    /// `step` is the terminal step's queue record: the notification inherits
+    /// its attempt limit and its priority (the run's, so an urgent run's hook
+    /// is not queued behind a backlog of less urgent work). With the effects, the end the run's waiters
     /// are told once they commit: with `outcome` when `recorded` (its run
     /// result record was written).
     pub(crate) fn terminate_effects(
@@ -374,7 +377,7 @@ impl RuntimeCore {
         outcome: &RunOutcome,
         termination: DurableTermination,
         membership: Option<&Membership>,
-        max_attempts: u32,
+        step: &JobRecord,
         recorded: bool,
     ) -> (SettlementEffects, (RunId, RunEnd)) {
         let run_id = &outcome.run_id;
@@ -409,7 +412,8 @@ impl RuntimeCore {
                 payload: durable::encode(&DurableRunOutcome::from(outcome)),
                 options: EnqueueOptions::default()
                     .headers(headers)
-                    .max_attempts(max_attempts),
+                    .priority(step.priority)
+                    .max_attempts(step.max_attempts),
             });
         }
         (effects, (run_id.clone(), end))

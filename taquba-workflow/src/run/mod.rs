@@ -5,12 +5,14 @@
 //! cancellation ([`cancel`], racing steps in flight through [`inflight`]),
 //! resuming a run whose step was dead-lettered ([`requeue`]), waiting for
 //! a termination ([`wait`], woken by [`watch`]), composing effects that
-//! share one transaction ([`compose`]); the ids the runtime generates
+//! share one transaction ([`compose`]), the run a runner call works for
+//! as the runtime's own errors name it ([`context`]); the ids the runtime generates
 //! ([`ids`]).
 
 pub(crate) mod cancel;
 pub(crate) mod commit;
 pub(crate) mod compose;
+pub(crate) mod context;
 pub(crate) mod core;
 pub(crate) mod effects;
 pub(crate) mod ids;

@@ -18,8 +18,8 @@ use crate::run::compose::merge_effects;
 use crate::run::core::{RuntimeCore, StepEnqueueOpts, user_headers};
 use crate::store::durable::{self, DurableRunRecord, DurableStatus, DurableTermination};
 use crate::store::keys::{
-    HEADER_REQUEUED, HEADER_RUN_ID, HEADER_STEP, RunId, group_submissions_kv_key, outcome_kv_key,
-    run_kv_key,
+    HEADER_JOB_KEY, HEADER_REQUEUED, HEADER_RUN_ID, HEADER_STEP, RunId, group_submissions_kv_key,
+    outcome_kv_key, run_kv_key,
 };
 
 /// Dead jobs read per page when a terminal record names no job.
@@ -75,6 +75,9 @@ impl RuntimeCore {
             .map(Membership::reserved_headers)
             .unwrap_or_default();
         reserved_headers.push((HEADER_REQUEUED, requeues.to_string()));
+        if let Some(key) = job.headers.get(HEADER_JOB_KEY) {
+            reserved_headers.push((HEADER_JOB_KEY, key.clone()));
+        }
         let prepared = self.prepare_step(
             run_id,
             step,

@@ -231,7 +231,7 @@ impl RuntimeCore {
             &outcome,
             termination,
             claimed.membership.as_ref(),
-            claimed.job.max_attempts,
+            claimed.job,
             true,
         );
         Settlement::of(SettleKind::Ack(effects)).ending(ended)
@@ -339,7 +339,7 @@ impl RuntimeCore {
             &outcome,
             termination,
             claimed.membership.as_ref(),
-            claimed.job.max_attempts,
+            claimed.job,
             recorded,
         );
         Settlement::failure(error, effects).ending(ended)
@@ -509,8 +509,12 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
                 let started = std::time::Instant::now();
                 // The call happens inside the guarded future, so a runner
                 // that panics before returning its future is caught too.
-                let ran = AssertUnwindSafe(async { self.runner.run_step(&step).await })
-                    .catch_unwind()
+                let scope = crate::run::context::RunScope::of_job(run_id, job);
+                let ran = scope
+                    .scope(
+                        AssertUnwindSafe(async { self.runner.run_step(&step).await })
+                            .catch_unwind(),
+                    )
                     .await;
                 let outcome = ran.unwrap_or_else(|panic| {
                     let message = panic_message(panic.as_ref());

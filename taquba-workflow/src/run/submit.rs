@@ -12,12 +12,26 @@ use crate::run::effects::{StagedKv, check_enqueue};
 use crate::run::submit_batch::Batched;
 use crate::store::durable::{self, DurableCurrentStep, DurableRunRecord};
 use crate::store::keys::{
-    RESERVED_HEADER_PREFIX, RunId, group_submissions_kv_key, run_kv_key, sha256, step_kv_key,
+    HEADER_JOB_KEY, RESERVED_HEADER_PREFIX, RunId, group_submissions_kv_key, run_kv_key, sha256,
+    step_kv_key,
 };
 
 /// Attempts of a submission whose compare-and-commit lost to a concurrent
 /// writer of the same run record before the call gives up.
 const SUBMIT_RACE_RETRIES: usize = 8;
+/// The longest job key [`HEADER_JOB_KEY`] carries, in bytes.
+const MAX_JOB_KEY_HEADER_LEN: usize = 256;
+
+/// What a submitted run is besides its run id.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum SubmittedAs<'a> {
+    /// A plain run (or a keyless job).
+    Plain,
+    /// A member of a group.
+    Member(&'a Membership),
+    /// A keyed job, with its idempotency key.
+    KeyedJob(&'a str),
+}
 
 impl RuntimeCore {
     /// Submit the plain run `spec` (group members are submitted by
@@ -89,6 +103,10 @@ impl RuntimeCore {
             options,
             effects: user_effects,
         } = spec;
+        let job_key = match &on_terminated {
+            OnTerminated::Keep(key) => Some(key.as_str()),
+            OnTerminated::Restart => None,
+        };
         // A fresh ULID names no recorded run: its first attempt skips the
         // reads (the compare-and-commit below still guards the record).
         let mut fresh_id = run_id.is_none();
@@ -119,7 +137,7 @@ impl RuntimeCore {
                         key: member.key.clone(),
                     });
                 }
-                if on_terminated == OnTerminated::Keep
+                if matches!(on_terminated, OnTerminated::Keep(_))
                     && let Some(termination) = termination
                 {
                     if termination.input_hash != input_hash {
@@ -137,7 +155,7 @@ impl RuntimeCore {
                 input.clone(),
                 &input_hash,
                 &options,
-                None,
+                job_key.map_or(SubmittedAs::Plain, SubmittedAs::KeyedJob),
                 &user_effects,
             );
             // A fresh id with nothing of the caller's riding along joins the
@@ -198,16 +216,22 @@ impl RuntimeCore {
     /// The effects that submit `run_id` (step 0 with `input`, whose hash is
     /// `input_hash`): the step-0 enqueue first, so its result is at index
     /// 0, the pointer, the run record, the member record of a group member,
-    /// then `user_effects`. With the step-0 job id.
+    /// then `user_effects`. With the step-0 job id. A keyed job's
+    /// idempotency key is carried (cut) in [`HEADER_JOB_KEY`].
     pub(crate) fn submission_effects(
         &self,
         run_id: &RunId,
         input: Vec<u8>,
         input_hash: &[u8],
         options: &RunOptions,
-        membership: Option<&Membership>,
+        submitted_as: SubmittedAs<'_>,
         user_effects: &SettlementEffects,
     ) -> (SettlementEffects, String) {
+        let (membership, job_key) = match submitted_as {
+            SubmittedAs::Plain => (None, None),
+            SubmittedAs::Member(membership) => (Some(membership), None),
+            SubmittedAs::KeyedJob(key) => (None, Some(key)),
+        };
         let mut record = DurableRunRecord {
             input_hash: input_hash.to_vec(),
             submitted_at_ms: self.now_ms(),
@@ -224,6 +248,12 @@ impl RuntimeCore {
             .unwrap_or_default();
         #[cfg(feature = "opentelemetry")]
         reserved_headers.extend(crate::telemetry::otel::submit_headers());
+        if let Some(key) = job_key {
+            reserved_headers.push((
+                HEADER_JOB_KEY,
+                crate::history::cut_to(key, MAX_JOB_KEY_HEADER_LEN),
+            ));
+        }
         let step = self.prepare_step(
             run_id,
             0,

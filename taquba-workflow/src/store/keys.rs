@@ -35,6 +35,9 @@ pub(crate) const HEADER_REQUEUED: &str = "workflow.requeued";
 pub(crate) const HEADER_GROUP: &str = "workflow.group";
 /// Header holding the member key of a group member's step job.
 pub(crate) const HEADER_GROUP_KEY: &str = "workflow.group_key";
+/// Header holding the idempotency key of a keyed job's step job (cut to
+/// 256 bytes), so the runtime's own errors can name the job by its key.
+pub(crate) const HEADER_JOB_KEY: &str = "workflow.job_key";
 /// Header holding the W3C `traceparent` of the trace context current when
 /// the run was submitted, carried to every step job of the run (feature
 /// `opentelemetry`; absent when no trace context was current).
@@ -112,14 +115,6 @@ impl RunId {
             hasher.update(part);
         }
         Self(hex::encode(hasher.finalize()))
-    }
-
-    /// This id followed by `-{n}`. Valid for an id of at most
-    /// `MAX_RUN_ID_LEN - 11` bytes (the longest `-{u32}` is 11), as the
-    /// 64-byte [`digest`](Self::digest) ids it numbers are.
-    pub(crate) fn numbered(&self, n: u32) -> Self {
-        debug_assert!(self.0.len() + 11 <= MAX_RUN_ID_LEN);
-        Self(format!("{}-{n}", self.0))
     }
 
     /// The id as a string slice.

@@ -334,13 +334,8 @@ async fn reconcile_step(
         };
         let membership = Membership::from_headers(&job.headers)?;
         let termination = core.termination(&outcome, None, &record, &job.id, membership.as_ref());
-        let (mut effects, ended) = core.terminate_effects(
-            &outcome,
-            termination,
-            membership.as_ref(),
-            job.max_attempts,
-            false,
-        );
+        let (mut effects, ended) =
+            core.terminate_effects(&outcome, termination, membership.as_ref(), job, false);
         effects
             .kv_deletes
             .extend(crate::coordination::signal::waiter_cleanup(job));

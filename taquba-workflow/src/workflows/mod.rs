@@ -91,6 +91,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::__private::ErasedWorkflow;
+use crate::run::context::failure;
 use crate::{
     Error, Memo, Result, RunEnd, RunId, RunOptions, RunOutcome, RunSpec, RunState, RunStatus,
     SignalOutcome, Step, StepError, StepErrorKind, StepOutcome, StepRunner, TerminalHook,
@@ -299,7 +300,7 @@ impl<S: WorkflowStep> Transition<S> {
             TransitionKind::Continue { step, when } => {
                 let name = step.name();
                 let payload = encode_step(&step).map_err(|e| {
-                    StepError::permanent(format!(
+                    failure(format_args!(
                         "workflow `{}`: cannot encode the parameters of step `{name}`: {e}",
                         S::Workflow::NAME
                     ))
@@ -308,7 +309,7 @@ impl<S: WorkflowStep> Transition<S> {
             }
             TransitionKind::Done(encoded) => {
                 let result = encoded.map_err(|e| {
-                    StepError::permanent(format!(
+                    failure(format_args!(
                         "workflow `{}`: cannot encode the output: {e}",
                         S::Workflow::NAME
                     ))
@@ -402,7 +403,7 @@ impl<'a> StepContext<'a> {
             return Ok(None);
         };
         rmp_serde::from_slice(bytes).map(Some).map_err(|e| {
-            StepError::permanent(format!(
+            failure(format_args!(
                 "step `{}` of workflow `{}`: the signal does not decode as `{}`: {e}",
                 self.name,
                 self.workflow,
@@ -598,13 +599,13 @@ fn decode_step_of<W: Workflow, S: DeserializeOwned>(
     payload: &[u8],
 ) -> std::result::Result<S, StepError> {
     let head: EnvelopeHead = rmp_serde::from_slice(payload).map_err(|e| {
-        StepError::permanent(format!(
+        failure(format_args!(
             "workflow `{}`: the step payload is not a `#[workflow]` step: {e}",
             W::NAME
         ))
     })?;
     if head.workflow != W::NAME {
-        return Err(StepError::permanent(format!(
+        return Err(failure(format_args!(
             "workflow `{}` received a step of workflow `{}`: host both in one `Workflows` router",
             W::NAME,
             head.workflow
@@ -612,14 +613,14 @@ fn decode_step_of<W: Workflow, S: DeserializeOwned>(
     }
     let name = head.step.0;
     if !W::STEPS.contains(&name.as_str()) {
-        return Err(StepError::permanent(format!(
+        return Err(failure(format_args!(
             "workflow `{}` has no step named `{name}` (its steps are {}): the run was written by another version of the workflow",
             W::NAME,
             list(W::STEPS.iter().copied())
         )));
     }
     let envelope: EnvelopeIn<S> = rmp_serde::from_slice(payload).map_err(|e| {
-        StepError::permanent(format!(
+        failure(format_args!(
             "workflow `{}`: the parameters of step `{name}` do not decode: {e}",
             W::NAME
         ))
@@ -1043,11 +1044,13 @@ impl StepRunner for Workflows {
 
     async fn run_step(&self, step: &Step) -> std::result::Result<StepOutcome, StepError> {
         let head: EnvelopeHead = rmp_serde::from_slice(&step.payload).map_err(|e| {
-            StepError::permanent(format!("the step payload is not a `#[workflow]` step: {e}"))
+            failure(format_args!(
+                "the step payload is not a `#[workflow]` step: {e}"
+            ))
         })?;
         match self.entries.get(head.workflow.as_str()) {
             Some(workflow) => workflow.run_erased(step).await,
-            None => Err(StepError::permanent(format!(
+            None => Err(failure(format_args!(
                 "no workflow named `{}` is hosted by this runtime (it hosts {}): step `{}` cannot run",
                 head.workflow,
                 list(self.names()),
