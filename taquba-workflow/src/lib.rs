@@ -97,6 +97,7 @@
 #![warn(missing_docs)]
 
 mod coordination;
+mod engine;
 mod error;
 mod history;
 mod hooks;
@@ -118,7 +119,8 @@ mod worker;
 pub mod __private;
 pub mod workflows;
 
-pub use coordination::group::{GroupMember, GroupStatus, MemberResult, RunGroup};
+pub use coordination::group::RunGroup;
+pub use coordination::members::{GroupMember, GroupStatus, MemberResult};
 pub use coordination::signal::SignalOutcome;
 pub use error::{Error, Result};
 pub use history::{

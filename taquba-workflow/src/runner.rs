@@ -14,7 +14,7 @@ use crate::run::effects::EffectsHandle;
 use crate::store::keys::RunId;
 use crate::store::kv::KvReadHandle;
 use crate::store::memo::{Memo, MemoStore};
-use crate::workflows::EnvelopeHead;
+use crate::workflows::envelope::EnvelopeHead;
 
 /// The per-step logic of a workflow: bytes in ([`Step::payload`]), a
 /// decision out ([`StepOutcome`]). The runtime persists everything else.

@@ -12,6 +12,8 @@ use taquba::{Clock, Queue, WorkerHandle};
 
 use crate::coordination::group::RunGroup;
 use crate::coordination::signal::SignalOutcome;
+use crate::engine::inner::RuntimeInner;
+use crate::engine::{OpsSettings, RuntimeCore, Settings};
 use crate::error::Result;
 use crate::history::DEFAULT_HISTORY_LIMIT;
 use crate::history::naming::{Naming, runner_label};
@@ -20,7 +22,6 @@ use crate::hooks::terminal::TerminalHook;
 use crate::model::RunOutcome;
 use crate::model::{RunEnd, RunSpec, RunStatus, SubmitOutcome};
 use crate::run::commit::detached;
-use crate::run::core::{OpsSettings, RuntimeCore, Settings};
 use crate::runner::StepRunner;
 use crate::store::keys::RunId;
 use crate::telemetry::spans;
@@ -44,16 +45,6 @@ pub(crate) const DEFAULT_COMMAND_RETENTION: Duration = Duration::from_secs(7 * 2
 /// The handle of a spawned worker loop; [`WorkerHandle::shutdown`] stops
 /// claiming, drains the steps in flight and returns the loop's result.
 pub type RunnerHandle = WorkerHandle<Result<()>>;
-
-/// The state a runtime shares between its clones: the engine and the
-/// application's runner and hook.
-pub(crate) struct RuntimeInner<R, H> {
-    pub(crate) core: Arc<RuntimeCore>,
-    pub(crate) runner: R,
-    pub(crate) terminal_hook: Arc<H>,
-    /// The bound on one `on_termination` call.
-    pub(crate) hook_timeout: Duration,
-}
 
 /// A workflow runtime over one [`taquba::Queue`]: submits runs, runs their
 /// steps through a [`StepRunner`] and reports their status.
@@ -288,7 +279,7 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
         run_id: &RunId,
         reason: impl Into<String>,
     ) -> Result<bool> {
-        let request = crate::run::cancel::CancelRequest {
+        let request = crate::engine::cancel::CancelRequest {
             reason: Some(crate::history::cut(&reason.into())),
             ..Default::default()
         };

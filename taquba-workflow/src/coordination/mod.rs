@@ -5,9 +5,6 @@
 //! removed by [`group_forget`]).
 
 pub(crate) mod group;
-pub(crate) mod group_forget;
 pub(crate) mod group_locks;
-pub(crate) mod group_submit;
+pub(crate) mod members;
 pub(crate) mod signal;
-pub(crate) mod signal_command;
-pub(crate) mod signal_run;

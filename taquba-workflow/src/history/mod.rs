@@ -6,7 +6,6 @@
 //! write them are in `record` (with the in-memory copy in `cache`), the
 //! worker's entries in `attempt`, names in `naming`, the read in `read`.
 
-pub(crate) mod attempt;
 pub(crate) mod cache;
 pub(crate) mod naming;
 pub(crate) mod read;

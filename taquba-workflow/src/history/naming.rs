@@ -7,7 +7,7 @@
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 
-use crate::workflows::EnvelopeHead;
+use crate::workflows::envelope::EnvelopeHead;
 
 /// How a runtime's payloads name themselves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -68,16 +68,6 @@ fn job(payload: &[u8]) -> Option<String> {
     rmp_serde::from_slice::<JobHead>(payload)
         .ok()
         .map(|head| head.name)
-}
-
-impl crate::run::core::RuntimeCore {
-    /// The workflow name recorded for a run submitted with `input`.
-    pub(crate) fn workflow_name_of(&self, input: &[u8]) -> Option<String> {
-        self.ops
-            .naming
-            .workflow_of(input)
-            .map(|name| super::cut_to(&name, MAX_NAME_LEN))
-    }
 }
 
 /// The longest workflow or step name recorded, in bytes.

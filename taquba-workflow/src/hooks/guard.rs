@@ -14,7 +14,6 @@ use tracing::{error, warn};
 use crate::hooks::terminal::TerminalHook;
 use crate::model::{RunOutcome, StepError};
 use crate::run::effects::TerminalEffects;
-use crate::run::settle::panic_message;
 
 /// The share of the lease the default hook timeout leaves for settling.
 const DEFAULT_MARGIN_FRACTION: u32 = 5;
@@ -129,6 +128,17 @@ pub(crate) async fn on_termination<H: TerminalHook + ?Sized>(
                 "terminal hook did not return within {timeout:?}"
             )))
         }
+    }
+}
+
+/// The message of a caught panic.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with a non-string payload".to_string()
     }
 }
 

@@ -295,7 +295,7 @@ mod tests {
             refuse_delivery_on_runtime_queue(&WebhookTerminalHook::new("steps"), "steps");
         })
         .expect_err("refused");
-        let message = crate::run::settle::panic_message(refused.as_ref());
+        let message = crate::hooks::guard::panic_message(refused.as_ref());
         assert!(
             message.contains("`steps`, the runtime's own queue"),
             "{message}"

@@ -31,7 +31,6 @@
 //! commands: the inbox has no authentication of its own, so grant write
 //! access to the bucket (or directory) only to those who may steer its runs.
 
-pub(crate) mod apply;
 pub(crate) mod objects;
 pub(crate) mod record;
 pub(crate) mod wire;

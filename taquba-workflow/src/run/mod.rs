@@ -9,17 +9,11 @@
 //! as the runtime's own errors name it ([`context`]); the ids the runtime generates
 //! ([`ids`]).
 
-pub(crate) mod cancel;
 pub(crate) mod commit;
 pub(crate) mod compose;
 pub(crate) mod context;
-pub(crate) mod core;
 pub(crate) mod effects;
 pub(crate) mod ids;
 pub(crate) mod inflight;
-pub(crate) mod requeue;
-pub(crate) mod settle;
-pub(crate) mod submit;
 pub(crate) mod submit_batch;
-pub(crate) mod wait;
 pub(crate) mod watch;

@@ -1,7 +1,7 @@
 //! In-process notification of run terminations: every place that commits a
 //! run's termination (a settlement, a cancellation of a waiting step, a
 //! dead-letter reconciliation) reports the [`RunEnd`] here once the commit
-//! returned, and [`RuntimeCore::wait_run`](crate::run::core::RuntimeCore)
+//! returned, and [`RuntimeCore::wait_run`](crate::engine::RuntimeCore)
 //! waits on it instead of following the run across its steps.
 //!
 //! A watch is registered before the waiter reads the run's state, so a

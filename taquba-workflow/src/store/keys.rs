@@ -378,6 +378,18 @@ pub(crate) fn group_submissions_kv_key(group_id: &RunId) -> Vec<u8> {
     kv_key(&["group-submissions", group_id])
 }
 
+/// The submitter's headers of a step job: every header outside the reserved
+/// prefix.
+pub(crate) fn user_headers(
+    headers: &std::collections::HashMap<String, String>,
+) -> std::collections::HashMap<String, String> {
+    headers
+        .iter()
+        .filter(|(name, _)| !name.starts_with(RESERVED_HEADER_PREFIX))
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

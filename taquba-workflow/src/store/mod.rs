@@ -14,4 +14,3 @@ pub(crate) mod kv;
 #[cfg(unix)]
 pub(crate) mod local_dir;
 pub(crate) mod memo;
-pub(crate) mod replay;

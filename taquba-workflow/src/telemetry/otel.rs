@@ -25,22 +25,20 @@ use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::TraceContextExt;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use serde::{Deserialize, Serialize};
-use taquba::{JobRecord, SettlementEffects};
+use taquba::JobRecord;
 use tracing::{Span, debug};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::error::Result;
-use crate::run::core::RuntimeCore;
 use crate::store::durable;
 use crate::store::keys::{
     HEADER_SIGNAL_DELIVERED, HEADER_SIGNAL_WAIT, HEADER_TRACEPARENT, HEADER_TRACESTATE,
-    buffered_sender_kv_key, signal_sender_kv_key,
+    signal_sender_kv_key,
 };
 
 /// The W3C fields of a trace context, as the propagator writes them and as
 /// a signal's sender is stored (MessagePack, named fields).
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct TraceFields {
+pub(crate) struct TraceFields {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     traceparent: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -81,7 +79,7 @@ impl Extractor for TraceFields {
 impl TraceFields {
     /// The fields of the trace context current on this task; `None` when
     /// none is.
-    fn current() -> Option<Self> {
+    pub(crate) fn current() -> Option<Self> {
         let mut cx = Span::current().context();
         if !cx.span().span_context().is_valid() {
             cx = Context::current();
@@ -145,19 +143,14 @@ pub(crate) fn set_parent(span: &Span, headers: &HashMap<String, String>) {
 
 /// Link `span`, the span of an attempt of step job `job`, to the sender of
 /// the signal that woke the step, when one was stored.
-pub(crate) async fn link_signal_sender(core: &RuntimeCore, span: &Span, job: &JobRecord) {
+pub(crate) async fn link_signal_sender(queue: &taquba::Queue, span: &Span, job: &JobRecord) {
     if span.is_disabled()
         || !(job.headers.contains_key(HEADER_SIGNAL_WAIT)
             || job.headers.contains_key(HEADER_SIGNAL_DELIVERED))
     {
         return;
     }
-    let stored = match core
-        .queue
-        .view()
-        .kv_get(&signal_sender_kv_key(&job.id))
-        .await
-    {
+    let stored = match queue.view().kv_get(&signal_sender_kv_key(&job.id)).await {
         Ok(stored) => stored,
         Err(err) => {
             debug!(job_id = %job.id, "the signal's sender could not be read: {err}");
@@ -183,66 +176,6 @@ pub(crate) fn sender_cleanup(job: &JobRecord) -> Option<Vec<u8>> {
 
 /// A sender recorded before a wake: the key and value written.
 pub(crate) type NotedSender = Option<(Vec<u8>, Vec<u8>)>;
-
-impl RuntimeCore {
-    /// Record the trace context current now as the sender of a signal about
-    /// to wake step job `job_id`. Written before the wake, so the woken
-    /// step finds it; [`unnote_signal_sender`](Self::unnote_signal_sender)
-    /// removes it when the wake does not happen.
-    pub(crate) async fn note_signal_sender(&self, job_id: &str) -> Result<NotedSender> {
-        let Some(fields) = TraceFields::current() else {
-            return Ok(None);
-        };
-        let (key, value) = (signal_sender_kv_key(job_id), durable::encode(&fields));
-        self.commits.kv_put(&key, &value).await?;
-        Ok(Some((key, value)))
-    }
-
-    /// Remove a sender recorded for a wake that did not happen.
-    pub(crate) async fn unnote_signal_sender(&self, noted: NotedSender) -> Result<()> {
-        if let Some((key, value)) = noted {
-            self.commits.kv_compare_delete(&key, &value).await?;
-        }
-        Ok(())
-    }
-
-    /// `effects` (which buffer a signal under `correlation_key`) with the
-    /// current trace context stored as the buffered signal's sender, or the
-    /// sender of the signal they replace removed.
-    pub(crate) fn buffer_sender(
-        correlation_key: &str,
-        effects: SettlementEffects,
-    ) -> SettlementEffects {
-        let key = buffered_sender_kv_key(correlation_key);
-        match TraceFields::current() {
-            Some(fields) => effects.kv_put(key, durable::encode(&fields)),
-            None => effects.kv_delete(key),
-        }
-    }
-
-    /// The effects that remove the sender of the signal buffered under
-    /// `correlation_key` (a cleared signal).
-    pub(crate) fn clear_buffered_sender(correlation_key: &str) -> SettlementEffects {
-        SettlementEffects::default().kv_delete(buffered_sender_kv_key(correlation_key))
-    }
-
-    /// `effects` (which consume the signal buffered under `correlation_key`
-    /// for step job `job_id`) with that signal's sender moved to the job.
-    pub(crate) async fn consume_buffered_sender(
-        &self,
-        correlation_key: &str,
-        job_id: &str,
-        effects: SettlementEffects,
-    ) -> Result<SettlementEffects> {
-        let key = buffered_sender_kv_key(correlation_key);
-        Ok(match self.queue.view().kv_get(&key).await? {
-            Some(sender) => effects
-                .kv_put(signal_sender_kv_key(job_id), sender.to_vec())
-                .kv_delete(key),
-            None => effects,
-        })
-    }
-}
 
 #[cfg(test)]
 mod tests {

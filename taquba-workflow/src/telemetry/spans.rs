@@ -24,7 +24,6 @@ use tracing::instrument::Instrumented;
 use tracing::{Instrument, Span, info_span};
 
 use crate::error::Error;
-use crate::run::settle::{SettleKind, Settlement};
 use crate::store::keys::{HEADER_RUN_ID, HEADER_STEP, HEADER_TERMINAL};
 
 /// `future` in `span`; as it is when the span is disabled (no subscriber
@@ -102,26 +101,13 @@ pub(crate) fn step(
     span
 }
 
-/// Record on the step span `span` how `settlement` settles its attempt.
-pub(crate) fn settling(span: &Span, settlement: &Settlement) {
+/// Record on the step span `span` how its attempt settles: `outcome` (a
+/// terminal status, `continued`, `retried`, `failed` or `dead_lettered`)
+/// and the error, if any.
+pub(crate) fn settling(span: &Span, (outcome, error): (&str, Option<&str>)) {
     if span.is_disabled() {
         return;
     }
-    let ended = settlement.ended.as_ref().map(|(_, end)| &end.termination);
-    let (outcome, error) = match &settlement.kind {
-        SettleKind::Ack(_) => match ended {
-            Some(termination) => (termination.status.as_str(), termination.error.as_deref()),
-            None => ("continued", None),
-        },
-        SettleKind::Retry(error) => ("retried", Some(error.as_str())),
-        SettleKind::Fail { error, .. } => (
-            match ended {
-                Some(_) => "failed",
-                None => "dead_lettered",
-            },
-            Some(error.as_str()),
-        ),
-    };
     span.record("outcome", outcome);
     // A runner-issued cancel's reason is no error.
     if let Some(error) = error.filter(|_| outcome != "cancelled") {

@@ -12,8 +12,8 @@ use std::time::Duration;
 use futures_util::TryStreamExt;
 use taquba::{ExpiryIndex, JobStatus};
 
+use crate::engine::RuntimeCore;
 use crate::error::Result;
-use crate::run::core::RuntimeCore;
 use crate::store::keys::{
     COMMAND_EXPIRY_PREFIX, GROUP_TERMINALS_PREFIX, HEADER_RUN_ID, RunId, TERMINALS_PREFIX,
 };

@@ -31,14 +31,33 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::error::TestError;
-use super::skip::{DEFAULT_MAX_HOPS, Until};
+use super::waiting::CurrentView;
+use crate::engine::RuntimeCore;
 use crate::error::Result;
 use crate::hooks::terminal::TerminalHook;
-use crate::run::core::RuntimeCore;
 use crate::runner::StepRunner;
 use crate::runtime::WorkflowRuntime;
+use crate::store::keys::RunId;
 use crate::view::WorkflowView;
 use crate::worker::driver::{self, Maintenance};
+
+/// The default bound on the clock's steps in one call
+/// ([`TestRuntimeBuilder::max_hops`](super::TestRuntimeBuilder::max_hops)):
+/// far more than a test's timers and retries need, few enough that a run
+/// that keeps rescheduling itself is reported within seconds.
+pub const DEFAULT_MAX_HOPS: u32 = 200;
+
+/// Where a [`Harness::skip`] (in `skip`) stops.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Until<'a> {
+    /// At this time (ms since the UNIX epoch), after everything due up to
+    /// it ran.
+    Time(u64),
+    /// Once this run ended.
+    Ended(&'a RunId),
+    /// Once no step is due at any future time.
+    Quiet,
+}
 
 /// The mock clock's start: 2023-11-14T22:13:20Z, in ms since the UNIX epoch.
 pub const TEST_EPOCH_MS: u64 = 1_700_000_000_000;
@@ -104,15 +123,6 @@ pub(crate) struct Harness<R, H> {
     current: Mutex<Option<Current<R, H>>>,
     /// Runner (or job handler) calls so far, counted by the kit's wrapper.
     calls: Arc<AtomicUsize>,
-}
-
-/// What the kit needs of an environment whatever its runner: the current
-/// view (for the run handles, which outlive crashes).
-pub(crate) trait CurrentView: Send + Sync {
-    /// The view of the current runtime.
-    fn view(&self) -> std::result::Result<WorkflowView, TestError>;
-    /// The clock's time, ms since the UNIX epoch.
-    fn now_ms(&self) -> u64;
 }
 
 impl<R: StepRunner + 'static, H: TerminalHook + 'static> CurrentView for Harness<R, H> {

@@ -10,8 +10,8 @@ use taquba::object_store::memory::InMemory;
 use taquba::{MockClock, Queue, QueueConfig};
 
 use super::error::TestError;
+use super::harness::Until;
 use super::harness::{Harness, QueueSettings};
-use super::skip::Until;
 use super::waiting::ended_or_waiting;
 use super::workflows::history;
 use super::wrap::{Probe, TestHandler};

@@ -223,9 +223,9 @@ mod workflows;
 mod wrap;
 
 pub use error::TestError;
+pub use harness::DEFAULT_MAX_HOPS;
 pub use harness::TEST_EPOCH_MS;
 pub use jobs::{TestJob, TestJobs, TestJobsBuilder};
-pub use skip::DEFAULT_MAX_HOPS;
 pub use waiting::Waiting;
 pub use workflows::{TestRun, TestRuntime, TestRuntimeBuilder, TestWorkflowRuntime};
 pub use wrap::{TestHook, TestRunner};

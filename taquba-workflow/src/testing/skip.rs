@@ -12,30 +12,12 @@ use std::time::Duration;
 
 use super::due::{self, Counted, Due};
 use super::error::TestError;
-use super::harness::Harness;
+use super::harness::{Harness, Until};
 use super::waiting::not_ended;
 use crate::hooks::terminal::TerminalHook;
 use crate::model::RunState;
 use crate::runner::StepRunner;
 use crate::store::keys::RunId;
-
-/// The default bound on the clock's steps in one call
-/// ([`TestRuntimeBuilder::max_hops`](super::TestRuntimeBuilder::max_hops)):
-/// far more than a test's timers and retries need, few enough that a run
-/// that keeps rescheduling itself is reported within seconds.
-pub const DEFAULT_MAX_HOPS: u32 = 200;
-
-/// Where a [`Harness::skip`] stops.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Until<'a> {
-    /// At this time (ms since the UNIX epoch), after everything due up to
-    /// it ran.
-    Time(u64),
-    /// Once this run ended.
-    Ended(&'a RunId),
-    /// Once no step is due at any future time.
-    Quiet,
-}
 
 /// The hops of one call, and which run each was for.
 struct Hops {

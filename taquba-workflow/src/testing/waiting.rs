@@ -6,11 +6,19 @@ use std::fmt;
 use std::future::Future;
 
 use super::error::TestError;
-use super::harness::CurrentView;
 use crate::model::RunState;
 use crate::store::keys::RunId;
 use crate::view::WorkflowView;
 use crate::view::types::RunDetails;
+
+/// What the kit needs of an environment whatever its runner: the current
+/// view (for the run handles, which outlive crashes).
+pub(crate) trait CurrentView: Send + Sync {
+    /// The view of the current runtime.
+    fn view(&self) -> std::result::Result<WorkflowView, TestError>;
+    /// The clock's time, ms since the UNIX epoch.
+    fn now_ms(&self) -> u64;
+}
 
 /// What the current step of a run that has not ended waits for, from
 /// [`WorkflowView::run`]. Times are ms since the UNIX epoch on the

@@ -12,8 +12,9 @@ use taquba::object_store::memory::InMemory;
 use taquba::{MockClock, Queue, QueueConfig};
 
 use super::error::TestError;
-use super::harness::{CurrentView, Harness, QueueSettings};
-use super::skip::Until;
+use super::harness::Until;
+use super::harness::{Harness, QueueSettings};
+use super::waiting::CurrentView;
 use super::waiting::ended_or_waiting;
 use super::wrap::{Probe, TestHook, TestRunner};
 use crate::coordination::signal::SignalOutcome;

@@ -11,7 +11,7 @@ use futures_util::future::Either;
 use futures_util::{Stream, TryStreamExt};
 use taquba::{JobRecord, JobStatus, QueueView};
 
-use crate::coordination::group::{self, GroupStatus, Manifest};
+use crate::coordination::members::{self as group, GroupStatus, Manifest};
 use crate::error::Result;
 use crate::history::naming::step_of_named_run;
 use crate::history::record::{DurableStepEntry, PendingHistory, decode_entries, earlier_attempts};
@@ -20,8 +20,8 @@ use crate::inbox::objects::InboxObjects;
 use crate::inbox::record::DurableCommandRecord;
 use crate::inbox::{CommandId, CommandState, command_path};
 use crate::model::{RunState, RunTermination};
-use crate::run::core::user_headers;
 use crate::store::durable::{self, DurableCurrentStep, DurableRunRecord, DurableTermination};
+use crate::store::keys::user_headers;
 use crate::store::keys::{
     GROUP_SUBMISSIONS_PREFIX, HEADER_GROUP, HEADER_GROUP_KEY, HEADER_SIGNAL_WAIT, OUTCOMES_PREFIX,
     RUNS_PREFIX, RUNTIMES_PREFIX, RunId, command_kv_key, signal_delivered_kv_key, worker_kv_key,

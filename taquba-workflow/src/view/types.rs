@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use crate::coordination::group::GroupStatus;
+use crate::coordination::members::GroupStatus;
 use crate::model::RunState;
 use crate::store::keys::RunId;
 

@@ -17,15 +17,16 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Span, debug, error, warn};
 
+use crate::engine::RuntimeCore;
+use crate::engine::inner::RuntimeInner;
+use crate::engine::settle::{SettleKind, Settlement};
 use crate::error::Result;
 use crate::history::cut_to;
+use crate::hooks::guard::panic_message;
 use crate::hooks::terminal::TerminalHook;
 use crate::model::MAX_TERMINATION_ERROR_LEN;
 use crate::run::commit::detached;
-use crate::run::core::RuntimeCore;
-use crate::run::settle::{SettleKind, Settlement, panic_message};
 use crate::runner::StepRunner;
-use crate::runtime::RuntimeInner;
 use crate::store::durable::{self, DurableCurrentStep};
 use crate::store::keys::step_kv_key;
 use crate::telemetry::spans;
@@ -165,7 +166,7 @@ where
                     inner.span_names(claim.job())
                 });
                 #[cfg(feature = "opentelemetry")]
-                crate::telemetry::otel::link_signal_sender(&inner.core, &span, claim.job()).await;
+                crate::telemetry::otel::link_signal_sender(&inner.core.queue, &span, claim.job()).await;
                 // Boxed: the step's future is kilobytes (the runner's own
                 // future inside it), and a task is moved several times on
                 // its way into the scheduler; a box moves as one pointer.
@@ -266,7 +267,7 @@ async fn process_and_settle<R: StepRunner, H: TerminalHook>(
     let lease = queue.lease_handle(&claim);
     let settlement =
         spans::within(span.clone(), inner.process(&claim, &lease, runner_permit)).await;
-    spans::settling(&span, &settlement);
+    spans::settling(&span, settlement.span_outcome());
     let (core, queue) = (inner.core.clone(), queue.clone());
     let settled = detached(spans::within(span, async move {
         settle(&core, &queue, &claim, settlement).await;

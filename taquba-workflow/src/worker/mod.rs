@@ -4,5 +4,3 @@
 //! the runtime descriptor, inbox commands and their retention).
 
 pub(crate) mod driver;
-pub(crate) mod operator;
-pub(crate) mod sweep;

@@ -87,8 +87,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+
+pub(crate) mod envelope;
 
 use crate::__private::ErasedWorkflow;
 use crate::run::context::failure;
@@ -97,6 +99,7 @@ use crate::{
     SignalOutcome, Step, StepError, StepErrorKind, StepOutcome, StepRunner, TerminalHook,
     TerminalStatus, Trigger, WorkflowRuntime,
 };
+use envelope::{EnvelopeHead, EnvelopeIn, EnvelopeOut};
 
 #[cfg(feature = "macros")]
 pub use taquba_workflow_macros::step;
@@ -506,58 +509,6 @@ impl fmt::Debug for StepMemo<'_> {
             .field("namespace", &self.namespace)
             .field("memo", self.memo)
             .finish()
-    }
-}
-
-/// A run payload: the workflow's name and its step.
-#[derive(Serialize)]
-struct EnvelopeOut<'a, S> {
-    workflow: &'a str,
-    step: &'a S,
-}
-
-#[derive(Deserialize)]
-struct EnvelopeIn<S> {
-    step: S,
-}
-
-/// The names in a payload, read without decoding the step's fields.
-#[derive(Deserialize)]
-pub(crate) struct EnvelopeHead {
-    pub(crate) workflow: String,
-    pub(crate) step: StepTag,
-}
-
-/// The variant name of an externally tagged enum value.
-pub(crate) struct StepTag(pub(crate) String);
-
-impl<'de> Deserialize<'de> for StepTag {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        struct Visitor;
-        impl<'de> serde::de::Visitor<'de> for Visitor {
-            type Value = StepTag;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a step: a map from the step's name to its parameters")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<StepTag, E> {
-                Ok(StepTag(v.to_string()))
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> std::result::Result<StepTag, A::Error> {
-                let Some(name) = map.next_key::<String>()? else {
-                    return Err(serde::de::Error::custom("an empty map names no step"));
-                };
-                map.next_value::<serde::de::IgnoredAny>()?;
-                while map
-                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
-                    .is_some()
-                {}
-                Ok(StepTag(name))
-            }
-        }
-        d.deserialize_any(Visitor)
     }
 }
 
@@ -1149,6 +1100,7 @@ impl WorkflowsBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde::Deserialize;
 
     /// A workflow defined with the macro inside this crate.
     #[derive(Default)]

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use taquba::SettlementEffects;
 use tracing::{debug, warn};
 
-use crate::run::core::RuntimeCore;
+use crate::engine::RuntimeCore;
 use crate::store::durable;
 use crate::store::keys::{runtime_kv_key, worker_kv_key};
 use crate::view::{DurableRuntimeInfo, DurableWorkerRecord};

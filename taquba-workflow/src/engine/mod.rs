@@ -1,8 +1,43 @@
-//! The runtime's engine ([`RuntimeCore`]), shared by every clone of a
-//! runtime and by its run groups: its settings, building step jobs, and the
-//! effects and commit of a run's termination. Submission, cancellation,
-//! waits, the worker path, signals, groups and sweeps extend it in their
-//! own modules.
+//! The runtime's engine: [`RuntimeCore`], shared by every clone of a
+//! runtime and by its run groups, with its settings, the building of step
+//! jobs and the effects of a run's termination (here), and every part of
+//! the engine's work in a child module that extends it:
+//!
+//! - runs: submission ([`submit`]), processing and settling a claimed
+//!   step ([`settle`]), cancellation ([`cancel`]), resuming a dead-lettered
+//!   step ([`requeue`]), waiting for a termination ([`wait`]), step-output
+//!   replay records ([`replay`]), a step attempt's history entries
+//!   ([`attempt`]);
+//! - coordination: signals ([`signal`], by run id in [`signal_run`], from
+//!   the inbox in [`signal_command`]), group submission ([`group_submit`])
+//!   and removal ([`group_forget`]);
+//! - upkeep: retention sweeps and dead-letter reconciliation ([`sweep`]),
+//!   the runtime and worker records tools read ([`operator`]), applying
+//!   inbox commands ([`inbox_apply`]);
+//! - the state the public faces share with the worker ([`inner`]).
+//!
+//! The state each concern keeps (group locks, signal locks, naming, the
+//! inbox watch, the history cache, the in-flight registry, ...) is a type
+//! of a leaf module outside the engine, which never imports it back.
+
+pub(crate) mod attempt;
+pub(crate) mod cancel;
+pub(crate) mod group_forget;
+pub(crate) mod group_submit;
+pub(crate) mod inbox_apply;
+pub(crate) mod inner;
+pub(crate) mod operator;
+#[cfg(feature = "opentelemetry")]
+pub(crate) mod otel;
+pub(crate) mod replay;
+pub(crate) mod requeue;
+pub(crate) mod settle;
+pub(crate) mod signal;
+pub(crate) mod signal_command;
+pub(crate) mod signal_run;
+pub(crate) mod submit;
+pub(crate) mod sweep;
+pub(crate) mod wait;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,8 +50,8 @@ use taquba::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::coordination::group::{GroupStore, Membership, terminated_member};
 use crate::coordination::group_locks::GroupLocks;
+use crate::coordination::members::{GroupStore, Membership, terminated_member};
 use crate::coordination::signal::SignalLocks;
 use crate::error::{Error, Result};
 use crate::model::RunEnd;
@@ -31,10 +66,10 @@ use crate::store::durable::{
     self, DurableCurrentStep, DurableRunOutcome, DurableRunRecord, DurableRunResult,
     DurableTermination,
 };
+use crate::store::keys::user_headers;
 use crate::store::keys::{
     COMMAND_EXPIRY_PREFIX, GROUP_TERMINALS_PREFIX, HEADER_RUN_ID, HEADER_STEP, HEADER_TERMINAL,
-    RESERVED_HEADER_PREFIX, RunId, TERMINALS_PREFIX, outcome_kv_key, run_kv_key, step_dedup_key,
-    step_kv_key,
+    RunId, TERMINALS_PREFIX, outcome_kv_key, run_kv_key, step_dedup_key, step_kv_key,
 };
 use crate::store::memo::{MemoStore, RUN_RESULT_MEMO_KEY};
 use crate::view::WorkflowView;
@@ -100,7 +135,7 @@ pub(crate) struct RuntimeCore {
     /// The history entries of committed pointers, by the job they name.
     pub(crate) history_cache: crate::history::cache::HistoryCache,
     /// When maintenance lists the inbox.
-    pub(crate) inbox_watch: crate::inbox::apply::InboxWatch,
+    pub(crate) inbox_watch: crate::engine::inbox_apply::InboxWatch,
     /// Whether this runtime's descriptor was recorded since it was built.
     pub(crate) descriptor_recorded: std::sync::atomic::AtomicBool,
     /// The start its worker record names (ms, runtime clock); 0 before it
@@ -439,16 +474,6 @@ impl RuntimeCore {
     }
 }
 
-/// The submitter's headers of a step job: every header outside the reserved
-/// prefix.
-pub(crate) fn user_headers(headers: &HashMap<String, String>) -> HashMap<String, String> {
-    headers
-        .iter()
-        .filter(|(name, _)| !name.starts_with(RESERVED_HEADER_PREFIX))
-        .map(|(name, value)| (name.clone(), value.clone()))
-        .collect()
-}
-
 impl RuntimeCore {
     /// Write the terminal marker of a group whose last termination a results
     /// consumer observed (group retention only).
@@ -463,5 +488,15 @@ impl RuntimeCore {
                 .await?;
         }
         Ok(())
+    }
+}
+
+impl RuntimeCore {
+    /// The workflow name recorded for a run submitted with `input`.
+    pub(crate) fn workflow_name_of(&self, input: &[u8]) -> Option<String> {
+        self.ops
+            .naming
+            .workflow_of(input)
+            .map(|name| crate::history::cut_to(&name, crate::history::naming::MAX_NAME_LEN))
     }
 }

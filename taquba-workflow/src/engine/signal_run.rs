@@ -16,8 +16,8 @@ use taquba::{JobStatus, WakeOutcome};
 use tracing::debug;
 
 use crate::coordination::signal::check_payload;
+use crate::engine::RuntimeCore;
 use crate::error::{Error, Result};
-use crate::run::core::RuntimeCore;
 use crate::store::durable::{self, DurableWaiter};
 use crate::store::keys::{RunId, signal_waiter_kv_key};
 
@@ -35,7 +35,7 @@ impl RuntimeCore {
         correlation_key: &str,
         payload: Vec<u8>,
     ) -> Result<()> {
-        super::signal::check_correlation_key(correlation_key)?;
+        crate::coordination::signal::check_correlation_key(correlation_key)?;
         check_payload(&payload)?;
         let _lock = self.signal_locks.lock(correlation_key).await;
         let waiter_key = signal_waiter_kv_key(correlation_key);

@@ -18,9 +18,9 @@ use taquba::{JobStatus, SettlementEffects};
 use tracing::{debug, warn};
 
 use crate::coordination::signal::SignalOutcome;
+use crate::engine::RuntimeCore;
 use crate::error::{Error, Result};
 use crate::run::compose::merge_effects;
-use crate::run::core::RuntimeCore;
 use crate::store::durable::{self, DurableWaiter};
 use crate::store::keys::{
     RunId, signal_buffer_kv_key, signal_delivered_kv_key, signal_waiter_kv_key,
@@ -45,7 +45,7 @@ impl RuntimeCore {
         payload: Vec<u8>,
         record: impl Fn(SignalOutcome, Option<&RunId>) -> SettlementEffects,
     ) -> Result<(SignalOutcome, Option<RunId>)> {
-        super::signal::check_correlation_key(correlation_key)?;
+        crate::coordination::signal::check_correlation_key(correlation_key)?;
         crate::run::effects::StagedKv::check_value(&payload)?;
         let _lock = self.signal_locks.lock(correlation_key).await;
         let waiter_key = signal_waiter_kv_key(correlation_key);

@@ -8,12 +8,12 @@ use std::time::Duration;
 use taquba::{Expired, JobRecord, SettlementEffects};
 use tracing::{debug, warn};
 
-use crate::coordination::group::Membership;
-use crate::coordination::group_forget::Swept;
+use crate::coordination::members::Membership;
+use crate::engine::RuntimeCore;
+use crate::engine::group_forget::Swept;
 use crate::error::Result;
 use crate::history::record::{DurableAttemptOutcome, dead_letter_attempts};
 use crate::model::TerminalStatus;
-use crate::run::core::RuntimeCore;
 use crate::store::durable::{self, DurableCurrentStep, DurableRunRecord, DurableTermination};
 use crate::store::keys::{
     HEADER_RUN_ID, HEADER_STEP, HEADER_TERMINAL, RunId, outcome_kv_key, run_kv_key, step_kv_key,

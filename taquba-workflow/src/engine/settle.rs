@@ -4,7 +4,6 @@
 //! retries or dead-letters it together with the run's transition. A
 //! notification job runs the [`TerminalHook`] instead.
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 
@@ -13,19 +12,20 @@ use taquba::{Claim, JobRecord, LeaseHandle, SettlementEffects};
 use tokio::sync::{OwnedMutexGuard, OwnedSemaphorePermit};
 use tracing::{debug, warn};
 
-use crate::coordination::group::Membership;
+use crate::coordination::members::Membership;
+use crate::engine::inner::RuntimeInner;
+use crate::engine::{RuntimeCore, StepEnqueueOpts};
 use crate::error::{Error, Result};
-use crate::hooks::guard;
+use crate::hooks::guard::{self, panic_message};
 use crate::hooks::terminal::TerminalHook;
 use crate::model::RunEnd;
 use crate::model::{RunOutcome, TerminalStatus};
 use crate::model::{StepError, StepErrorKind, StepOutcome, Trigger};
-use crate::run::core::{RuntimeCore, StepEnqueueOpts, user_headers};
 use crate::run::effects::{EffectsHandle, StagedKv, TerminalEffects};
 use crate::run::inflight::InFlightGuard;
 use crate::runner::{Delivery, Step, StepRunner};
-use crate::runtime::RuntimeInner;
 use crate::store::durable::{self, DurableRunOutcome, DurableRunRecord};
+use crate::store::keys::user_headers;
 use crate::store::keys::{HEADER_RUN_ID, HEADER_STEP, HEADER_TERMINAL, RunId};
 use crate::store::kv::KvReadHandle;
 
@@ -78,6 +78,27 @@ pub(crate) struct Settlement {
 }
 
 impl Settlement {
+    /// How this settlement settles its attempt, as the step's span records
+    /// it: a terminal status, `continued`, `retried`, `failed` or
+    /// `dead_lettered`, and the error, if any.
+    pub(crate) fn span_outcome(&self) -> (&'static str, Option<&str>) {
+        let ended = self.ended.as_ref().map(|(_, end)| &end.termination);
+        match &self.kind {
+            SettleKind::Ack(_) => match ended {
+                Some(termination) => (termination.status.as_str(), termination.error.as_deref()),
+                None => ("continued", None),
+            },
+            SettleKind::Retry(error) => ("retried", Some(error.as_str())),
+            SettleKind::Fail { error, .. } => (
+                match ended {
+                    Some(_) => "failed",
+                    None => "dead_lettered",
+                },
+                Some(error.as_str()),
+            ),
+        }
+    }
+
     pub(crate) fn of(kind: SettleKind) -> Self {
         Self {
             kind,
@@ -189,17 +210,6 @@ impl<'a> ClaimedStep<'a> {
             headers: self.headers.clone(),
             final_step: self.step_number,
         }
-    }
-}
-
-/// The message of a caught panic.
-pub(crate) fn panic_message(panic: &(dyn Any + Send)) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic with a non-string payload".to_string()
     }
 }
 

@@ -19,10 +19,10 @@ use futures_util::TryStreamExt;
 use taquba::SettlementEffects;
 use tracing::warn;
 
-use crate::coordination::group::{GroupStore, Membership};
-use crate::coordination::group_submit::SUBMIT_CONCURRENCY;
+use crate::coordination::members::{GroupStore, Membership};
+use crate::engine::RuntimeCore;
+use crate::engine::group_submit::SUBMIT_CONCURRENCY;
 use crate::error::{Error, Result};
-use crate::run::core::RuntimeCore;
 use crate::settled::try_join_settled;
 use crate::store::durable::{self, DurableTermination};
 use crate::store::keys::{
@@ -210,7 +210,7 @@ mod tests {
     use taquba::{MockClock, OpenOptions, Queue};
 
     use super::*;
-    use crate::coordination::group::GroupMember;
+    use crate::coordination::members::GroupMember;
     use crate::hooks::terminal::NoopTerminalHook;
     use crate::model::{RunOptions, StepError, StepOutcome};
     use crate::runner::{Step, StepRunner};

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use taquba::JobStatus;
 
+use crate::engine::RuntimeCore;
 use crate::error::{Error, Result};
 use crate::model::{RunEnd, RunTermination};
-use crate::run::core::RuntimeCore;
 use crate::store::keys::RunId;
 
 impl RuntimeCore {
@@ -72,7 +72,7 @@ impl RuntimeCore {
                         // The dead record, not one read before, carries the
                         // error the run fails with.
                         missing = None;
-                        if crate::worker::sweep::reconcile_job(self, &job).await? == 1 {
+                        if crate::engine::sweep::reconcile_job(self, &job).await? == 1 {
                             continue;
                         }
                     }

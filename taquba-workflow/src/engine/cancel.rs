@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use taquba::{CancelOutcome, JobRecord, JobStatus, SettlementEffects};
 
-use crate::coordination::group::Membership;
+use crate::coordination::members::Membership;
+use crate::engine::RuntimeCore;
 use crate::error::Result;
 use crate::history::record::DurableAttemptOutcome;
 use crate::model::TerminalStatus;
 use crate::run::compose::{is_empty, merge_effects};
-use crate::run::core::RuntimeCore;
 use crate::run::inflight::CancelVerdict;
 use crate::store::durable::{self, DurableCurrentStep, DurableRunRecord};
 use crate::store::keys::{RunId, run_kv_key};
@@ -161,7 +161,7 @@ impl RuntimeCore {
                     // recovery): the run failed there, whatever was
                     // requested since, and reconciliation records it so.
                     if job.status == JobStatus::Dead {
-                        crate::worker::sweep::reconcile_job(self, &job).await?;
+                        crate::engine::sweep::reconcile_job(self, &job).await?;
                         return self.ended_cancelled(run_id).await;
                     }
                     continue;

@@ -42,15 +42,15 @@ use futures_util::stream::{self, StreamExt, TryStreamExt};
 use taquba::SettlementEffects;
 use tracing::debug;
 
-use crate::coordination::group::{GroupMember, Membership, pending_member};
+use crate::coordination::members::{HashedMember, Membership, new_counter_value, pending_member};
+use crate::engine::RuntimeCore;
+use crate::engine::submit::SubmittedAs;
 use crate::error::{Error, Result};
 use crate::model::RunOptions;
-use crate::run::core::RuntimeCore;
-use crate::run::submit::SubmittedAs;
 use crate::run::submit_batch::MAX_BATCH_BYTES;
 use crate::settled::try_join_settled;
 use crate::store::durable::{self, DurableMember};
-use crate::store::keys::{RunId, group_submissions_kv_key, run_kv_key, sha256};
+use crate::store::keys::{RunId, group_submissions_kv_key, run_kv_key};
 
 /// Members one transaction submits (fewer once their keys and inputs reach
 /// [`MAX_BATCH_BYTES`]).
@@ -61,42 +61,6 @@ const ALONE_RETRIES: usize = 8;
 /// Member submissions (reads or lone commits) in flight at once; each waits
 /// for the store, and concurrent commits share WAL flushes.
 pub(crate) const SUBMIT_CONCURRENCY: usize = 32;
-
-/// A group member with the hash its input is recorded and compared under:
-/// the SHA-256 of the input for a run group's member, that of the job's
-/// canonical encoding for a job group's (so equal jobs whose maps iterate
-/// in other orders are one input).
-#[derive(Debug, Clone)]
-pub(crate) struct HashedMember {
-    pub(crate) member: GroupMember,
-    pub(crate) input_hash: Vec<u8>,
-}
-
-impl HashedMember {
-    /// A run group's member: hashed as bytes.
-    pub(crate) fn raw(member: GroupMember) -> Self {
-        Self {
-            input_hash: sha256(&member.input).to_vec(),
-            member,
-        }
-    }
-
-    /// Whether a run recorded with `recorded` (an input hash) has this
-    /// member's input: its hash, or the SHA-256 of its bytes, under which a
-    /// job group's members were recorded before their hash was canonical.
-    pub(crate) fn is_input(&self, recorded: &[u8]) -> bool {
-        recorded == self.input_hash.as_slice() || recorded == sha256(&self.member.input)
-    }
-}
-
-/// How the stored input of a group's manifest member is hashed, as
-/// [`HashedMember::input_hash`] is.
-pub(crate) type StoredInputHash = fn(&[u8]) -> Result<Vec<u8>>;
-
-/// [`StoredInputHash`] of a run group: the SHA-256 of the bytes.
-pub(crate) fn raw_input_hash(input: &[u8]) -> Result<Vec<u8>> {
-    Ok(sha256(input).to_vec())
-}
 
 /// What the group's member records said of a member before submission.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -520,13 +484,6 @@ async fn submit_member(
     Err(Error::InconsistentRunState(membership.run_id()))
 }
 
-/// A value the submission counter never held before (a new ULID): every
-/// member submission writes one, so a compare against a value read earlier
-/// fails after any submission in between.
-pub(crate) fn new_counter_value() -> Vec<u8> {
-    ulid::Ulid::new().to_bytes().to_vec()
-}
-
 /// What the member record of a member says ([`Recorded`]) and the run it
 /// calls for; `None` for a success (not to be submitted again).
 fn recorded(membership: &Membership, record: Option<&DurableMember>) -> Option<(Recorded, RunId)> {
@@ -568,10 +525,12 @@ mod tests {
     use taquba::object_store::memory::InMemory;
 
     use super::*;
+    use crate::coordination::members::GroupMember;
     use crate::hooks::terminal::NoopTerminalHook;
     use crate::model::{StepError, StepOutcome};
     use crate::runner::{Step, StepRunner};
     use crate::runtime::WorkflowRuntime;
+    use crate::store::keys::sha256;
 
     /// Succeeds at once, noting each run it starts.
     #[derive(Clone, Default)]
@@ -628,14 +587,14 @@ mod tests {
             .await
             .expect("submit");
         for member in &members {
-            let run_id = crate::coordination::group::member_run_id(&group_id, &member.member.key);
+            let run_id = crate::coordination::members::member_run_id(&group_id, &member.member.key);
             core.wait_run(&run_id).await.expect("wait");
         }
         submit_from(&core, &group_id, members.clone(), &options, stale)
             .await
             .expect("stale submit");
         for member in &members {
-            let run_id = crate::coordination::group::member_run_id(&group_id, &member.member.key);
+            let run_id = crate::coordination::members::member_run_id(&group_id, &member.member.key);
             core.wait_run(&run_id).await.expect("wait");
         }
         assert_eq!(
@@ -709,7 +668,7 @@ mod tests {
         assert_eq!(rejected.len(), 3);
         open.send_replace(true);
         for member in &members {
-            let run_id = crate::coordination::group::member_run_id(&group_id, &member.member.key);
+            let run_id = crate::coordination::members::member_run_id(&group_id, &member.member.key);
             core.wait_run(&run_id).await.expect("wait");
         }
         assert_eq!(runner.started.lock().expect("lock").len(), 3);

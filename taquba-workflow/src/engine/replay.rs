@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use serde_bytes::ByteBuf;
 
+use crate::engine::RuntimeCore;
 use crate::error::Result;
 use crate::model::{StepOutcome, Trigger};
-use crate::run::core::RuntimeCore;
 use crate::run::effects::StagedKv;
 use crate::store::durable::{
     self, DurableKvWrite, DurableStepOutcome, DurableStepOutput, DurableTrigger,

@@ -9,14 +9,15 @@
 
 use taquba::{EnqueueResult, JobRecord, JobStatus, SettlementEffects};
 
-use crate::coordination::group::{Membership, pending_member};
+use crate::coordination::members::{Membership, pending_member};
+use crate::engine::attempt::set_pointer_history;
+use crate::engine::{RuntimeCore, StepEnqueueOpts};
 use crate::error::{Error, Result};
-use crate::history::attempt::set_pointer_history;
 use crate::history::record::{DurableAttempt, DurableAttemptOutcome, DurableStepEntry};
 use crate::model::TerminalStatus;
 use crate::run::compose::merge_effects;
-use crate::run::core::{RuntimeCore, StepEnqueueOpts, user_headers};
 use crate::store::durable::{self, DurableRunRecord, DurableStatus, DurableTermination};
+use crate::store::keys::user_headers;
 use crate::store::keys::{
     HEADER_JOB_KEY, HEADER_REQUEUED, HEADER_RUN_ID, HEADER_STEP, RunId, group_submissions_kv_key,
     outcome_kv_key, run_kv_key,
@@ -129,7 +130,7 @@ impl RuntimeCore {
                 )
                 .kv_put(
                     group_submissions_kv_key(&membership.group_id),
-                    crate::coordination::group_submit::new_counter_value(),
+                    crate::coordination::members::new_counter_value(),
                 );
         }
         merge_effects(&mut effects, chunk);

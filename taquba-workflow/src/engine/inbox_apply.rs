@@ -28,15 +28,15 @@ use taquba::SettlementEffects;
 use taquba::object_store::path::Path;
 use tracing::{debug, warn};
 
+use crate::engine::RuntimeCore;
+use crate::engine::cancel::CancelRequest;
 use crate::error::{Error, Result};
 use crate::inbox::objects::{InboxEntry, InboxObjects, TouchSeen};
 use crate::inbox::record::{DurableAnswer, DurableCommandRecord, DurableCommandState};
 use crate::inbox::wire::{self, Received};
 use crate::inbox::{Command, CommandAnswer, CommandId, MAX_COMMAND_SIZE};
 use crate::model::{RunOptions, RunSpec};
-use crate::run::cancel::CancelRequest;
 use crate::run::compose::merge_effects;
-use crate::run::core::RuntimeCore;
 use crate::store::durable;
 use crate::store::keys::{RunId, command_kv_key};
 

@@ -4,10 +4,10 @@
 use taquba::{EnqueueResult, SettlementEffects};
 use tracing::{debug, warn};
 
-use crate::coordination::group::{Membership, pending_member};
+use crate::coordination::members::{Membership, pending_member};
+use crate::engine::{OnTerminated, RuntimeCore, StepEnqueueOpts};
 use crate::error::{Error, Result};
 use crate::model::{RunOptions, RunSpec, SubmitOutcome};
-use crate::run::core::{OnTerminated, RuntimeCore, StepEnqueueOpts};
 use crate::run::effects::{StagedKv, check_enqueue};
 use crate::run::submit_batch::Batched;
 use crate::store::durable::{self, DurableCurrentStep, DurableRunRecord};
@@ -293,7 +293,7 @@ impl RuntimeCore {
                 )
                 .kv_put(
                     group_submissions_kv_key(&membership.group_id),
-                    crate::coordination::group_submit::new_counter_value(),
+                    crate::coordination::members::new_counter_value(),
                 );
         }
         (effects, job_id)

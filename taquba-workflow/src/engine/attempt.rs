@@ -9,6 +9,9 @@ use std::borrow::Cow;
 use taquba::{JobRecord, SettlementEffects};
 use tracing::warn;
 
+use crate::engine::RuntimeCore;
+use crate::engine::inner::RuntimeInner;
+use crate::engine::settle::{ClaimedStep, SettleKind, Settlement};
 use crate::error::{Error, Result};
 use crate::history::record::{
     DurableAttempt, DurableAttemptOutcome, DurableStepEntry, PendingHistory, earlier_attempts,
@@ -16,10 +19,7 @@ use crate::history::record::{
 use crate::hooks::terminal::TerminalHook;
 use crate::model::{StepErrorKind, TerminalStatus, Trigger};
 use crate::run::compose::merge_effects;
-use crate::run::core::RuntimeCore;
-use crate::run::settle::{ClaimedStep, SettleKind, Settlement};
 use crate::runner::StepRunner;
-use crate::runtime::RuntimeInner;
 use crate::store::durable::{
     self, DurableCurrentStep, DurableErrorKind, DurableRunRecord, DurableTermination,
 };
