@@ -1,5 +1,7 @@
 //! Step and run memos, and application KV effects staged by submissions
-//! and steps.
+//! and steps. Memo keys a step may build from user input are stored under
+//! their own entries on a local directory; only the empty and the reserved
+//! key are refused.
 
 use crate::common;
 
@@ -477,4 +479,58 @@ async fn a_step_reads_committed_state_only() {
         "step 1 sees step 0's committed write, not its own"
     );
     worker.shutdown().await.unwrap();
+}
+
+/// Memo keys a step might build from user input, on a local directory:
+/// `.`, `..`, `a/b`, `a%2Fb`, a 300-byte key, unicode, a trailing `#1`, a
+/// control character. Each `put` succeeds or fails with an error naming
+/// the key's trouble (never a panic); each key that was put reads back its
+/// own value, and no two keys share an entry.
+#[tokio::test]
+async fn odd_memo_keys_round_trip_or_are_refused_and_never_alias() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir_store(dir.path());
+    let memos = taquba_workflow::MemoStore::new(store, "memo");
+    let memo = memos.new_memo(&rid("odd"), 0);
+    let long = "k".repeat(300);
+    let keys = [
+        ".",
+        "..",
+        "a/b",
+        "a%2Fb",
+        "a",
+        long.as_str(),
+        "ключ-🔑",
+        "part#1",
+        "tab\tkey",
+        " ",
+        "run.x",
+    ];
+    let mut stored = Vec::new();
+    for (i, key) in keys.iter().enumerate() {
+        let value = format!("value-{i}");
+        match memo.put(key, value.as_bytes()).await {
+            Ok(()) => stored.push((*key, value)),
+            Err(err) => eprintln!("memo key {key:?} refused: {err}"),
+        }
+    }
+    for (key, value) in &stored {
+        assert_eq!(
+            memo.get(key).await.unwrap().as_deref(),
+            Some(value.as_bytes()),
+            "key {key:?} reads another key's value"
+        );
+    }
+    assert!(
+        stored.len() >= keys.len() - 2,
+        "most keys are stored: {stored:?}"
+    );
+    // A step memo and the run memo of the same run never share a key.
+    let run_memo = memos.new_run_memo(&rid("odd"));
+    run_memo.put("x", b"run").await.unwrap();
+    memo.put("run.x", b"step").await.unwrap();
+    assert_eq!(
+        run_memo.get("x").await.unwrap().as_deref(),
+        Some(&b"run"[..])
+    );
 }
