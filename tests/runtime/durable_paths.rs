@@ -24,7 +24,7 @@ use crate::fixtures::{
     HOUR, MAX_POLLS, Scripted, ends_within, slow_store_queue, spec, state, tokio_clock_queue,
 };
 use common::*;
-use futures_util::TryStreamExt;
+use futures_util::{FutureExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use taquba::object_store::ObjectStore;
 use taquba::object_store::memory::InMemory;
@@ -166,20 +166,62 @@ async fn a_submission_under_an_explicit_id_dropped_at_any_poll_runs_or_never_exi
     worker.shutdown().await.unwrap();
 }
 
-/// Under `tokio::time::timeout`, as a request handler would call it: the
-/// run the timed-out call committed runs (20 of 20 were never claimed).
+/// Under `tokio::time::timeout`, as a request handler would call it. The
+/// limits (0.1 to 2 ms) are shorter than a submission takes over this
+/// store (2 to 4 ms: its commit waits for a WAL flush whose object write
+/// takes 0.2 to 2 ms), so the calls are cut short after their commit was
+/// written, while it waits for its flush: the run's record is in the queue
+/// at the moment of the cut. A commit future dropped there used to skip
+/// telling the claim cursor of its job (20 of 20 such runs were never
+/// claimed). At least one call is cut short after its commit; every run a
+/// cut-short call committed runs to its end without being submitted again;
+/// a call that never committed leaves no run, and a re-submission runs.
 #[tokio::test(start_paused = true)]
 async fn a_submission_cut_short_by_a_timeout_still_runs() {
     let (queue, store, _clock) = slow_store_queue().await;
     let runtime = workflow_builder(&queue, &store, &Script::default()).build();
     let worker = runtime.spawn(std::future::pending::<()>());
-    for i in 0..20 {
+    let mut cut_after_commit = Vec::new();
+    for i in 0..20u64 {
         let id = format!("timed-{i}");
-        // Short enough to fire while the commit waits for its flush.
-        let _ =
-            tokio::time::timeout(Duration::from_micros(500), runtime.submit(spec(&id, "x"))).await;
-        submission_converges(&runtime, id, i).await;
+        let limit = Duration::from_micros(100 * (i + 1));
+        let answered = tokio::time::timeout(limit, runtime.submit(spec(&id, "x"))).await;
+        // The run's record at the moment of the cut: a read of the queue's
+        // memory that completes without awaiting, so no task ran between
+        // the cut and the read (`None` if it would have to wait).
+        let at_cut = queue
+            .view()
+            .kv_get(format!("workflow/runs/{id}").as_bytes())
+            .now_or_never()
+            .map(|read| read.unwrap().is_some());
+        let cut = match answered {
+            Ok(submitted) => {
+                assert!(submitted.unwrap().newly_submitted, "{id}: answered");
+                false
+            }
+            Err(_) => true,
+        };
+        if cut && at_cut == Some(true) {
+            cut_after_commit.push(id.clone());
+        }
+        settle_down().await;
+        let what =
+            format!("{id}, cut short after {limit:?}: {cut}, committed at the cut: {at_cut:?}");
+        if state(&runtime, &id).await.is_some() {
+            // Committed by the call alone: it runs, with no re-submission.
+            assert_eq!(ends(&runtime, &id, &what).await, TerminalStatus::Succeeded);
+        } else {
+            assert!(cut, "{what}: an answered submission left no run");
+            assert_ne!(at_cut, Some(true), "{what}: a written commit was lost");
+            runtime.submit(spec(&id, "x")).await.unwrap();
+            assert_eq!(ends(&runtime, &id, &what).await, TerminalStatus::Succeeded);
+        }
     }
+    assert!(
+        !cut_after_commit.is_empty(),
+        "no submission was cut short after its commit was written: the limits no longer fall \
+         inside the commit's wait for its flush"
+    );
     worker.shutdown().await.unwrap();
 }
 

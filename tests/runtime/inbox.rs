@@ -973,9 +973,32 @@ async fn nested_inbox_objects_do_not_block_later_commands() {
     worker.shutdown().await.unwrap();
 }
 
+/// A signal command written by hand, as a tool that skips the sender's
+/// checks could.
+#[derive(serde::Serialize)]
+struct HandMadeSignal<'a> {
+    format: u32,
+    id: String,
+    sent_at_ms: u64,
+    command: HandMadeSignalKind<'a>,
+}
+
+#[derive(serde::Serialize)]
+struct HandMadeSignalKind<'a> {
+    kind: &'a str,
+    correlation_key: String,
+    #[serde(with = "serde_bytes_like")]
+    payload: Vec<u8>,
+}
+
 /// The same oversized key sent through the inbox, as the CLI's
-/// `runs signal KEY` would: the owner rejects the command with its error
-/// and keeps applying the commands after it.
+/// `runs signal KEY` would. The README: a key over `MAX_COMMAND_TEXT_LEN`
+/// is rejected with a recorded error naming the problem and the value, and
+/// the sender refuses what the owner would reject. So `Inbox::send`
+/// refuses it (`InvalidCommand` naming the key's length and the limit) and
+/// writes nothing; written by a tool that skips that check, the owner
+/// rejects the command with that error recorded, and keeps applying the
+/// commands after it.
 #[tokio::test(start_paused = true)]
 async fn an_inbox_signal_on_an_oversized_key_is_rejected_and_the_inbox_goes_on() {
     let (queue, store, _clock) = memory_queue().await;
@@ -984,22 +1007,45 @@ async fn an_inbox_signal_on_an_oversized_key_is_rejected_and_the_inbox_goes_on()
     runtime.submit(spec("after-big-key", "wait")).await.unwrap();
     until_step("timer", &runtime, "after-big-key", 1).await;
     let inbox = Inbox::new(store.clone(), MEMO_PREFIX);
-    let big = match inbox
-        .send(Command::signal("k".repeat(70_000), b"x".to_vec()))
+    let key = "k".repeat(70_000);
+    let names_the_key = |error: &str| {
+        error.contains(&format!(
+            "is 70000 bytes, over the {MAX_COMMAND_TEXT_LEN}-byte limit"
+        ))
+    };
+    match inbox
+        .send(Command::signal(key.clone(), b"x".to_vec()))
         .await
     {
-        Ok(id) => Some(id),
-        Err(err) => {
-            eprintln!("the sender refused it: {err}");
-            None
+        Err(Error::InvalidCommand(message)) => {
+            assert!(names_the_key(&message), "the sender's refusal: {message}")
         }
-    };
-    if let Some(big) = &big {
-        let state = settled_within(runtime.view(), big, 130).await;
-        assert!(
-            !matches!(state, CommandState::Pending),
-            "the oversized-key signal command is still pending"
-        );
+        other => panic!("the sender took a 70000-byte key: {other:?}"),
+    }
+    let left = inbox_names(&store).await;
+    assert!(
+        left.is_empty(),
+        "the sender wrote a refused command: {left:?}"
+    );
+    // Written by a tool that skips the sender's check.
+    let big: CommandId = "01JAZ3NDEKTSV4RRFFQ69G5FAK".parse().unwrap();
+    let bytes = rmp_serde::to_vec_named(&HandMadeSignal {
+        format: 1,
+        id: big.to_string(),
+        sent_at_ms: 0,
+        command: HandMadeSignalKind {
+            kind: "signal",
+            correlation_key: key,
+            payload: b"x".to_vec(),
+        },
+    })
+    .unwrap();
+    drop_in_inbox(&store, &format!("{big}.msgpack"), bytes).await;
+    match settled_within(runtime.view(), &big, 130).await {
+        CommandState::Rejected { error, .. } => {
+            assert!(names_the_key(&error), "the owner's rejection: {error}")
+        }
+        other => panic!("the oversized-key signal command is {other:?}"),
     }
     let next = inbox
         .send(Command::cancel(rid("after-big-key"), None))

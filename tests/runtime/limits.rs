@@ -21,9 +21,9 @@ use taquba::object_store::ObjectStore;
 use taquba::object_store::memory::InMemory;
 use taquba::{OpenOptions, Queue, QueueConfig};
 use taquba_workflow::{
-    Error, GroupMember, MAX_MEMBER_KEY_LEN, RunOptions, RunOutcome, RunSpec, SignalOutcome, Step,
-    StepError, StepOutcome, StepRunner, TerminalEffects, TerminalHook, TerminalStatus,
-    WorkflowRuntime,
+    Error, GroupMember, MAX_HEADERS, MAX_HEADERS_SIZE, MAX_MEMBER_KEY_LEN, RunOptions, RunOutcome,
+    RunSpec, SignalOutcome, Step, StepError, StepOutcome, StepRunner, TerminalEffects,
+    TerminalHook, TerminalStatus, WorkflowRuntime,
 };
 use taquba_workflow_suite::testing::TokioClock;
 
@@ -283,18 +283,53 @@ async fn the_longest_delays_and_the_empty_key_are_waited_on_read_and_ended() {
 /// An attempt limit of 0 is refused by the inbox ("an attempt limit of 0"
 /// is an `InvalidCommand`), and the owner "validates each command as the
 /// in-process API validates its arguments": `submit` refuses it too, or the
-/// run still ends. It must not be accepted and then never run.
+/// run still ends. It must not be accepted and then never run. Refused, the
+/// error names the field and the value (as the inbox's does) and no run is
+/// committed; accepted (what this
+/// version does: `RunOptions::max_attempts_per_step` documents no
+/// refusal), each step gets one attempt: a run that succeeds ends with its
+/// result, and a transient failure fails its run after that one attempt.
 #[tokio::test(start_paused = true)]
 async fn an_attempt_limit_of_zero_is_refused_or_the_run_ends() {
     let (queue, store, _clock) = memory_queue().await;
-    let runtime = workflow_builder(&queue, &store, &Scripted::default()).build();
+    let runner = Scripted::default();
+    let runtime = workflow_builder(&queue, &store, &runner).build();
     let worker = runtime.spawn(std::future::pending::<()>());
-    let mut zero = spec("zero-attempts", "ok");
-    zero.options.max_attempts_per_step = Some(0);
-    match runtime.submit(zero).await {
-        Err(err) => eprintln!("refused: {err}"),
-        Ok(_) => {
-            ends_within(&runtime, "zero-attempts", 30, "zero attempts").await;
+    for (id, input) in [("zero-attempts", "ok"), ("zero-attempts-flaky", "trans")] {
+        let mut zero = spec(id, input);
+        zero.options.max_attempts_per_step = Some(0);
+        match runtime.submit(zero).await {
+            Err(err) => {
+                let message = err.to_string();
+                assert!(
+                    message.contains("max_attempts_per_step") && message.contains(" 0"),
+                    "{id}: the refusal does not name the field and the value: {message}"
+                );
+                assert!(
+                    runtime.status(&rid(id)).await.unwrap().is_none(),
+                    "{id}: a refused submission committed a run"
+                );
+            }
+            Ok(submitted) => {
+                assert!(submitted.newly_submitted, "{id}");
+                let end = ends_within(&runtime, id, 30, "zero attempts").await;
+                if input == "ok" {
+                    assert_eq!(end.termination.status, TerminalStatus::Succeeded, "{id}");
+                    assert_eq!(
+                        end.outcome.and_then(|o| o.result).as_deref(),
+                        Some(&b"ok"[..]),
+                        "{id}: the result"
+                    );
+                } else {
+                    assert_eq!(end.termination.status, TerminalStatus::Failed, "{id}");
+                    assert_eq!(
+                        end.termination.error.as_deref(),
+                        Some("always flaky"),
+                        "{id}"
+                    );
+                }
+                assert_eq!(runner.calls_of(id), 1, "{id}: runner calls");
+            }
         }
     }
     worker.shutdown().await.unwrap();
@@ -317,10 +352,15 @@ async fn reserved_headers_are_refused_in_a_submission() {
     assert!(runtime.status(&rid("hdr")).await.unwrap().is_none());
 }
 
-/// Headers at their edges: an empty name, a 1 MiB value, 5 000 headers.
-/// Each submission is refused with an error naming the problem, or it runs
-/// to its end with its headers reported to the hook; never a panic, never
-/// a run that is accepted and then stuck.
+/// Headers at their edges. `RunOptions::headers` documents the rules:
+/// names starting with `workflow.` are reserved, and a submission carries
+/// at most `MAX_HEADERS` headers of `MAX_HEADERS_SIZE` bytes in all, or is
+/// refused with `InvalidRunOptions` naming the limit and the value, with
+/// nothing submitted. So an empty name (no rule against it), exactly
+/// `MAX_HEADERS` headers and exactly `MAX_HEADERS_SIZE` bytes are carried:
+/// the run ends `Succeeded` and the hook sees its headers intact. A 1 MiB
+/// value and 5 000 headers are refused, naming the size or the count, and
+/// leave no run behind. Never a panic, never a run accepted and then stuck.
 #[tokio::test(start_paused = true)]
 async fn headers_at_their_edges_are_refused_or_carried_to_the_end() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
@@ -335,25 +375,63 @@ async fn headers_at_their_edges_are_refused_or_carried_to_the_end() {
     .poll_interval(Duration::from_millis(20))
     .build();
     let worker = runtime.spawn(std::future::pending::<()>());
-    let cases: Vec<(&str, std::collections::HashMap<String, String>)> = vec![
-        ("empty-name", [(String::new(), "v".to_string())].into()),
+    type Headers = std::collections::HashMap<String, String>;
+    let huge: Headers = [("big".to_string(), "v".repeat(1 << 20))].into();
+    let many: Headers = (0..5_000)
+        .map(|i| (format!("h{i}"), format!("{i}")))
+        .collect();
+    // `None`: carried; `Some(text)`: refused, the error naming `text`.
+    let cases: Vec<(&str, Headers, Option<String>)> = vec![
+        (
+            "empty-name",
+            [(String::new(), "v".to_string())].into(),
+            None,
+        ),
+        (
+            "most",
+            (0..MAX_HEADERS)
+                .map(|i| (format!("h{i}"), format!("{i}")))
+                .collect(),
+            None,
+        ),
+        (
+            "largest",
+            [("big".to_string(), "v".repeat(MAX_HEADERS_SIZE - 3))].into(),
+            None,
+        ),
         (
             "huge-value",
-            [("big".to_string(), "v".repeat(1 << 20))].into(),
+            huge,
+            Some(format!(
+                "the 1 headers take {} bytes (names and values), more than the {MAX_HEADERS_SIZE} allowed",
+                3 + (1 << 20)
+            )),
         ),
         (
             "many",
-            (0..5_000)
-                .map(|i| (format!("h{i}"), format!("{i}")))
-                .collect(),
+            many,
+            Some(format!("5000 headers, more than the {MAX_HEADERS} allowed")),
         ),
     ];
-    for (id, headers) in cases {
+    for (id, headers, refusal) in cases {
         let mut submission = spec(id, "timer:10");
         submission.options.headers = headers.clone();
-        match runtime.submit(submission).await {
-            Err(err) => eprintln!("{id}: refused: {err}"),
-            Ok(_) => {
+        let submitted = runtime.submit(submission).await;
+        match refusal {
+            Some(names) => {
+                match &submitted {
+                    Err(Error::InvalidRunOptions(message)) => {
+                        assert_eq!(message, &names, "{id}: the refusal")
+                    }
+                    other => panic!("{id}: expected InvalidRunOptions, got {other:?}"),
+                }
+                assert!(
+                    runtime.status(&rid(id)).await.unwrap().is_none(),
+                    "{id}: a refused submission committed a run"
+                );
+            }
+            None => {
+                assert!(submitted.unwrap().newly_submitted, "{id}");
                 let end = ends_within(&runtime, id, 60, "accepted headers").await;
                 assert_eq!(end.termination.status, TerminalStatus::Succeeded, "{id}");
                 eventually("the hook call", || async {
@@ -369,6 +447,8 @@ async fn headers_at_their_edges_are_refused_or_carried_to_the_end() {
             }
         }
     }
+    let stats = queue.view().stats(STEPS).await.unwrap();
+    assert_eq!(stats.dead, 0, "{stats:?}");
     worker.shutdown().await.unwrap();
 }
 
@@ -403,8 +483,11 @@ async fn a_multi_mebibyte_input_runs_and_is_echoed_whole() {
 // ---------------------------------------------------------------------------
 // Group member keys and terminal records at their edges.
 
-/// A key of 100 KB of text ("any text"): accepted and run, or refused with
-/// an error; never a panic, and the runtime keeps working either way.
+/// A key of 100 KB of text ("any text", but `RunGroup::submit` documents
+/// `MemberKeyTooLong` for a key over `MAX_MEMBER_KEY_LEN`, 16 KiB): the
+/// submission is refused, naming the key's length, the limit and the key's
+/// start, without a panic, and nothing is submitted (no group, no run of
+/// either member, so a resume finds no group); the runtime keeps working.
 #[tokio::test(start_paused = true)]
 async fn a_100_kb_member_key_is_accepted_or_refused_without_a_panic() {
     let (queue, store, _clock) = memory_queue().await;
@@ -422,6 +505,12 @@ async fn a_100_kb_member_key_is_accepted_or_refused_without_a_panic() {
     let submitted = within(30, submitting).await;
     let group = rt.group(rid("huge-key"));
     let status = group.status().await;
+    let member_runs = [
+        rt.status(&member_run_id("huge-key", &key)).await.unwrap(),
+        rt.status(&member_run_id("huge-key", "small"))
+            .await
+            .unwrap(),
+    ];
     // The runtime still works.
     let other = rt.group(rid("after-huge-key"));
     other
@@ -442,12 +531,12 @@ async fn a_100_kb_member_key_is_accepted_or_refused_without_a_panic() {
         after.is_ok_and(|r| r.len() == 1),
         "the runtime stopped working"
     );
-    match submitted {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => println!(
-            "refused with {}",
-            e.to_string().chars().take(200).collect::<String>()
+    let refusal = match submitted {
+        Ok(Ok(())) => panic!(
+            "a {}-byte member key was accepted, over MAX_MEMBER_KEY_LEN ({MAX_MEMBER_KEY_LEN})",
+            key.len()
         ),
+        Ok(Err(e)) => e,
         Err(join) => panic!(
             "submitting a group with a 100 KB key panicked ({}); the group is then {:?}, \
              and resume {}",
@@ -462,7 +551,35 @@ async fn a_100_kb_member_key_is_accepted_or_refused_without_a_panic() {
                 other => format!("gives {other:?}"),
             }
         ),
+    };
+    match &refusal {
+        Error::MemberKeyTooLong { len, max, start } => {
+            assert_eq!((*len, *max), (key.len(), MAX_MEMBER_KEY_LEN));
+            assert_eq!(start, &"x".repeat(64));
+        }
+        other => panic!("expected MemberKeyTooLong, got {:.200}", other.to_string()),
     }
+    assert!(
+        refusal.to_string().contains(&format!(
+            "is {} bytes long, more than the {MAX_MEMBER_KEY_LEN} bytes allowed",
+            key.len()
+        )),
+        "the error does not name the length and the limit: {:.200}",
+        refusal.to_string()
+    );
+    // Nothing was submitted.
+    assert!(
+        matches!(status, Err(Error::GroupNotFound(_))),
+        "a refused group was written: {status:?}"
+    );
+    assert!(
+        member_runs.iter().all(Option::is_none),
+        "a refused group's member ran: {member_runs:?}"
+    );
+    assert!(
+        matches!(resumed, Ok(Err(Error::GroupNotFound(_)))),
+        "resume of the refused group: {resumed:?}"
+    );
 }
 
 fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {

@@ -336,6 +336,9 @@ async fn a_whole_store_write_outage_mid_run_then_every_run_ends_once() {
 /// WAL cannot be written): the submission must not claim success for a run
 /// that was never committed, and once the faults stop the runtime serves
 /// runs again without a restart, and a submission that was answered ends.
+/// The README ("Storage outages") says which: SlateDB retries the write
+/// until the store answers, so the call waits instead of failing, and is
+/// still waiting when its 20 s timeout cuts it short.
 #[tokio::test(start_paused = true)]
 async fn a_submission_while_every_put_fails_then_recovers_without_restart() {
     let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
@@ -362,20 +365,12 @@ async fn a_submission_while_every_put_fails_then_recovers_without_restart() {
     )
     .await;
     faulty.set_enabled(false);
-    match during {
-        Ok(Ok(outcome)) => {
-            assert!(outcome.newly_submitted);
-            assert_eq!(
-                ends_within(&runtime, "during", 60, "answered during faults")
-                    .await
-                    .termination
-                    .status,
-                TerminalStatus::Succeeded
-            );
-        }
-        Ok(Err(err)) => eprintln!("submission during faults: {err}"),
-        Err(_) => eprintln!("submission during faults still hanging after 20 s"),
+    // Still waiting after 20 s, as the README says: neither an answer for
+    // a run whose commit could not be written, nor an error.
+    if let Ok(answer) = during {
+        panic!("the submission answered during the outage instead of waiting: {answer:?}");
     }
+    assert!(faulty.injected(Op::Put) > 0, "the outage hit no write");
     // The committed run is intact.
     assert_eq!(
         runtime
