@@ -1,5 +1,9 @@
 //! Runner verdicts, external cancellation and terminal hooks at the public
-//! API.
+//! API. A cancel racing each way a run ends (success, permanent and
+//! transient failures, verdicts, a timer, a signal or its timeout, a
+//! sleeping step) leaves one termination that `wait`, `status` and
+//! `outcome` agree on, answers `true` only for a run that ended
+//! `Cancelled`, and is followed by one hook call.
 
 use crate::common;
 
@@ -8,7 +12,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::fixtures::{Counting, Scripted, ends_within, spec, state, tokio_clock_queue};
 use common::*;
+use taquba::OpenOptions;
+use taquba::object_store::ObjectStore;
+use taquba::object_store::memory::InMemory;
 use taquba::{EnqueueOptions, EnqueueRequest, JobRecord, Queue};
 use taquba_workflow::{
     HEADER_RUN_ID, HEADER_TERMINAL, NoopTerminalHook, RunEnd, RunOptions, RunOutcome, RunSpec,
@@ -17,7 +25,7 @@ use taquba_workflow::{
 };
 
 /// Submit `input` as run `id` with a `tenant` header.
-fn spec(id: &str, input: &str) -> RunSpec {
+fn tenant_spec(id: &str, input: &str) -> RunSpec {
     RunSpec {
         run_id: Some(rid(id)),
         input: input.as_bytes().to_vec(),
@@ -78,7 +86,7 @@ async fn submit_and_wait<R: StepRunner, H: TerminalHook>(
     id: &str,
     input: &str,
 ) -> RunEnd {
-    runtime.submit(spec(id, input)).await.unwrap();
+    runtime.submit(tenant_spec(id, input)).await.unwrap();
     within(30, runtime.wait(&rid(id))).await.unwrap()
 }
 
@@ -155,7 +163,7 @@ async fn cancelling_a_pending_step_terminates_the_run_before_cancel_returns() {
     let calls = Arc::new(AtomicU32::new(0));
     let hook = Recorder::default();
     let runtime = verdicts_runtime(queue.clone(), store, calls.clone(), hook.clone());
-    runtime.submit(spec("p", "x")).await.unwrap();
+    runtime.submit(tenant_spec("p", "x")).await.unwrap();
     assert_eq!(
         runtime.status(&rid("p")).await.unwrap().unwrap().state,
         RunState::Pending
@@ -219,7 +227,7 @@ async fn cancelling_a_step_waiting_on_a_timer_removes_it() {
     };
     let runtime = WorkflowRuntime::builder(queue.clone(), store, runner, NoopTerminalHook).build();
     let worker = runtime.spawn(std::future::pending::<()>());
-    runtime.submit(spec("t", "x")).await.unwrap();
+    runtime.submit(tenant_spec("t", "x")).await.unwrap();
     until_step("step 1 to be scheduled", &runtime, "t", 1).await;
     assert_eq!(queue.view().stats(STEPS).await.unwrap().scheduled, 1);
     assert!(runtime.cancel(&rid("t")).await.unwrap());
@@ -264,7 +272,7 @@ async fn cancelling_a_running_step_fires_its_token_and_discards_the_outcome() {
     let hook = Recorder::default();
     let runtime = WorkflowRuntime::builder(queue.clone(), store, runner, hook.clone()).build();
     let worker = runtime.spawn(std::future::pending::<()>());
-    runtime.submit(spec("run", "x")).await.unwrap();
+    runtime.submit(tenant_spec("run", "x")).await.unwrap();
     assert_eq!(within(10, seen.recv()).await, Some(Event::Started(0)));
     assert_eq!(
         runtime.status(&rid("run")).await.unwrap().unwrap().state,
@@ -318,7 +326,7 @@ async fn a_running_step_that_ignores_its_token_is_settled_cancelled_when_it_retu
     };
     let runtime = WorkflowRuntime::builder(queue.clone(), store, runner, NoopTerminalHook).build();
     let worker = runtime.spawn(std::future::pending::<()>());
-    runtime.submit(spec("stubborn", "x")).await.unwrap();
+    runtime.submit(tenant_spec("stubborn", "x")).await.unwrap();
     assert_eq!(within(10, seen.recv()).await, Some(Event::Started(0)));
     assert!(within(10, runtime.cancel(&rid("stubborn"))).await.unwrap());
     for _ in 0..3 {
@@ -350,7 +358,7 @@ async fn a_step_claimed_after_the_request_is_settled_without_running() {
     let (queue, store, _clock) = memory_queue().await;
     let calls = Arc::new(AtomicU32::new(0));
     let runtime = verdicts_runtime(queue.clone(), store, calls.clone(), NoopTerminalHook);
-    runtime.submit(spec("late", "x")).await.unwrap();
+    runtime.submit(tenant_spec("late", "x")).await.unwrap();
     // Another holder has the step claimed when the request arrives.
     let claim = claim_step(&queue).await.expect("the step job");
     assert_eq!(
@@ -441,7 +449,10 @@ async fn a_cancel_racing_the_settlement_reports_how_the_run_ended() {
     let mut endings = HashMap::new();
     for n in 0..24u32 {
         let id = format!("race-{n}");
-        runtime.submit(spec(&id, &n.to_string())).await.unwrap();
+        runtime
+            .submit(tenant_spec(&id, &n.to_string()))
+            .await
+            .unwrap();
         assert_eq!(within(10, seen.recv()).await.as_deref(), Some(id.as_str()));
         let cancelled = within(10, runtime.cancel(&rid(&id))).await.unwrap();
         let end = within(10, runtime.wait(&rid(&id))).await.unwrap();
@@ -577,14 +588,14 @@ async fn a_hook_that_does_not_observe_an_outcome_gets_no_notification_job() {
             headers: HashMap::from([("notify".to_string(), "no".to_string())]),
             ..Default::default()
         },
-        ..spec(id, "x")
+        ..tenant_spec(id, "x")
     };
     // A cancellation of a pending step commits the termination without a
     // worker, so the queue shows whether a notification job was created.
     runtime.submit(quiet("quiet")).await.unwrap();
     assert!(runtime.cancel(&rid("quiet")).await.unwrap());
     assert_eq!(queue.view().stats(STEPS).await.unwrap().pending, 0);
-    runtime.submit(spec("loud", "x")).await.unwrap();
+    runtime.submit(tenant_spec("loud", "x")).await.unwrap();
     assert!(runtime.cancel(&rid("loud")).await.unwrap());
     assert_eq!(queue.view().stats(STEPS).await.unwrap().pending, 1);
 
@@ -615,7 +626,7 @@ async fn a_transient_hook_error_is_retried_until_the_hook_succeeds() {
     });
     let runtime = hooked(queue.clone(), store, hook.clone());
     let worker = runtime.spawn(std::future::pending::<()>());
-    runtime.submit(spec("r", "x")).await.unwrap();
+    runtime.submit(tenant_spec("r", "x")).await.unwrap();
     eventually("the notification to commit", || async {
         queue
             .view()
@@ -689,7 +700,7 @@ async fn terminal_effects_commit_with_the_notification() {
     let runtime = hooked(queue.clone(), store, hook.clone());
     queue.kv_put(b"app/pending", b"1").await.unwrap();
     let worker = runtime.spawn(std::future::pending::<()>());
-    runtime.submit(spec("r", "x")).await.unwrap();
+    runtime.submit(tenant_spec("r", "x")).await.unwrap();
     eventually("the notification to commit", || async {
         queue
             .view()
@@ -730,7 +741,7 @@ async fn a_panicking_hook_is_retried() {
     });
     let runtime = hooked(queue.clone(), store, hook.clone());
     let worker = runtime.spawn(std::future::pending::<()>());
-    runtime.submit(spec("r", "x")).await.unwrap();
+    runtime.submit(tenant_spec("r", "x")).await.unwrap();
     eventually("the retried notification to commit", || async {
         queue.view().kv_get(b"app/hooked").await.unwrap().is_some()
     })
@@ -754,7 +765,7 @@ async fn a_step_dead_lettered_by_the_reaper_notifies_once() {
                 headers: HashMap::from([("tenant".to_string(), "acme".to_string())]),
                 ..Default::default()
             },
-            ..spec("reaped", "x")
+            ..tenant_spec("reaped", "x")
         })
         .await
         .unwrap();
@@ -807,7 +818,7 @@ async fn a_notification_retries_up_to_the_terminal_steps_attempt_limit() {
                 max_attempts_per_step: Some(5),
                 ..Default::default()
             },
-            ..spec("patient", "x")
+            ..tenant_spec("patient", "x")
         })
         .await
         .unwrap();
@@ -845,7 +856,7 @@ async fn an_external_cancel_overrides_a_step_error() {
     let runtime = WorkflowRuntime::builder(queue.clone(), store, runner, NoopTerminalHook).build();
     let worker = runtime.spawn(std::future::pending::<()>());
     for id in ["transient", "permanent"] {
-        runtime.submit(spec(id, id)).await.unwrap();
+        runtime.submit(tenant_spec(id, id)).await.unwrap();
         assert_eq!(within(10, seen.recv()).await, Some(Event::Started(0)));
         assert!(runtime.cancel(&rid(id)).await.unwrap());
         assert!(
@@ -905,7 +916,10 @@ async fn a_cancel_from_another_runtime_reports_how_the_run_ended() {
     let mut endings = HashMap::new();
     for n in 0..40u32 {
         let id = format!("front-{n}");
-        front.submit(spec(&id, &n.to_string())).await.unwrap();
+        front
+            .submit(tenant_spec(&id, &n.to_string()))
+            .await
+            .unwrap();
         // The runner returns after a run-specific delay, so the request
         // lands before, during and after the step's settlement.
         assert_eq!(within(10, seen.recv()).await.as_deref(), Some(id.as_str()));
@@ -967,11 +981,11 @@ async fn a_notification_has_the_priority_of_its_run() {
     // The backlog, at the queue's default priority, queued first.
     for n in 0..20 {
         runtime
-            .submit(spec(&format!("backlog-{n:02}"), "ok"))
+            .submit(tenant_spec(&format!("backlog-{n:02}"), "ok"))
             .await
             .expect("submit backlog");
     }
-    let mut urgent = spec("urgent", "ok");
+    let mut urgent = tenant_spec("urgent", "ok");
     urgent.options.priority = Some(0);
     runtime.submit(urgent).await.expect("submit urgent");
 
@@ -1011,4 +1025,148 @@ async fn a_notification_has_the_priority_of_its_run() {
         "{backlog_before} backlog steps ran before the urgent run's hook: {order:?}"
     );
     worker.shutdown().await.expect("shutdown");
+}
+
+// ---------------------------------------------------------------------------
+// A cancel racing every ending.
+
+/// A cancel racing the signal wait's timeout, a `Cancel` verdict and a
+/// runner that sleeps: one terminal status, `wait`, `status` and
+/// `outcome` agree, the hook fires once with that status, `cancel`
+/// answered `true` only for a run that ended `Cancelled`, and a later
+/// cancel answers `false`.
+#[tokio::test(start_paused = true)]
+async fn a_cancel_racing_a_timeout_a_cancel_verdict_or_a_sleeping_step_ends_once() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let hook = Counting::default();
+    let runtime = WorkflowRuntime::builder(
+        queue.clone(),
+        store.clone(),
+        Scripted::default(),
+        hook.clone(),
+    )
+    .poll_interval(Duration::from_millis(20))
+    .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let mut expected = Vec::new();
+    for ending in ["timeout", "cancel", "sleep"] {
+        for k in 0..24usize {
+            let id = format!("r2-{ending}-{k}");
+            let input = match ending {
+                "timeout" => format!("signal:never-{id}:5"),
+                "sleep" => "sleep:3".to_string(),
+                other => other.to_string(),
+            };
+            runtime.submit(spec(&id, &input)).await.unwrap();
+            for _ in 0..k {
+                tokio::task::yield_now().await;
+            }
+            if k % 3 == 0 {
+                tokio::time::sleep(Duration::from_millis(k as u64 / 3)).await;
+            }
+            let cancelled = within(60, runtime.cancel(&rid(&id))).await.unwrap();
+            let end = ends_within(&runtime, &id, 60, "raced").await;
+            let status = end.termination.status;
+            if cancelled {
+                assert_eq!(status, TerminalStatus::Cancelled, "{id}: cancel said true");
+            }
+            match state(&runtime, &id).await {
+                Some(RunState::Terminated(t)) => assert_eq!(t.status, status, "{id}"),
+                other => panic!("{id}: status {other:?} after wait returned {status:?}"),
+            }
+            let outcome = runtime.outcome(&rid(&id)).await.unwrap();
+            if let Some(outcome) = outcome {
+                assert_eq!(outcome.status, status, "{id}: outcome");
+            }
+            assert!(
+                !runtime.cancel(&rid(&id)).await.unwrap(),
+                "{id}: a later cancel"
+            );
+            expected.push((id, status));
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    for (id, status) in &expected {
+        assert_eq!(&hook.calls_of(id), &vec![*status], "{id}: hook calls");
+    }
+    worker.shutdown().await.unwrap();
+}
+
+/// For each ending (success, permanent failure, `Fail` verdict, last retry
+/// dead-lettering, a timer firing, a signal arriving), a cancel is sent
+/// after 0..K yields so it lands at different points of the ending. Each
+/// run: one terminal status, `wait` reports it, `status` agrees, the hook
+/// is called exactly once with it, and `cancel` answered `true` only when
+/// the run ended `Cancelled`.
+#[tokio::test(start_paused = true)]
+async fn a_cancel_racing_every_ending_leaves_one_termination_and_one_hook_call() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let hook = Counting::default();
+    let runtime = WorkflowRuntime::builder(
+        queue.clone(),
+        store.clone(),
+        Scripted::default(),
+        hook.clone(),
+    )
+    .poll_interval(Duration::from_millis(20))
+    .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let mut expected = Vec::new();
+    for ending in ["ok", "perm", "verdict", "trans", "timer:5", "signal"] {
+        for k in 0..24usize {
+            let id = format!("race-{}-{k}", ending.replace(':', ""));
+            let input = if ending == "signal" {
+                format!("signal:key-{id}")
+            } else {
+                ending.to_string()
+            };
+            runtime.submit(spec(&id, &input)).await.unwrap();
+            if ending == "signal" {
+                until_step("the signal wait", &runtime, &id, 1).await;
+            }
+            let signaller = {
+                let runtime = runtime.clone();
+                let key = format!("key-{id}");
+                tokio::spawn(async move {
+                    if ending == "signal" {
+                        runtime.signal(&key, b"sig".to_vec()).await.map(|_| ())
+                    } else {
+                        Ok(())
+                    }
+                })
+            };
+            for _ in 0..k {
+                tokio::task::yield_now().await;
+            }
+            if k % 3 == 0 {
+                tokio::time::sleep(Duration::from_millis(k as u64 / 3)).await;
+            }
+            let cancelled = within(60, runtime.cancel(&rid(&id))).await.unwrap();
+            signaller.await.unwrap().unwrap();
+            let end = within(60, runtime.wait(&rid(&id))).await.unwrap();
+            let status = end.termination.status;
+            if cancelled {
+                assert_eq!(status, TerminalStatus::Cancelled, "{id}: cancel said true");
+            }
+            match state(&runtime, &id).await {
+                Some(RunState::Terminated(t)) => assert_eq!(t.status, status, "{id}"),
+                other => panic!("{id}: status {other:?} after wait returned {status:?}"),
+            }
+            expected.push((id, status));
+        }
+    }
+    eventually("every hook call", || async {
+        hook.calls.lock().unwrap().len() >= expected.len()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let calls = hook.calls.lock().unwrap().clone();
+    for (id, status) in &expected {
+        let mine: Vec<_> = calls.iter().filter(|(r, _)| r == id).collect();
+        assert_eq!(mine.len(), 1, "{id}: hook calls {mine:?}");
+        assert_eq!(&mine[0].1, status, "{id}: hook status");
+    }
+    worker.shutdown().await.unwrap();
 }

@@ -1,6 +1,8 @@
 //! Durable timers, per-run options on every step job, reconciliation of
 //! steps dead-lettered outside the worker, restarts over a directory
-//! store, a view over a `QueueReader` and the waits.
+//! store, a view over a `QueueReader` and the waits; a runtime dropped
+//! without shutdown (a crash) at different moments of its runs, whose
+//! successor ends every run and delivers the signal sent before the crash.
 
 use crate::common;
 
@@ -9,7 +11,11 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
+use crate::fixtures::{Scripted, ends_within, spec, tokio_clock_queue};
 use common::*;
+use taquba::OpenOptions;
+use taquba::object_store::ObjectStore;
+use taquba::object_store::memory::InMemory;
 use taquba::{JobStatus, Queue, QueueReader, ReaderOptions};
 use taquba_workflow::{
     Error, HEADER_RUN_ID, HEADER_STEP, MAX_RUN_ID_LEN, MemoStore, NoopTerminalHook, RunId,
@@ -617,4 +623,77 @@ async fn a_step_interrupted_on_its_last_attempt_fails_its_run_after_the_restart(
     worker.shutdown().await.unwrap();
     drop(runtime);
     close(queue).await;
+}
+
+/// Runs of several steps, timers and signal waits; the runtime is dropped
+/// without shutdown at different moments and a new one opened on the same
+/// store (which fences the old): every run ends as without the crash, the
+/// signal sent before the crash is delivered, and `submit` of the same id
+/// answers `newly_submitted = false` only for runs that are really there.
+#[tokio::test(start_paused = true)]
+async fn a_crash_at_different_moments_resumes_every_run() {
+    for crash_after_ms in [0u64, 1, 2, 3, 5, 8, 13, 21, 34, 55] {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+        let runtime = workflow_builder(&queue, &store, &Scripted::default()).build();
+        let worker = {
+            let runtime = runtime.clone();
+            tokio::spawn(async move { runtime.run(std::future::pending::<()>()).await })
+        };
+        let runs = [
+            ("c-steps", "steps:20".to_string()),
+            ("c-timer", "timer:30".to_string()),
+            ("c-signal", "signal:c-key".to_string()),
+            ("c-ok", "ok".to_string()),
+        ];
+        for (id, input) in &runs {
+            runtime.submit(spec(id, input)).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(crash_after_ms)).await;
+        let signalled = runtime.signal("c-key", b"sig".to_vec()).await;
+        // Crash: abort the worker (dropping a `RunnerHandle` would detach
+        // it, leaving the old writer running beside the new one) and drop
+        // every handle without shutdown.
+        worker.abort();
+        let _ = worker.await;
+        drop(runtime);
+        drop(queue);
+        let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+        let runtime = workflow_builder(&queue, &store, &Scripted::default()).build();
+        let worker = runtime.spawn(std::future::pending::<()>());
+        for (id, input) in &runs {
+            // Resubmitting the same id and input is idempotent while the run
+            // is active; a run that terminated before the crash is reported
+            // as terminated (a re-submission would start it again, as the
+            // seeds say).
+            if !matches!(
+                runtime.view().run(&rid(id)).await.unwrap().map(|d| d.state),
+                Some(RunState::Terminated(_))
+            ) {
+                let again = runtime.submit(spec(id, input)).await.unwrap();
+                assert!(!again.newly_submitted, "{id}: submitted before the crash");
+            }
+            let details = runtime.view().run(&rid(id)).await.unwrap();
+            let what = format!(
+                "crash after {crash_after_ms} ms (signal answered {signalled:?}; {:?})",
+                details.map(|d| (d.waiting_for_signal, d.current_step))
+            );
+            assert_eq!(
+                ends_within(&runtime, id, 120, &what)
+                    .await
+                    .termination
+                    .status,
+                TerminalStatus::Succeeded,
+                "{id} {what}"
+            );
+        }
+        let end = runtime.wait(&rid("c-signal")).await.unwrap();
+        let result = end.outcome.and_then(|o| o.result);
+        assert_eq!(
+            result.as_deref(),
+            Some(&b"sig"[..]),
+            "crash after {crash_after_ms} ms: the signal result"
+        );
+        worker.shutdown().await.unwrap();
+    }
 }

@@ -9,6 +9,10 @@
 //! after 1, 2, … polls until it completes on its own, and after every drop
 //! what it left must be nothing or something that completes within
 //! bounded (paused) time, and calling again must converge.
+//!
+//! The calls checked include `cancel_with_reason` and `requeue`, and a
+//! submission dropped at any poll right before a crash (`#[ignore]`d: an
+//! open upstream race, see its reason).
 
 use crate::common;
 
@@ -16,12 +20,15 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::fixtures::{
+    HOUR, MAX_POLLS, Scripted, ends_within, slow_store_queue, spec, state, tokio_clock_queue,
+};
 use common::*;
-use futures_util::TryStreamExt;
+use futures_util::{FutureExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use taquba::object_store::ObjectStore;
 use taquba::object_store::memory::InMemory;
-use taquba::{OpenOptions, Queue, QueueConfig};
+use taquba::{OpenOptions, Queue};
 use taquba_workflow::jobs::{Job, JobContext, JobRunner};
 use taquba_workflow::workflows::{StepContext, Transition};
 use taquba_workflow::{
@@ -30,14 +37,8 @@ use taquba_workflow::{
     workflow,
 };
 use taquba_workflow_suite::testing::{
-    FaultConfig, FaultyStore, TokioClock, drop_at_each_poll, no_setup, poll_then_drop,
+    FaultConfig, FaultyStore, drop_at_each_poll, no_setup, poll_then_drop,
 };
-
-/// The most polls any call here takes to complete on its own.
-pub(super) const MAX_POLLS: usize = 400;
-/// Long enough never to pass in a test (timers and signal timeouts run on
-/// the queue's mock clock, which only the test advances).
-pub(super) const HOUR: Duration = Duration::from_secs(3600);
 
 /// The step runner of most tests, driven by the run's input:
 /// `"<n>"` counts down through n more steps, `"wait"` waits an hour then
@@ -106,24 +107,9 @@ impl StepRunner for Script {
     }
 }
 
-pub(super) fn spec(id: &str, input: &str) -> RunSpec {
-    RunSpec {
-        run_id: Some(rid(id)),
-        input: input.as_bytes().to_vec(),
-        ..Default::default()
-    }
-}
-
 /// Let what a dropped call left behind on its own tasks move on.
 async fn settle_down() {
     tokio::time::sleep(Duration::from_secs(1)).await;
-}
-
-pub(super) async fn state<R: StepRunner, H: TerminalHook>(
-    runtime: &WorkflowRuntime<R, H>,
-    id: &str,
-) -> Option<RunState> {
-    runtime.status(&rid(id)).await.unwrap().map(|s| s.state)
 }
 
 /// The end of run `id` within a minute; panics naming `what` otherwise.
@@ -161,57 +147,6 @@ async fn submission_converges<R: StepRunner, H: TerminalHook>(
     assert_eq!(ends(runtime, &id, &what).await, TerminalStatus::Succeeded);
 }
 
-/// An in-memory queue (and memo store) with a mock clock, each object-store
-/// call taking 0.2 to 2 ms of paused time: every store access is an await
-/// of its own that a drop can cut, as over a remote bucket.
-pub(super) async fn slow_store_queue() -> (Arc<Queue>, Arc<dyn ObjectStore>, taquba::MockClock) {
-    let clock = taquba::MockClock::new(T0);
-    let store: Arc<dyn ObjectStore> = Arc::new(FaultyStore::new(
-        Arc::new(InMemory::new()),
-        FaultConfig {
-            latency: Some(Duration::from_micros(200)..Duration::from_millis(2)),
-            ..FaultConfig::default()
-        },
-    ));
-    let queue = Queue::open_with_options(store.clone(), "db", options(&clock))
-        .await
-        .expect("open queue");
-    (Arc::new(queue), store, clock)
-}
-
-/// A queue over `store` whose timers and leases follow paused tokio time.
-pub(super) async fn tokio_clock_queue(
-    store: Arc<dyn ObjectStore>,
-    options: OpenOptions,
-) -> Arc<Queue> {
-    queue_over_tokio_clock(store, options, Duration::from_secs(5), Duration::ZERO).await
-}
-
-/// A queue over `store` whose clock follows Tokio's (paused) time, with a
-/// 1 ms flush interval, three attempts, `lease` and retry backoff
-/// `backoff`.
-pub(super) async fn queue_over_tokio_clock(
-    store: Arc<dyn ObjectStore>,
-    options: OpenOptions,
-    lease: Duration,
-    backoff: Duration,
-) -> Arc<Queue> {
-    let options = options
-        .clock(Arc::new(TokioClock::new(T0)))
-        .flush_interval(Duration::from_millis(1))
-        .default_queue_config(
-            QueueConfig::default()
-                .retry_backoff_base(backoff)
-                .lease_duration(lease)
-                .max_attempts(3),
-        );
-    Arc::new(
-        Queue::open_with_options(store, "db", options)
-            .await
-            .expect("open queue"),
-    )
-}
-
 // ---------------------------------------------------------------------------
 // 1. Every public call that commits is cancel-safe.
 // ---------------------------------------------------------------------------
@@ -231,20 +166,62 @@ async fn a_submission_under_an_explicit_id_dropped_at_any_poll_runs_or_never_exi
     worker.shutdown().await.unwrap();
 }
 
-/// Under `tokio::time::timeout`, as a request handler would call it: the
-/// run the timed-out call committed runs (20 of 20 were never claimed).
+/// Under `tokio::time::timeout`, as a request handler would call it. The
+/// limits (0.1 to 2 ms) are shorter than a submission takes over this
+/// store (2 to 4 ms: its commit waits for a WAL flush whose object write
+/// takes 0.2 to 2 ms), so the calls are cut short after their commit was
+/// written, while it waits for its flush: the run's record is in the queue
+/// at the moment of the cut. A commit future dropped there used to skip
+/// telling the claim cursor of its job (20 of 20 such runs were never
+/// claimed). At least one call is cut short after its commit; every run a
+/// cut-short call committed runs to its end without being submitted again;
+/// a call that never committed leaves no run, and a re-submission runs.
 #[tokio::test(start_paused = true)]
 async fn a_submission_cut_short_by_a_timeout_still_runs() {
     let (queue, store, _clock) = slow_store_queue().await;
     let runtime = workflow_builder(&queue, &store, &Script::default()).build();
     let worker = runtime.spawn(std::future::pending::<()>());
-    for i in 0..20 {
+    let mut cut_after_commit = Vec::new();
+    for i in 0..20u64 {
         let id = format!("timed-{i}");
-        // Short enough to fire while the commit waits for its flush.
-        let _ =
-            tokio::time::timeout(Duration::from_micros(500), runtime.submit(spec(&id, "x"))).await;
-        submission_converges(&runtime, id, i).await;
+        let limit = Duration::from_micros(100 * (i + 1));
+        let answered = tokio::time::timeout(limit, runtime.submit(spec(&id, "x"))).await;
+        // The run's record at the moment of the cut: a read of the queue's
+        // memory that completes without awaiting, so no task ran between
+        // the cut and the read (`None` if it would have to wait).
+        let at_cut = queue
+            .view()
+            .kv_get(format!("workflow/runs/{id}").as_bytes())
+            .now_or_never()
+            .map(|read| read.unwrap().is_some());
+        let cut = match answered {
+            Ok(submitted) => {
+                assert!(submitted.unwrap().newly_submitted, "{id}: answered");
+                false
+            }
+            Err(_) => true,
+        };
+        if cut && at_cut == Some(true) {
+            cut_after_commit.push(id.clone());
+        }
+        settle_down().await;
+        let what =
+            format!("{id}, cut short after {limit:?}: {cut}, committed at the cut: {at_cut:?}");
+        if state(&runtime, &id).await.is_some() {
+            // Committed by the call alone: it runs, with no re-submission.
+            assert_eq!(ends(&runtime, &id, &what).await, TerminalStatus::Succeeded);
+        } else {
+            assert!(cut, "{what}: an answered submission left no run");
+            assert_ne!(at_cut, Some(true), "{what}: a written commit was lost");
+            runtime.submit(spec(&id, "x")).await.unwrap();
+            assert_eq!(ends(&runtime, &id, &what).await, TerminalStatus::Succeeded);
+        }
     }
+    assert!(
+        !cut_after_commit.is_empty(),
+        "no submission was cut short after its commit was written: the limits no longer fall \
+         inside the commit's wait for its flush"
+    );
     worker.shutdown().await.unwrap();
 }
 
@@ -1387,4 +1364,163 @@ fn is_member_run_id(err: &Error, group: &str, expected_key: &str) -> bool {
 
 fn is_member_run_id_taken(err: &Error, expected_key: &str) -> bool {
     matches!(err, Error::MemberRunIdTaken { key, .. } if key == expected_key)
+}
+
+/// `cancel_with_reason` commits like `cancel` (it records the request and
+/// removes the waiting step). README, "Cancel safety": "Every call that
+/// commits is safe to drop at any await ... a dropped ... `cancel` ...
+/// either did nothing or completes as if awaited". Dropped at each poll,
+/// the run must end `Cancelled` (or be left untouched, then a new call
+/// cancels it), never stay `Cancelling` with its timer step still waiting.
+#[tokio::test(start_paused = true)]
+async fn a_cancel_with_reason_dropped_at_any_poll_cancels_the_run_or_leaves_it_alone() {
+    let (queue, store, _clock) = slow_store_queue().await;
+    let runtime = workflow_builder(&queue, &store, &Scripted::default()).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let stuck = Arc::new(Mutex::new(Vec::new()));
+    drop_at_each_poll(
+        MAX_POLLS,
+        |n| {
+            let runtime = &runtime;
+            async move {
+                let id = format!("reason-{n}");
+                runtime.submit(spec(&id, "wait")).await.unwrap();
+                until_step("the timer step", runtime, &id, 1).await;
+            }
+        },
+        |n| {
+            let runtime = runtime.clone();
+            async move {
+                runtime
+                    .cancel_with_reason(&rid(&format!("reason-{n}")), "client went away")
+                    .await
+            }
+        },
+        |n, _| {
+            let runtime = &runtime;
+            let stuck = stuck.clone();
+            async move {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let id = format!("reason-{n}");
+                if let Some(RunState::Pending) = state(runtime, &id).await {
+                    assert!(runtime.cancel(&rid(&id)).await.unwrap());
+                }
+                if runtime
+                    .wait_timeout(&rid(&id), Duration::from_secs(10))
+                    .await
+                    .unwrap()
+                    .is_none()
+                {
+                    let now = state(runtime, &id).await;
+                    stuck.lock().unwrap().push((n, now));
+                }
+            }
+        },
+    )
+    .await;
+    let stuck = stuck.lock().unwrap().clone();
+    assert!(
+        stuck.is_empty(),
+        "runs never ended after a dropped cancel_with_reason (polls, state): {stuck:?}"
+    );
+    worker.shutdown().await.unwrap();
+}
+
+/// `requeue` commits (it re-enqueues a dead-lettered run's step). Dropped at
+/// each poll, the run is either still failed (and a new requeue works) or
+/// active again and ends.
+#[tokio::test(start_paused = true)]
+async fn a_requeue_dropped_at_any_poll_requeues_or_leaves_the_run_failed() {
+    let (queue, store, _clock) = slow_store_queue().await;
+    let runtime = workflow_builder(&queue, &store, &Scripted::default()).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    drop_at_each_poll(
+        MAX_POLLS,
+        |n| {
+            let runtime = &runtime;
+            async move {
+                let id = format!("requeue-{n}");
+                runtime.submit(spec(&id, "perm")).await.unwrap();
+                assert_eq!(
+                    ends_within(runtime, &id, 60, "dead letter")
+                        .await
+                        .termination
+                        .status,
+                    TerminalStatus::Failed
+                );
+            }
+        },
+        |n| {
+            let runtime = runtime.clone();
+            async move { runtime.requeue(&rid(&format!("requeue-{n}"))).await }
+        },
+        |n, _| {
+            let runtime = &runtime;
+            async move {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let id = format!("requeue-{n}");
+                let what = format!("requeue dropped after {n} polls");
+                match state(runtime, &id).await {
+                    Some(RunState::Terminated(_)) => {
+                        // Failed again after the requeue, or never requeued:
+                        // another requeue must be accepted.
+                        runtime.requeue(&rid(&id)).await.unwrap();
+                    }
+                    other => assert!(other.is_some(), "{what}: the run is gone"),
+                }
+                assert_eq!(
+                    ends_within(runtime, &id, 60, &what)
+                        .await
+                        .termination
+                        .status,
+                    TerminalStatus::Failed
+                );
+            }
+        },
+    )
+    .await;
+    worker.shutdown().await.unwrap();
+}
+
+/// A submission dropped at any poll, then a crash: a re-submission of the
+/// same id answers for a run that ends, never for a phantom one.
+#[tokio::test(start_paused = true)]
+#[ignore = "open, upstream (intermittent): taquba 0.14 registers a claim's lease before the claim commits, and its reaper drops a due lease whose claimed record it does not find yet; under paused time the clock can pass the 5 s lease while the new queue's first claim commits, so the job stays claimed with no lease and no attempt redelivers it until the queue is next opened (the driver logs an error naming the job). With a 600 s lease it passes every time; not reproduced with a real crash (tests/runtime/kill9.rs)"]
+async fn a_submission_dropped_at_any_poll_then_a_crash_never_answers_for_a_phantom_run() {
+    let store: Arc<dyn ObjectStore> = Arc::new(FaultyStore::new(
+        Arc::new(InMemory::new()),
+        FaultConfig {
+            latency: Some(Duration::from_micros(200)..Duration::from_millis(2)),
+            ..FaultConfig::default()
+        },
+    ));
+    let phantom = Arc::new(AtomicUsize::new(0));
+    for n in [1usize, 2, 3, 5, 8, 13, 21, 34] {
+        let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+        let runtime = workflow_builder(&queue, &store, &Scripted::default()).build();
+        let id = format!("phantom-{n}");
+        let _ = poll_then_drop(runtime.submit(spec(&id, "ok")), n).await;
+        // Crash right away, before the detached submission had time.
+        drop(runtime);
+        drop(queue);
+        let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+        let runtime = workflow_builder(&queue, &store, &Scripted::default()).build();
+        let worker = runtime.spawn(std::future::pending::<()>());
+        let again = runtime.submit(spec(&id, "ok")).await.unwrap();
+        let end = runtime
+            .wait_timeout(&rid(&id), Duration::from_secs(60))
+            .await
+            .unwrap();
+        if end.is_none() {
+            phantom.fetch_add(1, Ordering::SeqCst);
+            panic!(
+                "{id}: resubmitted (newly_submitted={}) but never ends: {:?}",
+                again.newly_submitted,
+                state(&runtime, &id).await
+            );
+        }
+        worker.shutdown().await.unwrap();
+        drop(runtime);
+        close(queue).await;
+    }
 }

@@ -1,9 +1,13 @@
 //! Group state against re-submission and `forget` (issue 12, points 1, 2, 7
 //! and 11): the group retention sweep leaves a group submitted again after
 //! its results were consumed, `forget` ends the members still active before
-//! it removes anything, a member submitted again after `forget` keeps its
-//! state for its own retention window, and a job group whose jobs hold maps
-//! is the same group whatever order its maps iterate in.
+//! it removes anything (and waits for one whose step is running), a member
+//! submitted again after `forget` keeps its state for its own retention
+//! window, and a job group whose jobs hold maps is the same group whatever
+//! order its maps iterate in. `forget` racing a submission leaves a group a
+//! later submission completes, a member finishing after `forget` records
+//! its end for the next submission, and a `results` stream of a group being
+//! forgotten ends.
 
 use crate::common;
 
@@ -13,13 +17,19 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::fixtures::{
+    Scripted, Tally, TrackedMembers, assert_each_member_once, tokio_clock_queue, tracked_runtime,
+};
 use common::*;
 use futures_util::TryStreamExt;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use taquba::OpenOptions;
 use taquba::Queue;
+use taquba::object_store::memory::InMemory;
 use taquba::object_store::path::Path;
 use taquba::object_store::{ObjectStore, ObjectStoreExt};
+use taquba_workflow::GroupMember;
 use taquba_workflow::jobs::{Job, JobContext, JobRunner};
 use taquba_workflow::{
     Error, MemberResult, MemoStore, NoopTerminalHook, RunGroup, RunId, RunOptions, Step, StepError,
@@ -534,4 +544,382 @@ async fn a_group_claimed_with_the_raw_manifest_digest_accepts_its_own_re_submiss
         job_group.submit(vec![census("south", false)]).await,
         Err(Error::GroupMismatch(_))
     ));
+}
+
+// ---------------------------------------------------------------------------
+// `forget` racing submissions, running members and consumers.
+
+/// A summary of the reserved KV keys of group `id` (member records and the
+/// submissions record), for failure messages.
+async fn reserved_keys(queue: &Queue, id: &str) -> String {
+    let mut out = Vec::new();
+    for prefix in [
+        format!("workflow/groups/{id}/"),
+        format!("workflow/group-submissions/{id}"),
+    ] {
+        let page = queue
+            .view()
+            .kv_scan(prefix.as_bytes(), .., 1000)
+            .await
+            .unwrap();
+        out.push(format!("{prefix}*: {}", page.entries.len()));
+    }
+    out.join(", ")
+}
+
+/// `forget` racing a submission (another runtime over the queue, a real
+/// clock): whatever the interleaving, a later submission completes the
+/// group with every member once, and no member runs more often than the
+/// three submissions could start it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forget_racing_submit_leaves_a_group_that_a_later_submit_completes() {
+    let (queue, store) = real_clock_queue().await;
+    let runner = TrackedMembers::with_delay(2);
+    let tally = Tally::default();
+    let a = tracked_runtime(&queue, &store, &runner, &tally);
+    let b = tracked_runtime(&queue, &store, &runner, &tally);
+    let wa = a.spawn(std::future::pending::<()>());
+    let wb = b.spawn(std::future::pending::<()>());
+    let mut failures = Vec::new();
+    for round in 0..12u64 {
+        let id = format!("amnesia-{round}");
+        let members: Vec<GroupMember> = (0..40).map(|i| member(&format!("m{i}"), "ok")).collect();
+        a.group(rid(&id))
+            .submit(members.clone(), &RunOptions::default())
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(round % 4 * 5)).await;
+        let forgetting = {
+            let group = a.group(rid(&id));
+            tokio::spawn(async move { group.forget().await })
+        };
+        let submitting = {
+            let group = b.group(rid(&id));
+            let members = members.clone();
+            tokio::spawn(async move { group.submit(members, &RunOptions::default()).await })
+        };
+        let forgot = forgetting.await.unwrap();
+        let submitted = submitting.await.unwrap();
+        if let Err(e) = &forgot {
+            failures.push(format!("{id}: forget: {e:?}"));
+        }
+        if let Err(e) = &submitted {
+            failures.push(format!("{id}: racing submit: {e:?}"));
+        }
+        let group = a.group(rid(&id));
+        if let Err(e) = group.submit(members.clone(), &RunOptions::default()).await {
+            failures.push(format!("{id}: final submit: {e:?}"));
+            continue;
+        }
+        let collected = tokio::time::timeout(Duration::from_secs(15), async {
+            group.results().await?.try_collect::<Vec<_>>().await
+        })
+        .await;
+        match collected {
+            Err(_) => failures.push(format!(
+                "{id}: results did not finish in 15 s (status {:?})",
+                group.status().await
+            )),
+            Ok(Err(e)) => {
+                let keys = reserved_keys(&queue, &id).await;
+                // Does anything heal the group? A resume, then another
+                // submission.
+                group.resume(&RunOptions::default()).await.unwrap();
+                let after_resume = tokio::time::timeout(Duration::from_secs(5), async {
+                    group.results().await?.try_collect::<Vec<_>>().await
+                })
+                .await;
+                let healed_by_resume = matches!(&after_resume, Ok(Ok(r)) if r.len() == 40);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let mut states: HashMap<String, usize> = HashMap::new();
+                for m in &members {
+                    let st = a.status(&member_run_id(&id, &m.key)).await.unwrap();
+                    let st = st.map(|s| {
+                        format!("{:?}", s.state)
+                            .chars()
+                            .take(24)
+                            .collect::<String>()
+                    });
+                    *states.entry(format!("{st:?}")).or_default() += 1;
+                }
+                let keys_later = reserved_keys(&queue, &id).await;
+                failures.push(format!(
+                    "{id}: results after the final submit: {e:?}; reserved keys then: {keys}; \
+                     healed by a resume: {healed_by_resume} ({:?}); 1 s later: keys {keys_later}, \
+                     member run states {states:?}",
+                    after_resume.map(|r| r.map(|v| v.len()))
+                ));
+                continue;
+            }
+            Ok(Ok(results)) => {
+                assert_each_member_once(&results, &members, &id);
+                let not_ok: Vec<_> = results
+                    .iter()
+                    .filter(|r| r.termination.status != TerminalStatus::Succeeded)
+                    .map(|r| (&r.key, r.termination.status))
+                    .collect();
+                if !not_ok.is_empty() {
+                    failures.push(format!("{id}: not succeeded: {not_ok:?}"));
+                }
+            }
+        }
+        match group.status().await {
+            Ok(status) => {
+                let counted = status.pending + status.succeeded + status.failed + status.cancelled;
+                if status.total != 40 || counted != 40 || status.succeeded != 40 {
+                    let mut detail = Vec::new();
+                    for m in &members {
+                        let run_id = member_run_id(&id, &m.key);
+                        let st = a
+                            .status(&run_id)
+                            .await
+                            .unwrap()
+                            .map(|s| format!("{:?}", s.state));
+                        let run_rec = queue
+                            .view()
+                            .kv_get(format!("workflow/runs/{run_id}").as_bytes())
+                            .await
+                            .unwrap()
+                            .is_some();
+                        let ptr = queue
+                            .view()
+                            .kv_get(format!("workflow/steps/{run_id}").as_bytes())
+                            .await
+                            .unwrap()
+                            .is_some();
+                        let rec = queue
+                            .view()
+                            .kv_get(format!("workflow/groups/{id}/{}", m.key).as_bytes())
+                            .await
+                            .unwrap()
+                            .map(|v| v.len());
+                        if !matches!(st.as_deref(), Some(s) if s.starts_with("Terminated"))
+                            || rec.is_none()
+                        {
+                            detail.push(format!("{}: state {st:?} run_rec {run_rec} ptr {ptr} member_rec_len {rec:?} starts {}", m.key, runner.starts(&run_id)));
+                        }
+                    }
+                    failures.push(format!(
+                        "{id}: status after completion {status:?}; {detail:?}"
+                    ));
+                }
+            }
+            Err(e) => failures.push(format!("{id}: status: {e:?}")),
+        }
+        for m in &members {
+            let starts = runner.starts(&member_run_id(&id, &m.key));
+            if starts > 3 {
+                failures.push(format!("{id}/{}: step 0 ran {starts} times", m.key));
+            }
+        }
+    }
+    let overlaps = runner.overlaps();
+    wa.shutdown().await.unwrap();
+    wb.shutdown().await.unwrap();
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert_eq!(
+        overlaps,
+        Vec::<RunId>::new(),
+        "a run executed twice at once"
+    );
+}
+
+/// `forget` while a member's step is claimed by the worker and ignores its
+/// cancel token (and another member waits for a signal): the waiting member
+/// is cancelled at once, and `forget` returns only once the running one's
+/// step returned; a later `submit` starts both afresh and `results` yields
+/// both.
+#[tokio::test(start_paused = true)]
+async fn forget_waits_for_a_running_member_and_a_later_submit_starts_afresh() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runner = TrackedMembers::default();
+    let tally = Tally::default();
+    let rt = tracked_runtime(&queue, &store, &runner, &tally);
+    let worker = rt.spawn(std::future::pending::<()>());
+    let group = rt.group(rid("busy"));
+    let members = vec![member("busy", "gate"), member("parked", "wait:parked-gate")];
+    group
+        .submit(members.clone(), &RunOptions::default())
+        .await
+        .unwrap();
+    let busy = member_run_id("busy", "busy");
+    let parked = member_run_id("busy", "parked");
+    within(30, async {
+        while runner.starts(&busy) == 0 || runner.starts(&parked) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    // Let the parked member's signal wait commit.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let forgetting = tokio::spawn({
+        let group = group.clone();
+        async move { group.forget().await }
+    });
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        !forgetting.is_finished(),
+        "forget returned while a member still ran"
+    );
+    let parked_state = rt.status(&parked).await.unwrap().map(|s| s.state);
+    assert!(
+        matches!(&parked_state, Some(taquba_workflow::RunState::Terminated(t)) if t.status == TerminalStatus::Cancelled),
+        "the waiting member is cancelled at once: {parked_state:?}"
+    );
+    runner.gate.open();
+    within(30, forgetting).await.unwrap().unwrap();
+    assert!(rt.status(&busy).await.unwrap().is_none());
+    assert_eq!(
+        reserved_keys(&queue, "busy").await,
+        "workflow/groups/busy/*: 0, workflow/group-submissions/busy*: 0"
+    );
+
+    group
+        .submit(members.clone(), &RunOptions::default())
+        .await
+        .unwrap();
+    rt.signal("parked-gate", b"go".to_vec()).await.unwrap();
+    let results: Vec<MemberResult> = within(30, async {
+        group.results().await.unwrap().try_collect().await
+    })
+    .await
+    .unwrap();
+    worker.shutdown().await.unwrap();
+    assert_each_member_once(&results, &members, "busy");
+    assert!(
+        results
+            .iter()
+            .all(|r| r.termination.status == TerminalStatus::Succeeded)
+    );
+    assert_eq!(
+        runner.starts(&busy),
+        2,
+        "the forgotten member starts afresh"
+    );
+    assert_eq!(
+        runner.starts(&parked),
+        2,
+        "the forgotten member starts afresh"
+    );
+}
+
+/// A member left running by a release whose `forget` did not end it (set
+/// up by removing the group's records as that `forget` did) finishes,
+/// writing its member record back; the group is gone (no manifest), and a
+/// later submission starts the other members afresh and takes the finished
+/// member's success as its result.
+#[tokio::test(start_paused = true)]
+async fn a_member_finishing_after_forget_records_its_end_for_a_later_submit() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runner = TrackedMembers::default();
+    let tally = Tally::default();
+    let rt = tracked_runtime(&queue, &store, &runner, &tally);
+    let worker = rt.spawn(std::future::pending::<()>());
+    let group = rt.group(rid("late"));
+    let members = vec![member("quick", "ok"), member("slow", "wait:late-gate")];
+    group
+        .submit(members.clone(), &RunOptions::default())
+        .await
+        .unwrap();
+    let slow = member_run_id("late", "slow");
+    let quick = member_run_id("late", "quick");
+    within(30, async {
+        while runner.starts(&slow) == 0 || group.status().await.unwrap().succeeded < 1 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    forget_leaving_members_running(&queue, &store, MEMO_PREFIX, "late").await;
+    rt.signal("late-gate", b"go".to_vec()).await.unwrap();
+    until_terminated("slow finishes after forget", &rt, slow.as_str()).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let leftover: Vec<String> = queue
+        .view()
+        .kv_scan(b"workflow/groups/late/", .., 100)
+        .await
+        .unwrap()
+        .entries
+        .into_iter()
+        .map(|(k, _)| String::from_utf8_lossy(&k).into_owned())
+        .collect();
+    let status_after = group.status().await;
+
+    group
+        .submit(members.clone(), &RunOptions::default())
+        .await
+        .unwrap();
+    let results = within(30, async {
+        group.results().await.unwrap().try_collect::<Vec<_>>().await
+    })
+    .await
+    .unwrap();
+    assert_each_member_once(&results, &members, "late");
+    worker.shutdown().await.unwrap();
+    assert_eq!(runner.starts(&quick), 2, "quick starts afresh");
+    assert!(
+        matches!(status_after, Err(Error::GroupNotFound(_))),
+        "{status_after:?}"
+    );
+    assert_eq!(
+        leftover,
+        vec!["workflow/groups/late/slow".to_string()],
+        "the member that finished after forget wrote its record back"
+    );
+    assert_eq!(
+        runner.starts(&slow),
+        1,
+        "the member that succeeded after forget is not run again"
+    );
+}
+
+/// A consumer streaming a group's `results` while the group is forgotten
+/// (its members still waiting on hour-long timers): the stream must end
+/// (with the members' cancellations, or an error), not wait forever for
+/// members whose state is gone.
+#[tokio::test(start_paused = true)]
+async fn a_results_stream_of_a_group_being_forgotten_ends() {
+    use futures_util::StreamExt;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let runtime = workflow_builder(&queue, &store, &Scripted::default()).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let group = runtime.group(rid("forgotten-stream"));
+    let members: Vec<GroupMember> = (0..3)
+        .map(|i| GroupMember {
+            key: format!("m{i}"),
+            input: b"timer:3600000".to_vec(),
+        })
+        .collect();
+    group.submit(members, &RunOptions::default()).await.unwrap();
+    let consumer = {
+        let group = group.clone();
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(group.results().await?);
+            let mut seen = Vec::new();
+            while let Some(item) = stream.next().await {
+                seen.push(item.map(|r| r.termination.status));
+            }
+            Ok::<_, taquba_workflow::Error>(seen)
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    within(60, group.forget()).await.unwrap();
+    match tokio::time::timeout(Duration::from_secs(60), consumer).await {
+        Err(_) => panic!("the results stream of a forgotten group never ends"),
+        Ok(joined) => {
+            let seen = joined.unwrap().unwrap();
+            assert!(
+                seen.iter()
+                    .all(|item| matches!(item, Ok(TerminalStatus::Cancelled) | Err(_))),
+                "{seen:?}"
+            );
+        }
+    }
+    worker.shutdown().await.unwrap();
 }

@@ -2,7 +2,9 @@
 //! does by mistake: `observes` panics, `on_termination` panics before its
 //! future exists, never returns, or outlives the queue's lease. Every run
 //! still terminates with its outcome committed, no caller's call panics,
-//! and the notification follows the hook's retry rules.
+//! and the notification follows the hook's retry rules. A shutdown with a
+//! hung hook, a step and a timer in flight returns, and a restart ends
+//! every run and retries the hung notification.
 
 use crate::common;
 
@@ -12,6 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use crate::common::until_step;
+use crate::fixtures::{Scripted, ends_within, queue_with, spec};
 use common::{T0, dead_jobs, eventually, memory_queue, rid, within};
 use taquba::object_store::ObjectStore;
 use taquba::object_store::memory::InMemory;
@@ -30,7 +34,7 @@ const BEHAVIOUR: &str = "hook";
 /// `lease`, retried after 10 ms, three attempts.
 async fn tokio_time_queue(lease: Duration) -> (Arc<Queue>, Arc<dyn ObjectStore>) {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let queue = crate::durable_paths::queue_over_tokio_clock(
+    let queue = crate::fixtures::queue_over_tokio_clock(
         store.clone(),
         OpenOptions::default(),
         lease,
@@ -150,7 +154,7 @@ impl StepRunner for Runner {
     }
 }
 
-fn spec(id: &str, input: &str, behaviour: &str) -> RunSpec {
+fn behaviour_spec(id: &str, input: &str, behaviour: &str) -> RunSpec {
     RunSpec {
         run_id: Some(rid(id)),
         input: input.as_bytes().to_vec(),
@@ -181,10 +185,13 @@ async fn a_panic_in_observes_still_terminates_the_run_and_the_hook_is_notified()
     let runtime = WorkflowRuntime::builder(queue.clone(), store, Runner, hook.clone()).build();
     let worker = runtime.spawn(std::future::pending::<()>());
     runtime
-        .submit(spec("judged", "x", "observes-panics"))
+        .submit(behaviour_spec("judged", "x", "observes-panics"))
         .await
         .unwrap();
-    runtime.submit(spec("plain", "y", "")).await.unwrap();
+    runtime
+        .submit(behaviour_spec("plain", "y", ""))
+        .await
+        .unwrap();
 
     for (id, result) in [("judged", b"x"), ("plain", b"y")] {
         let end = within(60, runtime.wait(&rid(id))).await.unwrap();
@@ -232,7 +239,7 @@ async fn a_panic_in_observes_reaches_neither_cancel_nor_wait() {
             max_attempts_per_step: Some(1),
             ..Default::default()
         },
-        ..spec("reaped", "x", "")
+        ..behaviour_spec("reaped", "x", "")
     };
     runtime.submit(reaped).await.unwrap();
     let claim = queue
@@ -253,7 +260,7 @@ async fn a_panic_in_observes_reaches_neither_cancel_nor_wait() {
             run_at: Some(SystemTime::UNIX_EPOCH + Duration::from_millis(T0 + 3_600_000)),
             ..Default::default()
         },
-        ..spec("scheduled", "x", "")
+        ..behaviour_spec("scheduled", "x", "")
     };
     runtime.submit(scheduled).await.unwrap();
     assert!(runtime.cancel(&rid("scheduled")).await.unwrap());
@@ -283,7 +290,7 @@ async fn a_hook_or_runner_that_panics_before_its_future_exists_is_caught() {
 
     // The runner's panic is a transient step error, retried, then the end.
     runtime
-        .submit(spec("runner", "panics-early", ""))
+        .submit(behaviour_spec("runner", "panics-early", ""))
         .await
         .unwrap();
     let end = within(60, runtime.wait(&rid("runner"))).await.unwrap();
@@ -296,7 +303,7 @@ async fn a_hook_or_runner_that_panics_before_its_future_exists_is_caught() {
 
     // The hook's panic retries the notification to its attempt limit.
     runtime
-        .submit(spec("hooked", "x", "panics-early"))
+        .submit(behaviour_spec("hooked", "x", "panics-early"))
         .await
         .unwrap();
     let end = within(60, runtime.wait(&rid("hooked"))).await.unwrap();
@@ -325,11 +332,17 @@ async fn a_hook_that_never_returns_is_timed_out_and_every_other_run_ends() {
         .max_concurrent_steps(2)
         .build();
     let worker = runtime.spawn(std::future::pending::<()>());
-    runtime.submit(spec("hung", "x", "hangs")).await.unwrap();
+    runtime
+        .submit(behaviour_spec("hung", "x", "hangs"))
+        .await
+        .unwrap();
     let mut others = Vec::new();
     for i in 0..40 {
         let id = format!("work-{i}");
-        runtime.submit(spec(&id, "work", "")).await.unwrap();
+        runtime
+            .submit(behaviour_spec(&id, "work", ""))
+            .await
+            .unwrap();
         others.push(rid(&id));
     }
     // Each run takes 2 s of a runner slot: 80 s of work on the one slot
@@ -374,7 +387,10 @@ async fn a_hook_timeout_longer_than_the_lease_keeps_the_notification_here() {
         .hook_timeout(Duration::from_secs(60))
         .build();
     let worker = runtime.spawn(std::future::pending::<()>());
-    runtime.submit(spec("slow", "x", "slow")).await.unwrap();
+    runtime
+        .submit(behaviour_spec("slow", "x", "slow"))
+        .await
+        .unwrap();
     within(60, runtime.wait(&rid("slow"))).await.unwrap();
     // The hook takes 20 s, ten leases: the lease is extended to cover the
     // call, so the reaper never hands the notification to another slot.
@@ -385,4 +401,96 @@ async fn a_hook_timeout_longer_than_the_lease_keeps_the_notification_here() {
     let stats = queue.view().stats(common::STEPS).await.unwrap();
     assert_eq!(stats.pending + stats.claimed, 0, "{stats:?}");
     worker.shutdown().await.expect("the worker ends cleanly");
+}
+
+/// A hook that never returns (default hook timeout), a runner call in
+/// flight and a timer pending when `shutdown` is called: the README says
+/// "`shutdown` lets the steps in flight finish". It must return within
+/// the hook timeout plus a margin; a new runtime over the queue then ends
+/// every run, and the hung notification is retried there.
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_with_a_hung_hook_a_step_and_a_timer_in_flight_returns_and_a_restart_finishes() {
+    #[derive(Clone, Default)]
+    struct Hangs {
+        calls: Arc<AtomicUsize>,
+        hang: Arc<std::sync::atomic::AtomicBool>,
+    }
+    impl TerminalHook for Hangs {
+        async fn on_termination(
+            &self,
+            _outcome: &RunOutcome,
+            _effects: &TerminalEffects,
+        ) -> Result<(), StepError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            if self.hang.load(Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
+            Ok(())
+        }
+    }
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = queue_with(store.clone(), Duration::from_secs(30), Duration::ZERO).await;
+    let hook = Hangs::default();
+    hook.hang.store(true, Ordering::SeqCst);
+    let script = Scripted::default();
+    let runtime =
+        WorkflowRuntime::builder(queue.clone(), store.clone(), script.clone(), hook.clone())
+            .poll_interval(Duration::from_millis(20))
+            .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime.submit(spec("hooked", "ok")).await.unwrap();
+    ends_within(&runtime, "hooked", 30, "hooked").await;
+    eventually("the hung hook call", || async {
+        hook.calls.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    runtime.submit(spec("timed", "timer:60000")).await.unwrap();
+    runtime
+        .submit(spec("sleeping", "sleep:10000"))
+        .await
+        .unwrap();
+    eventually("the sleeping step to run", || async {
+        script.calls_of("sleeping") == 1
+    })
+    .await;
+    until_step("the timer", &runtime, "timed", 1).await;
+    match tokio::time::timeout(Duration::from_secs(60), worker.shutdown()).await {
+        Err(_) => panic!("shutdown hangs on a hung hook"),
+        Ok(result) => result.unwrap(),
+    }
+    // The sleeping step finished and committed during the drain.
+    assert_eq!(
+        ends_within(&runtime, "sleeping", 1, "drained")
+            .await
+            .termination
+            .status,
+        TerminalStatus::Succeeded
+    );
+    drop(runtime);
+    hook.hang.store(false, Ordering::SeqCst);
+    let runtime =
+        WorkflowRuntime::builder(queue.clone(), store.clone(), script.clone(), hook.clone())
+            .poll_interval(Duration::from_millis(20))
+            .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    assert_eq!(
+        ends_within(&runtime, "timed", 120, "after the restart")
+            .await
+            .termination
+            .status,
+        TerminalStatus::Succeeded
+    );
+    // hooked: hung once, then retried; sleeping and timed: once each.
+    eventually("every notification", || async {
+        hook.calls.load(Ordering::SeqCst) >= 4
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(hook.calls.load(Ordering::SeqCst), 4);
+    assert_eq!(
+        script.calls_of("sleeping"),
+        1,
+        "a drained step is not run again"
+    );
+    worker.shutdown().await.unwrap();
 }

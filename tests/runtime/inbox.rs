@@ -1,8 +1,10 @@
 //! Commands from processes that do not own the store: sent as objects to
 //! the owner's inbox, applied once by its maintenance with their answers
 //! recorded, never applied twice across a crash between the apply and the
-//! removal of the object, and refused with a recorded error when malformed,
-//! oversized or invalid, without holding up the commands after them.
+//! removal of the object (or while deletes fail), and refused with a
+//! recorded error when malformed, oversized or invalid, without holding up
+//! the commands after them: garbage objects, objects in sub-directories,
+//! a command named by a lowercase ULID, a signal on an oversized key.
 
 use crate::common;
 
@@ -10,7 +12,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use crate::fixtures::{Scripted, ends_within, spec, state, switchable_store, tokio_clock_queue};
 use common::*;
+use taquba::OpenOptions;
 use taquba::object_store::path::Path;
 use taquba::object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use taquba::{QueueReader, ReaderOptions};
@@ -776,4 +780,342 @@ async fn a_cancel_accepted_for_a_running_step_is_answered_before_the_owner_stops
         } => assert!(cancelled),
         other => panic!("the cancel command is {other:?} after the owner stopped"),
     }
+}
+
+// ---------------------------------------------------------------------------
+// Junk in the inbox, and commands whose objects outlive their apply.
+
+/// Write `bytes` at `{MEMO_PREFIX}/inbox/v1/{name}` and touch the inbox.
+async fn drop_in_inbox(store: &Arc<dyn ObjectStore>, name: &str, bytes: Vec<u8>) {
+    store
+        .put(
+            &Path::from(format!("{MEMO_PREFIX}/inbox/v1/{name}")),
+            PutPayload::from(bytes),
+        )
+        .await
+        .unwrap();
+    store
+        .put(
+            &Path::from(format!("{MEMO_PREFIX}/inbox/touch")),
+            PutPayload::from(name.as_bytes().to_vec()),
+        )
+        .await
+        .unwrap();
+}
+
+async fn inbox_names(store: &Arc<dyn ObjectStore>) -> Vec<String> {
+    use futures_util::StreamExt;
+    let dir = Path::from(format!("{MEMO_PREFIX}/inbox/v1"));
+    store
+        .list(Some(&dir))
+        .map(|m| m.unwrap().location.to_string())
+        .collect::<Vec<_>>()
+        .await
+}
+
+async fn settled_within(view: &WorkflowView, id: &CommandId, secs: u64) -> CommandState {
+    let mut state = CommandState::Pending;
+    for _ in 0..(secs * 100) {
+        state = view.command(id).await.unwrap();
+        if matches!(
+            state,
+            CommandState::Applied { .. } | CommandState::Rejected { .. }
+        ) {
+            return state;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    state
+}
+
+/// Garbage objects of every kind in the inbox (zero bytes, random bytes,
+/// a wrong name, an oversized one, valid MessagePack of the wrong shape)
+/// are rejected or removed, and a real command sent after them is applied.
+#[tokio::test(start_paused = true)]
+async fn garbage_in_the_inbox_is_removed_and_the_inbox_goes_on() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runtime = workflow_builder(&queue, &store, &Scripted::default()).build();
+    submit_run(&runtime, "garbage-target").await;
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime.submit(spec("g-wait", "wait")).await.unwrap();
+    until_step("timer", &runtime, "g-wait", 1).await;
+    let mut ids = Vec::new();
+    for (i, bytes) in [
+        Vec::new(),
+        vec![0xc1; 100],
+        rmp_serde::to_vec(&42u32).unwrap(),
+        rmp_serde::to_vec_named(&serde_json::json!({"format": 99, "command": {"kind": "nuke"}}))
+            .unwrap(),
+        vec![0u8; 2 * 1024 * 1024],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let id: CommandId = format!("01JAZ3NDEKTSV4RRFFQ69G5FA{i}").parse().unwrap();
+        drop_in_inbox(&store, &format!("{id}.msgpack"), bytes).await;
+        ids.push(id);
+    }
+    for name in ["notes.txt", "NOT-A-ULID.msgpack", ".msgpack"] {
+        drop_in_inbox(&store, name, b"junk".to_vec()).await;
+    }
+    for id in &ids {
+        match settled_within(runtime.view(), id, 120).await {
+            CommandState::Rejected { .. } => {}
+            other => panic!("{id}: {other:?}"),
+        }
+    }
+    let inbox = Inbox::new(store.clone(), MEMO_PREFIX);
+    let real = inbox
+        .send(Command::cancel(rid("g-wait"), Some("real".into())))
+        .await
+        .unwrap();
+    match settled_within(runtime.view(), &real, 120).await {
+        CommandState::Applied { answer, .. } => assert_eq!(
+            answer,
+            CommandAnswer::Cancelled {
+                run_id: rid("g-wait"),
+                cancelled: true
+            }
+        ),
+        other => panic!("real command: {other:?}"),
+    }
+    eventually("the inbox empties", || async {
+        inbox_names(&store).await.is_empty()
+    })
+    .await;
+    worker.shutdown().await.unwrap();
+}
+
+/// A command written by another tool under a lowercase ULID (Crockford
+/// base 32 is case-insensitive; the id parses) is applied or rejected,
+/// and its object removed; it must not sit in the inbox unanswered.
+#[tokio::test(start_paused = true)]
+async fn a_command_named_by_a_lowercase_ulid_is_answered_and_removed() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runtime = workflow_builder(&queue, &store, &Scripted::default()).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime.submit(spec("lc-wait", "wait")).await.unwrap();
+    until_step("timer", &runtime, "lc-wait", 1).await;
+    #[derive(serde::Serialize)]
+    struct Foreign<'a> {
+        format: u32,
+        id: &'a str,
+        sent_at_ms: u64,
+        sender: &'a str,
+        command: Kind<'a>,
+    }
+    #[derive(serde::Serialize)]
+    struct Kind<'a> {
+        kind: &'a str,
+        run_id: &'a str,
+        reason: &'a str,
+    }
+    let lower = "01jaz3ndektsv4rrffq69g5fav";
+    let id: CommandId = lower.parse().unwrap();
+    let bytes = rmp_serde::to_vec_named(&Foreign {
+        format: 1,
+        id: lower,
+        sent_at_ms: 1,
+        sender: "a go tool",
+        command: Kind {
+            kind: "cancel",
+            run_id: "lc-wait",
+            reason: "lowercase",
+        },
+    })
+    .unwrap();
+    drop_in_inbox(&store, &format!("{lower}.msgpack"), bytes).await;
+    let state = settled_within(runtime.view(), &id, 130).await;
+    let left = inbox_names(&store).await;
+    assert!(
+        !matches!(state, CommandState::Pending),
+        "still pending after two minutes; inbox: {left:?}; run: {:?}",
+        state_of(&runtime, "lc-wait").await
+    );
+    assert!(left.is_empty(), "inbox objects left: {left:?}");
+    worker.shutdown().await.unwrap();
+}
+
+async fn state_of<R: StepRunner, H: taquba_workflow::TerminalHook>(
+    runtime: &WorkflowRuntime<R, H>,
+    id: &str,
+) -> Option<RunState> {
+    state(runtime, id).await
+}
+
+/// Objects in a sub-directory of the inbox (a tool that wrote
+/// `inbox/v1/<sender>/<ulid>.msgpack`, a stray copy) sort before every
+/// command. 64 of them (a round's share) must not keep the real commands
+/// after them from being applied.
+#[tokio::test(start_paused = true)]
+async fn nested_inbox_objects_do_not_block_later_commands() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runtime = workflow_builder(&queue, &store, &Scripted::default()).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime.submit(spec("n-wait", "wait")).await.unwrap();
+    until_step("timer", &runtime, "n-wait", 1).await;
+    for i in 0..64u32 {
+        let id = format!("01JAZ3NDEKTSV4RRFFQ69G{i:04}");
+        let _: CommandId = id.parse().unwrap();
+        drop_in_inbox(&store, &format!("0/{id}.msgpack"), b"junk".to_vec()).await;
+    }
+    let inbox = Inbox::new(store.clone(), MEMO_PREFIX);
+    let real = inbox
+        .send(Command::cancel(rid("n-wait"), None))
+        .await
+        .unwrap();
+    let state = settled_within(runtime.view(), &real, 130).await;
+    let left = inbox_names(&store).await.len();
+    assert!(
+        matches!(state, CommandState::Applied { .. }),
+        "the real command is {state:?} after two minutes; {left} inbox objects left"
+    );
+    worker.shutdown().await.unwrap();
+}
+
+/// A signal command written by hand, as a tool that skips the sender's
+/// checks could.
+#[derive(serde::Serialize)]
+struct HandMadeSignal<'a> {
+    format: u32,
+    id: String,
+    sent_at_ms: u64,
+    command: HandMadeSignalKind<'a>,
+}
+
+#[derive(serde::Serialize)]
+struct HandMadeSignalKind<'a> {
+    kind: &'a str,
+    correlation_key: String,
+    #[serde(with = "serde_bytes_like")]
+    payload: Vec<u8>,
+}
+
+/// The same oversized key sent through the inbox, as the CLI's
+/// `runs signal KEY` would. The README: a key over `MAX_COMMAND_TEXT_LEN`
+/// is rejected with a recorded error naming the problem and the value, and
+/// the sender refuses what the owner would reject. So `Inbox::send`
+/// refuses it (`InvalidCommand` naming the key's length and the limit) and
+/// writes nothing; written by a tool that skips that check, the owner
+/// rejects the command with that error recorded, and keeps applying the
+/// commands after it.
+#[tokio::test(start_paused = true)]
+async fn an_inbox_signal_on_an_oversized_key_is_rejected_and_the_inbox_goes_on() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runtime = workflow_builder(&queue, &store, &Scripted::default()).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime.submit(spec("after-big-key", "wait")).await.unwrap();
+    until_step("timer", &runtime, "after-big-key", 1).await;
+    let inbox = Inbox::new(store.clone(), MEMO_PREFIX);
+    let key = "k".repeat(70_000);
+    let names_the_key = |error: &str| {
+        error.contains(&format!(
+            "is 70000 bytes, over the {MAX_COMMAND_TEXT_LEN}-byte limit"
+        ))
+    };
+    match inbox
+        .send(Command::signal(key.clone(), b"x".to_vec()))
+        .await
+    {
+        Err(Error::InvalidCommand(message)) => {
+            assert!(names_the_key(&message), "the sender's refusal: {message}")
+        }
+        other => panic!("the sender took a 70000-byte key: {other:?}"),
+    }
+    let left = inbox_names(&store).await;
+    assert!(
+        left.is_empty(),
+        "the sender wrote a refused command: {left:?}"
+    );
+    // Written by a tool that skips the sender's check.
+    let big: CommandId = "01JAZ3NDEKTSV4RRFFQ69G5FAK".parse().unwrap();
+    let bytes = rmp_serde::to_vec_named(&HandMadeSignal {
+        format: 1,
+        id: big.to_string(),
+        sent_at_ms: 0,
+        command: HandMadeSignalKind {
+            kind: "signal",
+            correlation_key: key,
+            payload: b"x".to_vec(),
+        },
+    })
+    .unwrap();
+    drop_in_inbox(&store, &format!("{big}.msgpack"), bytes).await;
+    match settled_within(runtime.view(), &big, 130).await {
+        CommandState::Rejected { error, .. } => {
+            assert!(names_the_key(&error), "the owner's rejection: {error}")
+        }
+        other => panic!("the oversized-key signal command is {other:?}"),
+    }
+    let next = inbox
+        .send(Command::cancel(rid("after-big-key"), None))
+        .await
+        .unwrap();
+    let state = settled_within(runtime.view(), &next, 130).await;
+    assert!(
+        matches!(state, CommandState::Applied { .. }),
+        "the command after it: {state:?}"
+    );
+    worker.shutdown().await.unwrap();
+}
+
+/// Inbox commands while every delete of the store fails for 20 s, so the
+/// owner cannot remove a command's object once it applied it and sees it
+/// again at every round. README: "records its answer in the same
+/// transaction as its first effect, then deletes the object: a command is
+/// applied once". A signal command woke a waiting run; applied again, it
+/// would buffer the signal for the next wait on the key. After the faults
+/// the objects are gone and a later wait on the key sees no signal.
+#[tokio::test(start_paused = true)]
+async fn inbox_commands_whose_objects_cannot_be_deleted_are_applied_once() {
+    use taquba_workflow::{Command, CommandState, Inbox};
+    let (faulty, store) = switchable_store();
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let runtime = workflow_builder(&queue, &store, &Scripted::default()).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime
+        .submit(spec("inboxed", "signal:inbox-key:3600000"))
+        .await
+        .unwrap();
+    until_step("the wait", &runtime, "inboxed", 1).await;
+    faulty.set_config(FaultConfig {
+        rates: [0.0, 0.0, 0.0, 1.0],
+        ..FaultConfig::default()
+    });
+    faulty.set_enabled(true);
+    let inbox = Inbox::new(store.clone(), MEMO_PREFIX);
+    let id = inbox
+        .send(Command::signal("inbox-key", b"from-afar".to_vec()))
+        .await
+        .unwrap();
+    let end = ends_within(&runtime, "inboxed", 60, "the inbox signal").await;
+    assert_eq!(
+        end.outcome.and_then(|o| o.result).as_deref(),
+        Some(&b"from-afar"[..])
+    );
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert!(faulty.injected(Op::Delete) > 0, "no delete was attempted");
+    faulty.set_enabled(false);
+    assert!(matches!(
+        runtime.view().command(&id).await.unwrap(),
+        CommandState::Applied { .. }
+    ));
+    // A later wait on the key: no signal was buffered by a second apply.
+    runtime
+        .submit(spec("later", "signal:inbox-key:1000"))
+        .await
+        .unwrap();
+    let end = ends_within(&runtime, "later", 60, "the later wait").await;
+    assert_eq!(
+        end.outcome.and_then(|o| o.result).as_deref(),
+        Some(&b"timed out"[..]),
+        "the signal command was applied twice"
+    );
+    eventually("the command's object to go", || async {
+        use futures_util::StreamExt;
+        let dir = taquba::object_store::path::Path::from(format!("{MEMO_PREFIX}/inbox/v1"));
+        store.list(Some(&dir)).collect::<Vec<_>>().await.is_empty()
+    })
+    .await;
+    worker.shutdown().await.unwrap();
 }

@@ -1,6 +1,8 @@
 //! Typed jobs at the public API: submit and await, joins, status, results
 //! after a restart, idempotent submission, failures and retries, runner
-//! state, job groups and registration.
+//! state, job groups and registration; a job whose type changed between
+//! deploys fails once naming the field; job groups submitted and resumed
+//! from two runners at once, of 1000 jobs, and with colliding keys.
 
 use crate::common;
 
@@ -10,11 +12,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::fixtures::tokio_clock_queue;
 use common::*;
 use futures_util::TryStreamExt;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use std::collections::HashSet;
+use taquba::OpenOptions;
 use taquba::object_store::ObjectStore;
+use taquba::object_store::memory::InMemory;
 use taquba::{MockClock, Queue};
 use taquba_workflow::jobs::{
     GroupResult, Job, JobContext, JobError, JobRunner, JobRunnerBuilder, JoinError,
@@ -849,4 +855,368 @@ async fn the_queue_name_and_memo_prefix_place_the_jobs_state() {
     assert_eq!(fx.queue.view().stats("jobs").await.unwrap().done, 1);
     assert!(objects_under(&fx.store, "elsewhere").await > 0);
     assert_eq!(objects_under(&fx.store, "jobs-memo").await, 0);
+}
+
+// ---------------------------------------------------------------------------
+// A job type changed between deploys.
+
+mod drift {
+    use serde::{Deserialize, Serialize};
+    use taquba_workflow::jobs::{Job, JobContext};
+
+    /// The job as the old deploy submitted it.
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct SendV1 {
+        pub to: String,
+    }
+
+    impl Job for SendV1 {
+        const NAME: &'static str = "drift.send";
+        type Output = String;
+        type Error = String;
+        fn idempotency_key(&self) -> Option<String> {
+            Some(format!("send:{}", self.to))
+        }
+        async fn run(&self, _ctx: JobContext<'_>) -> Result<String, String> {
+            Ok(format!("sent to {}", self.to))
+        }
+    }
+
+    /// The same job after a deploy added a required field and changed the
+    /// output's type.
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct SendV2 {
+        pub to: String,
+        pub template: String,
+    }
+
+    impl Job for SendV2 {
+        const NAME: &'static str = "drift.send";
+        type Output = u64;
+        type Error = String;
+        async fn run(&self, _ctx: JobContext<'_>) -> Result<u64, String> {
+            Ok(self.template.len() as u64)
+        }
+    }
+}
+
+/// A job submitted by one deploy and run by the next, whose job type gained
+/// a required field: the job must fail permanently (one attempt, not
+/// three) with an error naming the job, the missing field, the run and the
+/// job's key.
+#[tokio::test(start_paused = true)]
+async fn a_job_whose_type_changed_between_deploys_fails_once_naming_the_field() {
+    use taquba_workflow::jobs::JobRunner;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let old = JobRunner::builder(queue.clone(), store.clone())
+        .register::<drift::SendV1>()
+        .poll_interval(Duration::from_millis(20))
+        .build();
+    // Ran under the old deploy.
+    let worker = old.spawn(std::future::pending::<()>());
+    let done = old
+        .submit(drift::SendV1 { to: "a@b".into() })
+        .await
+        .unwrap();
+    assert_eq!(
+        within(30, done.join()).await.unwrap().unwrap(),
+        "sent to a@b"
+    );
+    worker.shutdown().await.unwrap();
+    // Submitted by the old deploy, not yet run.
+    let waiting = old
+        .submit(drift::SendV1 { to: "c@d".into() })
+        .await
+        .unwrap();
+    let new = JobRunner::builder(queue.clone(), store.clone())
+        .register::<drift::SendV2>()
+        .poll_interval(Duration::from_millis(20))
+        .build();
+    let worker = new.spawn(std::future::pending::<()>());
+    let waiting_end = within(60, async {
+        loop {
+            if let Some(status) = new.view().status(waiting.id()).await.unwrap()
+                && let RunState::Terminated(t) = status.state
+            {
+                return t;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert_eq!(waiting_end.status, TerminalStatus::Failed);
+    let error = waiting_end.error.unwrap_or_default();
+    assert!(
+        error.contains("drift.send") && error.contains("template"),
+        "unclear: {error}"
+    );
+    // An operator finds the run from the error alone: it names the run id
+    // and the job's key (issue 22).
+    assert!(
+        error.contains(&format!("run `{}`", waiting.id())) && error.contains("\"send:c@d\""),
+        "the error names neither the run nor the key: {error}"
+    );
+    let history = new.view().steps(waiting.id()).await.unwrap().unwrap();
+    let attempts: usize = history.steps.iter().map(|s| s.attempts.len()).sum();
+    assert_eq!(
+        attempts, 1,
+        "a payload that cannot decode is retried: {history:?}"
+    );
+    worker.shutdown().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------
+// Job groups under concurrency and at size.
+
+/// Executions by label, and the labels that already failed once.
+type Executions = (HashMap<String, usize>, HashSet<String>);
+
+/// Job executions by label, and the labels that already failed once.
+#[derive(Clone, Default)]
+struct JobBook(Arc<Mutex<Executions>>, Arc<Mutex<Vec<String>>>);
+
+impl JobBook {
+    fn runs(&self, label: &str) -> usize {
+        self.0.lock().unwrap().0.get(label).copied().unwrap_or(0)
+    }
+
+    /// The recorded executions of `label`.
+    fn log_of(&self, label: &str) -> Vec<String> {
+        let prefix = format!("{label}:");
+        self.1
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.starts_with(&prefix))
+            .cloned()
+            .collect()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("chunk error: {0}")]
+struct ChunkError(String);
+
+/// Doubles `n`; `flaky` chunks fail permanently on their first execution.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Chunk {
+    n: u32,
+    flaky: bool,
+    key: Option<String>,
+}
+
+impl Chunk {
+    fn label(&self) -> String {
+        format!("chunk {}", self.n)
+    }
+}
+
+impl Job for Chunk {
+    const NAME: &'static str = "attack.chunk";
+    type Output = u32;
+    type Error = ChunkError;
+
+    async fn run(&self, ctx: JobContext<'_>) -> Result<u32, ChunkError> {
+        let fail = {
+            let mut book = ctx.state::<JobBook>().0.lock().unwrap();
+            *book.0.entry(self.label()).or_default() += 1;
+            self.flaky && book.1.insert(self.label())
+        };
+        ctx.state::<JobBook>().1.lock().unwrap().push(format!(
+            "{}: run {} job {} attempt {} fails {fail} at {:?}",
+            self.label(),
+            ctx.run_id,
+            ctx.job_id,
+            ctx.attempts,
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_micros()
+                % 100_000_000
+        ));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        if fail {
+            return Err(ChunkError(format!("first run of {}", self.n)));
+        }
+        Ok(self.n * 2)
+    }
+
+    fn classify(&self, _: &ChunkError) -> StepErrorKind {
+        StepErrorKind::Permanent
+    }
+
+    fn idempotency_key(&self) -> Option<String> {
+        self.key.clone()
+    }
+}
+
+fn job_runner(queue: &Arc<Queue>, store: &Arc<dyn ObjectStore>, book: &JobBook) -> JobRunner {
+    JobRunner::builder(queue.clone(), store.clone())
+        .register::<Chunk>()
+        .state(book.clone())
+        .poll_interval(Duration::from_millis(10))
+        .max_concurrent_jobs(32)
+        .build()
+}
+
+/// An idempotency key equal to another job's positional key is a duplicate
+/// member key, and nothing is written.
+#[tokio::test(start_paused = true)]
+async fn job_group_idempotency_key_colliding_with_a_positional_key_is_a_duplicate() {
+    let (queue, store, _clock) = memory_queue().await;
+    let book = JobBook::default();
+    let runner = job_runner(&queue, &store, &book);
+    let group = runner.group::<Chunk>(rid("collide"));
+    let jobs = vec![
+        Chunk {
+            n: 0,
+            flaky: false,
+            key: None,
+        },
+        Chunk {
+            n: 1,
+            flaky: false,
+            key: Some("item-0".into()),
+        },
+    ];
+    let submitted = group.submit(jobs).await;
+    assert!(
+        matches!(&submitted, Err(Error::DuplicateMemberKey(k)) if k == "item-0"),
+        "{submitted:?}"
+    );
+    assert!(matches!(group.status().await, Err(Error::GroupNotFound(_))));
+}
+
+/// A job group of 1000 jobs joins in submission order; a resume re-runs
+/// only the failures.
+#[tokio::test(start_paused = true)]
+async fn a_job_group_of_1000_joins_in_order_and_resumes_only_failures() {
+    let (queue, store, _clock) = memory_queue().await;
+    let book = JobBook::default();
+    let runner = JobRunner::builder(queue.clone(), store.clone())
+        .register::<Chunk>()
+        .state(book.clone())
+        .poll_interval(Duration::from_millis(10))
+        .max_concurrent_jobs(64)
+        .build();
+    let worker = runner.spawn(std::future::pending::<()>());
+    let jobs: Vec<Chunk> = (0..1000)
+        .map(|n| Chunk {
+            n,
+            flaky: n % 50 == 7,
+            key: None,
+        })
+        .collect();
+    let group = runner.group::<Chunk>(rid("thousand"));
+    group.submit(jobs.clone()).await.unwrap();
+    let joined = within(300, group.join()).await.unwrap();
+    assert_eq!(joined.len(), 1000);
+    for (i, r) in joined.iter().enumerate() {
+        assert_eq!(r.key, format!("item-{i}"));
+        assert_eq!(r.result.is_ok(), !jobs[i].flaky, "{}", r.key);
+    }
+    group.resume().await.unwrap();
+    let joined = within(300, group.join()).await.unwrap();
+    for (i, r) in joined.iter().enumerate() {
+        assert_eq!(r.key, format!("item-{i}"));
+        assert_eq!(r.result.as_ref().ok(), Some(&(i as u32 * 2)));
+    }
+    group.submit(jobs.clone()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for j in &jobs {
+        assert_eq!(
+            book.runs(&j.label()),
+            if j.flaky { 2 } else { 1 },
+            "{}",
+            j.label()
+        );
+    }
+    worker.shutdown().await.unwrap();
+}
+
+/// Concurrent `submit`/`resume` of one job group from two runners over one
+/// queue (a real clock): `join` returns every job in submission order under
+/// its key (idempotency key, else `item-{i}`), and each job runs once, or
+/// twice when its first run failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_group_concurrent_submits_and_resumes_from_two_runners() {
+    let (queue, store) = real_clock_queue().await;
+    let book = JobBook::default();
+    let r1 = job_runner(&queue, &store, &book);
+    let r2 = job_runner(&queue, &store, &book);
+    let w1 = r1.spawn(std::future::pending::<()>());
+    let w2 = r2.spawn(std::future::pending::<()>());
+    const N: u32 = 280;
+    let jobs: Vec<Chunk> = (0..N)
+        .map(|n| Chunk {
+            n,
+            flaky: n % 6 == 1,
+            key: (n % 7 == 3).then(|| format!("ключ/{n}/🔑")),
+        })
+        .collect();
+    let keys: Vec<String> = jobs
+        .iter()
+        .enumerate()
+        .map(|(i, j)| j.key.clone().unwrap_or_else(|| format!("item-{i}")))
+        .collect();
+    let id = rid("job-storm");
+    let mut done = false;
+    for round in 0..6 {
+        let mut tasks = tokio::task::JoinSet::new();
+        for (i, runner) in [&r1, &r2, &r1, &r2].into_iter().enumerate() {
+            let group = runner.group::<Chunk>(id.clone());
+            let jobs = jobs.clone();
+            let resume = round > 0 && i >= 2;
+            tasks.spawn(async move {
+                if resume {
+                    group.resume().await
+                } else {
+                    group.submit(jobs).await
+                }
+            });
+        }
+        while let Some(joined) = tasks.join_next().await {
+            joined
+                .unwrap()
+                .unwrap_or_else(|e| panic!("round {round}: {e:?}"));
+        }
+        let group = r1.group::<Chunk>(id.clone());
+        let joined = tokio::time::timeout(Duration::from_secs(20), group.join())
+            .await
+            .expect("join in time")
+            .expect("join");
+        let got: Vec<&str> = joined.iter().map(|r| r.key.as_str()).collect();
+        assert_eq!(got, keys, "round {round}: join order or keys");
+        for (r, job) in joined.iter().zip(&jobs) {
+            if let Ok(v) = &r.result {
+                assert_eq!(*v, job.n * 2);
+            } else {
+                assert!(job.flaky, "round {round}: {} failed", r.key);
+            }
+        }
+        if joined.iter().all(|r| r.result.is_ok()) {
+            done = true;
+            break;
+        }
+    }
+    assert!(done, "the job group never completed");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let wrong: Vec<String> = jobs
+        .iter()
+        .filter_map(|j| {
+            let runs = book.runs(&j.label());
+            let expected = if j.flaky { 2 } else { 1 };
+            (runs != expected).then(|| {
+                format!(
+                    "{}: ran {runs} times, expected {expected}: {:#?}",
+                    j.label(),
+                    book.log_of(&j.label())
+                )
+            })
+        })
+        .collect();
+    w1.shutdown().await.unwrap();
+    w2.shutdown().await.unwrap();
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }

@@ -3,6 +3,42 @@
 //! set-up in `common` compiled once. Run one area with
 //! `cargo test --test runtime signals::` (a module name as the filter).
 //!
+//! Each file holds the tests of one behaviour; a test found by attacking
+//! the API lives with the behaviour it checks. The files:
+//!
+//! * `common` (`tests/common/mod.rs`): set-up: queues, stores, clocks, small runners and hooks.
+//! * `fixtures`: shared set-up: the input-scripted runner, counting hooks, failing stores.
+//! * `cancel_and_hooks`: runner verdicts, external cancels racing every ending, terminal hooks.
+//! * `cancel_lease`: a cancelled step that outlives its lease still ends its run `Cancelled`.
+//! * `durability`: durable timers, run options, restarts and crashes, reconciled dead letters.
+//! * `durable_paths`: cancel safety of every call that commits; dead letters racing cancels.
+//! * `group_hazards`: group state against re-submission and `forget` (racing, running members).
+//! * `groups`: run groups: results, counts, re-submission, concurrency, large groups, odd keys.
+//! * `history`: each settlement's attempt in the run's step log, and its retention.
+//! * `hook_faults`: hooks that panic, hang or outlive their lease; shutdown with a hung hook.
+//! * `inbox`: commands from other processes, applied once; junk never holds up valid ones.
+//! * `inbox_hostile` (unix): a directory store's inbox under links, FIFOs and floods of junk.
+//! * `jobs`: typed jobs and job groups, across deploys and under concurrency.
+//! * `kill9`: kill -9 of a child process running runs, or submitting a large group.
+//! * `kit`: the test kit (`taquba_workflow::testing`).
+//! * `limits`: options and inputs at and past their limits: refused naming them, or carried.
+//! * `lost_payloads`: step records whose offloaded payload object is gone.
+//! * `memo_effects`: step and run memos (odd keys included) and staged KV effects.
+//! * `operator`: listing and describing runs from another process.
+//! * `poison`: undecodable payloads, panicking hooks, oversized results and errors.
+//! * `reruns`: a run id or group member key run again after its run ended.
+//! * `retention_replay`: step-output replay after a lease expiry, and memo retention.
+//! * `run_ids`: run ids validated at their bounds; generated ids are ordered ULIDs.
+//! * `runs`: submission (racing re-submissions), the step loop, panicking runners.
+//! * `signal_run`: signals that outlive their wait, and `signal_run`.
+//! * `signals`: signal delivery, buffering, timeouts, races, oversized keys, crashes.
+//! * `single_writer`: a process whose store another opened stops instead of running on.
+//! * `spans`: the runtime's `tracing` spans.
+//! * `staged_enqueues`: enqueues a caller stages cannot forge the runtime's jobs.
+//! * `storage_outages`: storage blips and outages held for a whole call or window.
+//! * `stored_formats`: keys, paths and headers as a 0.13 store has them.
+//! * `waits`: `wait`, `wait_timeout`, job joins and group results, woken by commits.
+//!
 //! The macro suites (which register items through `inventory`, one registry
 //! per binary), the panic-counting fault suite and the S3/webhook suites
 //! (behind features) keep their own binaries.
@@ -10,12 +46,11 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-mod attacks_round2;
 mod cancel_and_hooks;
 mod cancel_lease;
 mod durability;
 mod durable_paths;
-mod group_attacks;
+mod fixtures;
 mod group_hazards;
 mod groups;
 mod history;
@@ -26,9 +61,9 @@ mod inbox_hostile;
 mod jobs;
 mod kill9;
 mod kit;
+mod limits;
 mod lost_payloads;
 mod memo_effects;
-mod new_user_attacks;
 mod operator;
 mod poison;
 mod reruns;
@@ -40,5 +75,6 @@ mod signals;
 mod single_writer;
 mod spans;
 mod staged_enqueues;
+mod storage_outages;
 mod stored_formats;
 mod waits;

@@ -1,5 +1,7 @@
 //! Step and run memos, and application KV effects staged by submissions
-//! and steps.
+//! and steps. Memo keys a step may build from user input are stored under
+//! their own entries on a local directory; only the empty and the reserved
+//! key are refused.
 
 use crate::common;
 
@@ -477,4 +479,88 @@ async fn a_step_reads_committed_state_only() {
         "step 1 sees step 0's committed write, not its own"
     );
     worker.shutdown().await.unwrap();
+}
+
+/// Memo keys a step might build from user input, on a local directory:
+/// `.`, `..`, `a/b`, `a%2Fb`, a 300-byte key, unicode, a trailing `#1`, a
+/// control character, a space. Each is one path segment (escaped, or
+/// digested when overlong), so every one is stored and reads back its own
+/// value, and no two keys share an entry. `Memo::put` documents the only
+/// keys it refuses, with `InvalidMemoKey` naming the key and the reason:
+/// the empty key and `Memo::RESERVED_KEY` (the run result record's), in
+/// step memos as in run memos; nothing is written for them.
+#[tokio::test]
+async fn odd_memo_keys_round_trip_or_are_refused_and_never_alias() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir_store(dir.path());
+    let memos = taquba_workflow::MemoStore::new(store, "memo");
+    let memo = memos.new_memo(&rid("odd"), 0);
+    let long = "k".repeat(300);
+    let keys = [
+        ".",
+        "..",
+        "a/b",
+        "a%2Fb",
+        "a",
+        long.as_str(),
+        "ключ-🔑",
+        "part#1",
+        "tab\tkey",
+        " ",
+        "run.x",
+    ];
+    let mut stored = Vec::new();
+    for (i, key) in keys.iter().enumerate() {
+        let value = format!("value-{i}");
+        match memo.put(key, value.as_bytes()).await {
+            Ok(()) => stored.push((*key, value)),
+            Err(err) => panic!("memo key {key:?} refused: {err}"),
+        }
+    }
+    for (key, value) in &stored {
+        assert_eq!(
+            memo.get(key).await.unwrap().as_deref(),
+            Some(value.as_bytes()),
+            "key {key:?} reads another key's value"
+        );
+    }
+    assert_eq!(stored.len(), keys.len(), "every key is stored: {stored:?}");
+    // A step memo and the run memo of the same run never share a key.
+    let run_memo = memos.new_run_memo(&rid("odd"));
+    run_memo.put("x", b"run").await.unwrap();
+    memo.put("run.x", b"step").await.unwrap();
+    assert_eq!(
+        run_memo.get("x").await.unwrap().as_deref(),
+        Some(&b"run"[..])
+    );
+    // The keys no memo takes, and why.
+    for (key, why) in [
+        ("", "empty"),
+        (
+            taquba_workflow::Memo::RESERVED_KEY,
+            "reserved for the run result record",
+        ),
+    ] {
+        for (scope, memo) in [("step memo", &memo), ("run memo", &run_memo)] {
+            match memo.put(key, b"forged").await {
+                Err(Error::InvalidMemoKey {
+                    key: refused,
+                    reason,
+                }) => {
+                    assert_eq!((refused.as_str(), reason), (key, why), "{scope}");
+                }
+                other => {
+                    panic!("{scope}: memo key {key:?}: expected InvalidMemoKey, got {other:?}")
+                }
+            }
+        }
+    }
+    assert_eq!(
+        run_memo
+            .get(taquba_workflow::Memo::RESERVED_KEY)
+            .await
+            .unwrap(),
+        None,
+        "a refused put wrote the run result record"
+    );
 }

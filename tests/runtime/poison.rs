@@ -1,18 +1,22 @@
 //! Poison input: payloads and jobs that cannot be decoded, runners and
-//! hooks that panic, oversized results, effects and signals. Each ends its
-//! run `Failed` with an error naming the cause (or dead-letters the hook's
-//! notification after its retries), the worker keeps running, and other
-//! runs are unaffected.
+//! hooks that panic, oversized results, effects, signals and failure
+//! messages. Each ends its run `Failed` with an error naming the cause (or
+//! dead-letters the hook's notification after its retries), the worker
+//! keeps running, and other runs are unaffected.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use crate::common::{Recorder, eventually};
+use crate::fixtures::{ends_within, queue_with, spec};
 use serde::{Deserialize, Serialize};
+use std::sync::Mutex;
 use taquba::object_store::ObjectStore;
 use taquba::object_store::memory::InMemory;
 use taquba::{EnqueueOptions, JobRecord, OpenOptions, Queue, QueueConfig};
+use taquba_workflow::MAX_TERMINATION_ERROR_LEN;
 use taquba_workflow::{
     Error, HEADER_RUN_ID, HEADER_STEP, HEADER_TERMINAL, NoopTerminalHook, RunOutcome, RunSpec,
     Step, StepError, StepOutcome, StepRunner, TerminalEffects, TerminalHook, TerminalStatus,
@@ -339,4 +343,77 @@ async fn oversized_results_are_stored_and_oversized_signals_are_refused() {
     assert!(matches!(err, Error::Queue(_)), "{err:?}");
     assert!(err.to_string().contains("307200"), "{err}");
     worker.shutdown().await.expect("worker ends cleanly");
+}
+
+/// Runners failing with huge messages (1 MiB): a `Fail` verdict's reason,
+/// a permanent error, a transient error on every attempt. README: "a
+/// permanent error dead-letters the step and fails the run"; the error is
+/// what the caller reads. Each run must end `Failed` promptly (no lease
+/// expiry in between), its error starting with the runner's message, the
+/// runner called once for the verdict and the permanent error, and once
+/// per attempt for the transient one. The terminal record's error is cut
+/// to `MAX_TERMINATION_ERROR_LEN`, the outcome's is whole.
+#[tokio::test(start_paused = true)]
+async fn failures_with_huge_messages_end_their_runs_with_the_message() {
+    #[derive(Clone, Default)]
+    struct Loud {
+        calls: Arc<Mutex<Vec<String>>>,
+    }
+    impl StepRunner for Loud {
+        async fn run_step(&self, step: &Step) -> Result<StepOutcome, StepError> {
+            self.calls.lock().unwrap().push(step.run_id.to_string());
+            let message = format!("{}:{}", step.run_id, "x".repeat(1 << 20));
+            match step.payload.as_slice() {
+                b"verdict" => Ok(StepOutcome::Fail { reason: message }),
+                b"perm" => Err(StepError::permanent(message)),
+                _ => Err(StepError::transient(message)),
+            }
+        }
+    }
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = queue_with(store.clone(), Duration::from_secs(30), Duration::ZERO).await;
+    let loud = Loud::default();
+    let hook = Recorder::default();
+    let runtime =
+        WorkflowRuntime::builder(queue.clone(), store.clone(), loud.clone(), hook.clone())
+            .poll_interval(Duration::from_millis(20))
+            .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    for (id, calls) in [("loud-verdict", 1), ("loud-perm", 1), ("loud-trans", 3)] {
+        let input = id.strip_prefix("loud-").unwrap();
+        runtime.submit(spec(id, input)).await.unwrap();
+        // Well inside one 30 s lease.
+        let end = ends_within(&runtime, id, 10, "a huge failure").await;
+        assert_eq!(end.termination.status, TerminalStatus::Failed, "{id}");
+        let error = end.termination.error.clone().unwrap_or_default();
+        assert!(
+            error.starts_with(&format!("{id}:xxx")),
+            "{id}: error {:.80}",
+            error
+        );
+        assert!(
+            error.len() <= MAX_TERMINATION_ERROR_LEN,
+            "{id}: {}",
+            error.len()
+        );
+        let whole = end.outcome.and_then(|o| o.error).unwrap_or_default();
+        assert_eq!(
+            whole.len(),
+            id.len() + 1 + (1 << 20),
+            "{id}: the outcome's error"
+        );
+        let made = loud
+            .calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| *r == id)
+            .count();
+        assert_eq!(made, calls, "{id}: runner calls");
+        eventually("the hook call", || async {
+            hook.calls().iter().any(|o| o.run_id.as_str() == id)
+        })
+        .await;
+    }
+    worker.shutdown().await.unwrap();
 }

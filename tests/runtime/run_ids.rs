@@ -1,4 +1,6 @@
-//! Generated ids (runs without an id, `new_group`, jobs without an
+//! Run ids: a given id is 1 to `MAX_RUN_ID_LEN` bytes of `[A-Za-z0-9_-]`
+//! (the longest group id still derives valid member run ids), and
+//! generated ids (runs without an id, `new_group`, jobs without an
 //! idempotency key) are ULIDs on the runtime's clock, monotonic within a
 //! millisecond: listed by id, runs come in the order they were submitted.
 
@@ -7,10 +9,12 @@ use crate::common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::fixtures::Scripted;
 use common::*;
 use serde::{Deserialize, Serialize};
 use taquba::MockClock;
 use taquba_workflow::jobs::{Job, JobContext, JobRunner};
+use taquba_workflow::{Error, MAX_RUN_ID_LEN, RunOptions};
 use taquba_workflow::{RunId, RunSpec, Step, StepError, StepOutcome, StepRunner, WorkflowRuntime};
 use ulid::Ulid;
 
@@ -130,4 +134,61 @@ async fn jobs_without_a_key_get_ordered_ids_on_the_runners_clock() {
     let mut sorted = ids.clone();
     sorted.sort();
     assert_eq!(sorted, ids);
+}
+
+/// `RunId`: 1..=128 bytes of `[A-Za-z0-9_-]`, refused with `InvalidRunId`.
+#[test]
+fn run_ids_are_validated_at_their_bounds() {
+    assert!(RunId::new("a".repeat(MAX_RUN_ID_LEN)).is_ok());
+    for bad in [
+        String::new(),
+        "a".repeat(MAX_RUN_ID_LEN + 1),
+        "a/b".into(),
+        "a.b".into(),
+        "..".into(),
+        "é".into(),
+        "a b".into(),
+        "a\0".into(),
+    ] {
+        match RunId::new(bad.clone()) {
+            Err(Error::InvalidRunId { run_id, .. }) => assert_eq!(run_id, bad),
+            other => panic!("{bad:?}: {other:?}"),
+        }
+    }
+    // Deserializing validates too.
+    let bytes = rmp_serde::to_vec(&"../etc").unwrap();
+    assert!(rmp_serde::from_slice::<RunId>(&bytes).is_err());
+}
+
+/// A group over a 128-byte id, its members and a re-run of a failed member
+/// (`{digest}-{n}`) stay valid.
+#[tokio::test(start_paused = true)]
+async fn a_group_with_the_longest_id_runs_and_reruns_its_members() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runtime = workflow_builder(&queue, &store, &Scripted::default()).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let group = runtime.group(rid(&"g".repeat(MAX_RUN_ID_LEN)));
+    within(
+        60,
+        group.submit(
+            vec![member("a", "ok"), member("b", "verdict")],
+            &RunOptions::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    eventually("members end", || async {
+        let s = group.status().await.unwrap();
+        s.succeeded + s.failed + s.cancelled == 2
+    })
+    .await;
+    within(60, group.resume(&RunOptions::default()))
+        .await
+        .unwrap();
+    eventually("re-run ends", || async {
+        let s = group.status().await.unwrap();
+        s.succeeded + s.failed + s.cancelled == 2 && s.pending == 0
+    })
+    .await;
+    worker.shutdown().await.unwrap();
 }

@@ -1,4 +1,6 @@
-//! Submission, the step loop, status and waits at the public API.
+//! Submission, the step loop, status and waits at the public API: racing
+//! re-submissions of an ended run id start one run, and a runner that
+//! always panics fails its run while the worker goes on.
 
 use crate::common;
 
@@ -6,7 +8,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use crate::fixtures::{Counting, Scripted, ends_within, spec, tokio_clock_queue};
 use common::*;
+use std::time::Duration;
+use taquba::OpenOptions;
+use taquba::object_store::ObjectStore;
+use taquba::object_store::memory::InMemory;
 use taquba_workflow::{
     Error, NoopTerminalHook, RunOptions, RunSpec, RunState, Step, StepError, StepErrorKind,
     StepOutcome, StepRunner, TerminalStatus, WorkflowRuntime,
@@ -254,5 +261,102 @@ async fn a_wait_on_one_runtime_is_woken_by_the_worker_of_another_over_the_same_q
             Some(b"4".as_slice())
         );
     }
+    worker.shutdown().await.unwrap();
+}
+
+/// Two submissions of one run id with different inputs at once, after the
+/// id's earlier run ended (so each may start a new run: "A run id whose
+/// run terminated starts a new run (with any input)"): exactly one starts
+/// a run, the other is refused with `InputMismatch` or answers for that
+/// same run; the id has one run, which ends once, and its hook fires once.
+#[tokio::test(start_paused = true)]
+async fn racing_resubmissions_with_different_inputs_start_one_run() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let hook = Counting::default();
+    let script = Scripted::default();
+    let runtime =
+        WorkflowRuntime::builder(queue.clone(), store.clone(), script.clone(), hook.clone())
+            .poll_interval(Duration::from_millis(20))
+            .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    for k in 0..20usize {
+        let id = format!("again-{k}");
+        runtime.submit(spec(&id, "ok")).await.unwrap();
+        ends_within(&runtime, &id, 30, "the first run").await;
+        let (a, b) = {
+            let (r1, r2) = (runtime.clone(), runtime.clone());
+            let (i1, i2) = (id.clone(), id.clone());
+            let a = tokio::spawn(async move { r1.submit(spec(&i1, "timer:50")).await });
+            for _ in 0..k % 5 {
+                tokio::task::yield_now().await;
+            }
+            let b = tokio::spawn(async move { r2.submit(spec(&i2, "sleep:50")).await });
+            (a.await.unwrap(), b.await.unwrap())
+        };
+        let started = [&a, &b]
+            .iter()
+            .filter(|r| matches!(r, Ok(o) if o.newly_submitted))
+            .count();
+        assert_eq!(started, 1, "{id}: {a:?} {b:?}");
+        for answer in [&a, &b] {
+            if let Err(err) = answer {
+                assert!(
+                    matches!(err, taquba_workflow::Error::InputMismatch(_)),
+                    "{id}: {err}"
+                );
+            }
+        }
+        let end = ends_within(&runtime, &id, 30, "the second run").await;
+        assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+        // The first run's step 0 and the second run's steps.
+        assert!(
+            script.calls_of(&id) <= 3,
+            "{id}: {} runner calls",
+            script.calls_of(&id)
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for k in 0..20usize {
+        let id = format!("again-{k}");
+        assert_eq!(hook.calls_of(&id).len(), 2, "{id}: one hook call per run");
+    }
+    worker.shutdown().await.unwrap();
+}
+
+/// README: "A panicking step is treated as a transient error naming the
+/// panic." A step that panics on every attempt ends the run `Failed` after
+/// the attempts, with an error naming the panic, and the worker goes on.
+#[tokio::test(start_paused = true)]
+async fn a_runner_that_always_panics_fails_the_run_and_the_worker_goes_on() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let runner = Scripted::default();
+    let runtime = workflow_builder(&queue, &store, &runner).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime.submit(spec("panics", "panic")).await.unwrap();
+    let end = within(120, runtime.wait(&rid("panics"))).await.unwrap();
+    assert_eq!(end.termination.status, TerminalStatus::Failed);
+    let error = end.outcome.and_then(|o| o.error).unwrap_or_default();
+    assert!(
+        error.contains("on purpose"),
+        "error does not name the panic: {error:?}"
+    );
+    let attempts = runner
+        .calls
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(r, _)| r == "panics")
+        .count();
+    assert_eq!(attempts, 3, "attempts of a panicking step");
+    runtime.submit(spec("after-panic", "ok")).await.unwrap();
+    assert_eq!(
+        ends_within(&runtime, "after-panic", 30, "after a panic")
+            .await
+            .termination
+            .status,
+        TerminalStatus::Succeeded
+    );
     worker.shutdown().await.unwrap();
 }

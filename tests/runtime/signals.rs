@@ -1,15 +1,22 @@
 //! Durable signals at the public API: delivery to a waiting run, buffering
 //! for the next waiter, timeouts, one waiter per key, redelivery of a woken
-//! step, cleanup of the signal state, restarts and cancellation.
+//! step, cleanup of the signal state, restarts and cancellation. Signals
+//! racing each other, their waiter's start or its wait's timeout answer
+//! what happened and are never lost; a signal answered before a crash is
+//! delivered after it; a key over `MAX_CORRELATION_KEY_LEN` is refused.
 
 use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::fixtures::{Scripted, ends_within, spec, state, tokio_clock_queue};
 use common::*;
+use taquba::OpenOptions;
 use taquba::object_store::ObjectStore;
+use taquba::object_store::memory::InMemory;
 use taquba::{MockClock, Queue};
+use taquba_workflow::RunState;
 use taquba_workflow::testing::TestRuntime;
 use taquba_workflow::{
     NoopTerminalHook, RunId, RunSpec, SignalOutcome, Step, StepError, StepOutcome, StepRunner,
@@ -706,5 +713,287 @@ async fn no_signal_state_outlives_a_woken_step_that_is_cancelled_or_fails() {
         "{:?}",
         signal_keys(&queue).await
     );
+    worker.shutdown().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------
+// Signals racing each other, their waiter and its timeout.
+
+/// Two signals sent at once on the key one run waits on: one is
+/// delivered, the other buffered ("With no waiter the signal is held
+/// durably"); the run ends with one payload and the other is what the
+/// next wait on the key gets. Neither may be lost, neither delivered
+/// twice.
+#[tokio::test(start_paused = true)]
+async fn two_signals_at_once_on_one_key_deliver_one_and_buffer_the_other() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let runtime = workflow_builder(&queue, &store, &Scripted::default()).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    for round in 0..20 {
+        let key = format!("twice-{round}");
+        let first = format!("first-{round}");
+        runtime
+            .submit(spec(&first, &format!("signal:{key}:3600000")))
+            .await
+            .unwrap();
+        until_step("the wait", &runtime, &first, 1).await;
+        let (a, b) = {
+            let (r1, r2) = (runtime.clone(), runtime.clone());
+            let (k1, k2) = (key.clone(), key.clone());
+            let a = tokio::spawn(async move { r1.signal(&k1, b"A".to_vec()).await });
+            for _ in 0..round % 4 {
+                tokio::task::yield_now().await;
+            }
+            let b = tokio::spawn(async move { r2.signal(&k2, b"B".to_vec()).await });
+            (a.await.unwrap().unwrap(), b.await.unwrap().unwrap())
+        };
+        let mut outcomes = vec![a, b];
+        outcomes.sort_by_key(|o| matches!(o, SignalOutcome::Buffered));
+        assert_eq!(
+            outcomes,
+            vec![SignalOutcome::Delivered, SignalOutcome::Buffered],
+            "round {round}"
+        );
+        let got = ends_within(&runtime, &first, 30, "the woken run")
+            .await
+            .outcome
+            .and_then(|o| o.result)
+            .unwrap();
+        let expected_other: &[u8] = if got == b"A" { b"B" } else { b"A" };
+        let expected_delivered: &[u8] = if a == SignalOutcome::Delivered {
+            b"A"
+        } else {
+            b"B"
+        };
+        assert_eq!(got, expected_delivered, "round {round}");
+        let second = format!("second-{round}");
+        runtime
+            .submit(spec(&second, &format!("signal:{key}:3600000")))
+            .await
+            .unwrap();
+        let got = ends_within(&runtime, &second, 30, "the buffered one")
+            .await
+            .outcome
+            .and_then(|o| o.result)
+            .unwrap();
+        assert_eq!(got, expected_other, "round {round}");
+    }
+    worker.shutdown().await.unwrap();
+}
+
+/// A signal sent while the run that will wait on its key is being
+/// submitted and runs its first step: delivered or buffered, the run must
+/// end with the payload, never time out without it.
+#[tokio::test(start_paused = true)]
+async fn a_signal_racing_the_start_of_its_waiter_is_never_lost() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let runtime = workflow_builder(&queue, &store, &Scripted::default())
+        .poll_interval(Duration::from_millis(5))
+        .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    for k in 0..40usize {
+        let id = format!("early-{k}");
+        let key = format!("early-key-{k}");
+        let submitted = {
+            let runtime = runtime.clone();
+            let input = format!("signal:{key}:60000");
+            let id = id.clone();
+            tokio::spawn(async move { runtime.submit(spec(&id, &input)).await })
+        };
+        for _ in 0..k {
+            tokio::task::yield_now().await;
+        }
+        if k % 5 == 0 {
+            tokio::time::sleep(Duration::from_millis(k as u64 / 5)).await;
+        }
+        runtime.signal(&key, b"payload".to_vec()).await.unwrap();
+        submitted.await.unwrap().unwrap();
+        let end = ends_within(&runtime, &id, 120, "racing signal").await;
+        assert_eq!(
+            end.outcome.and_then(|o| o.result).as_deref(),
+            Some(&b"payload"[..]),
+            "{id}: the signal was lost"
+        );
+    }
+    worker.shutdown().await.unwrap();
+}
+
+/// Signals racing the timeout of the wait they are meant for, sent at
+/// moments around it. `signal`'s answer must say what happened: a run
+/// whose signal was answered `Delivered` ends with its payload, and one
+/// answered `Buffered` timed out (its payload then waits for the next
+/// waiter). `signal_run` answered `Ok` must have reached the run, and a
+/// refusal (`NotWaitingForSignal`) means the run timed out.
+#[tokio::test(start_paused = true)]
+async fn signals_racing_the_timeout_of_their_wait_answer_what_happened() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let runtime = workflow_builder(&queue, &store, &Scripted::default())
+        .poll_interval(Duration::from_millis(5))
+        .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    for targeted in [false, true] {
+        let mut seen = (0, 0);
+        for k in 0..30u64 {
+            let id = format!("late-{targeted}-{k}");
+            let key = format!("late-key-{targeted}-{k}");
+            runtime
+                .submit(spec(&id, &format!("signal:{key}:20")))
+                .await
+                .unwrap();
+            until_step("the wait", &runtime, &id, 1).await;
+            // Around the moment the 20 ms timeout is acted on (the queue's
+            // scheduler promotes due jobs at its own interval).
+            tokio::time::sleep(Duration::from_millis(37 * k)).await;
+            let delivered = if targeted {
+                match runtime.signal_run(&rid(&id), &key, b"sig".to_vec()).await {
+                    Ok(()) => true,
+                    Err(taquba_workflow::Error::NotWaitingForSignal { .. }) => false,
+                    Err(err) => panic!("{id}: {err}"),
+                }
+            } else {
+                runtime.signal(&key, b"sig".to_vec()).await.unwrap() == SignalOutcome::Delivered
+            };
+            let result = ends_within(&runtime, &id, 30, "raced timeout")
+                .await
+                .outcome
+                .and_then(|o| o.result)
+                .unwrap();
+            if delivered {
+                seen.0 += 1;
+                assert_eq!(
+                    result, b"sig",
+                    "{id}: answered delivered, the run timed out"
+                );
+            } else {
+                seen.1 += 1;
+                assert_eq!(
+                    result, b"timed out",
+                    "{id}: answered not delivered, the run got it"
+                );
+            }
+        }
+        assert!(seen.0 > 0 && seen.1 > 0, "both sides of the race: {seen:?}");
+    }
+    worker.shutdown().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------
+// A crash after a signal, and oversized keys.
+
+/// `signal` answered `Delivered`/`Buffered` before a crash is not lost.
+#[tokio::test(start_paused = true)]
+async fn a_signal_answered_before_a_crash_is_delivered_after_it() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let runtime = workflow_builder(&queue, &store, &Scripted::default()).build();
+    let outcome = runtime.signal("early", b"first".to_vec()).await.unwrap();
+    assert!(matches!(outcome, SignalOutcome::Buffered), "{outcome:?}");
+    drop(runtime);
+    drop(queue);
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let runtime = workflow_builder(&queue, &store, &Scripted::default()).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime.submit(spec("late", "signal:early")).await.unwrap();
+    let end = within(60, runtime.wait(&rid("late"))).await.unwrap();
+    assert_eq!(
+        end.outcome.and_then(|o| o.result).as_deref(),
+        Some(&b"first"[..])
+    );
+    worker.shutdown().await.unwrap();
+}
+
+/// A step that waits on a correlation key far larger than a KV key can be
+/// (70 000 bytes; keys are stored as `workflow/signals/waiters/{key}`) must
+/// not leave the run `Running` forever or the worker spinning: the run
+/// fails with an error, or waits and is woken by the same key.
+#[tokio::test(start_paused = true)]
+async fn a_step_waiting_on_an_oversized_signal_key_fails_or_waits() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let runner = Scripted::default();
+    let runtime = workflow_builder(&queue, &store, &runner).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let key = "k".repeat(70_000);
+    runtime
+        .submit(spec("huge-key", &format!("signal:{key}")))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let now = state(&runtime, "huge-key").await;
+    match now {
+        Some(RunState::Terminated(t)) => {
+            assert_eq!(t.status, TerminalStatus::Failed);
+        }
+        Some(RunState::Pending) => {
+            let outcome = within(30, runtime.signal(&key, b"x".to_vec())).await;
+            match outcome {
+                Ok(_) => {
+                    ends_within(&runtime, "huge-key", 30, "woken").await;
+                }
+                Err(err) => panic!("the run waits on a key no signal can reach: {err}"),
+            }
+        }
+        other => panic!(
+            "run on a 70 KB key is {other:?} after 30 s ({} attempts)",
+            runner.calls.lock().unwrap().len()
+        ),
+    }
+    // The worker still serves other runs.
+    runtime.submit(spec("after-huge", "ok")).await.unwrap();
+    ends_within(&runtime, "after-huge", 30, "after the huge key").await;
+    worker.shutdown().await.unwrap();
+}
+
+/// A signal sent on an oversized key answers a clear error (or works);
+/// it must not hang.
+#[tokio::test(start_paused = true)]
+async fn a_signal_on_an_oversized_key_errs_or_is_buffered() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runtime = workflow_builder(&queue, &store, &Scripted::default()).build();
+    let key = "k".repeat(70_000);
+    let refused = |result: taquba_workflow::Result<_>| match result {
+        Err(taquba_workflow::Error::InvalidCorrelationKey { len, max, start }) => {
+            assert_eq!(
+                (len, max),
+                (70_000, taquba_workflow::MAX_CORRELATION_KEY_LEN)
+            );
+            assert_eq!(start, "k".repeat(64));
+        }
+        other => panic!("expected InvalidCorrelationKey, got {other:?}"),
+    };
+    refused(runtime.signal(&key, b"x".to_vec()).await.map(|_| ()));
+    refused(runtime.clear_signal(&key).await.map(|_| ()));
+    refused(
+        runtime
+            .signal_run(&rid("after-sig"), &key, b"x".to_vec())
+            .await,
+    );
+    // The runtime still works, and a step continuing on such a key fails
+    // its run with the error instead of waiting on a key no signal can
+    // reach.
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime.submit(spec("after-sig", "ok")).await.unwrap();
+    ends_within(&runtime, "after-sig", 30, "after the huge signal").await;
+    runtime
+        .submit(spec("huge-wait", &format!("signal:{key}")))
+        .await
+        .unwrap();
+    assert_eq!(
+        ends_within(&runtime, "huge-wait", 30, "waiting on a huge key")
+            .await
+            .termination
+            .status,
+        TerminalStatus::Failed
+    );
+    let error = runtime
+        .outcome(&rid("huge-wait"))
+        .await
+        .unwrap()
+        .and_then(|o| o.error)
+        .unwrap_or_default();
+    assert!(error.contains("70000 bytes long"), "{error}");
     worker.shutdown().await.unwrap();
 }

@@ -8,6 +8,9 @@
 //! Waiting runtimes are often given a poll interval of an hour: a wait on
 //! them that ends within seconds of (paused) time was woken by the
 //! terminating commit, not by its own poll.
+//!
+//! A zero timeout reports a run that already ended, and a wait pending
+//! across an in-process restart of the worker gets the run's end.
 
 use crate::common;
 
@@ -16,9 +19,11 @@ use std::future::IntoFuture;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
+use crate::fixtures::{Scripted, spec, tokio_clock_queue};
 use common::*;
 use futures_util::TryStreamExt;
 use serde::{Deserialize, Serialize};
+use taquba::OpenOptions;
 use taquba::object_store::ObjectStore;
 use taquba::object_store::memory::InMemory;
 use taquba::{MockClock, Queue, QueueConfig, SettlementEffects};
@@ -1458,4 +1463,70 @@ async fn join_within<T>(secs: u64, tasks: Vec<tokio::task::JoinHandle<T>>, what:
     })
     .await
     .unwrap_or_else(|_| panic!("{what} in time"))
+}
+
+/// `wait_timeout(id, Duration::ZERO)` on a run that ended, on a local
+/// directory (whose reads complete on a blocking thread): its doc says
+/// "`Ok(None)` when the run has not terminated by then", so a run that
+/// terminated before the call must be reported, whatever the timeout.
+#[tokio::test]
+async fn a_zero_wait_timeout_reports_a_run_that_already_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir_store(dir.path());
+    let queue = Arc::new(
+        Queue::open_with_options(
+            store.clone(),
+            "db",
+            OpenOptions::default().flush_interval(Duration::from_millis(1)),
+        )
+        .await
+        .unwrap(),
+    );
+    let runtime = workflow_builder(&queue, &store, &Scripted::default()).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime.submit(spec("ended-zero", "ok")).await.unwrap();
+    runtime.wait(&rid("ended-zero")).await.unwrap();
+    for _ in 0..20 {
+        let end = runtime
+            .wait_timeout(&rid("ended-zero"), Duration::ZERO)
+            .await
+            .unwrap();
+        assert!(
+            end.is_some(),
+            "a zero timeout reported an ended run as running"
+        );
+    }
+    worker.shutdown().await.unwrap();
+}
+
+/// A `wait` pending on a clone of a runtime whose worker is shut down and
+/// whose other handles are dropped, while the run waits on a timer: a new
+/// runtime over the same queue (a restart of the worker in-process) ends
+/// the run, and the pending wait reports that end ("every runtime over
+/// the same `Arc<Queue>` there wakes it").
+#[tokio::test(start_paused = true)]
+async fn a_wait_pending_across_a_worker_restart_in_process_gets_the_end() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+    let runtime = workflow_builder(&queue, &store, &Scripted::default()).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime
+        .submit(spec("restarted", "timer:5000"))
+        .await
+        .unwrap();
+    until_step("the timer", &runtime, "restarted", 1).await;
+    let waiting = {
+        let runtime = runtime.clone();
+        tokio::spawn(async move { runtime.wait(&rid("restarted")).await })
+    };
+    tokio::task::yield_now().await;
+    worker.shutdown().await.unwrap();
+    drop(runtime);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(!waiting.is_finished(), "the wait ended without a worker");
+    let runtime = workflow_builder(&queue, &store, &Scripted::default()).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let end = within(60, waiting).await.unwrap().unwrap();
+    assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+    worker.shutdown().await.unwrap();
 }
