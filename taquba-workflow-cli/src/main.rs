@@ -15,6 +15,7 @@ mod error;
 mod location;
 mod output;
 mod payload;
+mod present;
 mod session;
 #[cfg(feature = "ui")]
 mod ui;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use taquba::object_store::ObjectStore;
 use taquba::{QueueReader, ReaderMode, ReaderOptions};
-use taquba_workflow::{MemoStore, RuntimeInfo, WorkflowView};
+use taquba_workflow::{DEFAULT_QUEUE_NAME, MemoStore, RuntimeInfo, WorkflowView};
 
 use crate::cli::Global;
 use crate::error::{CliError, CliResult};
@@ -26,8 +26,6 @@ pub const OPEN_TIMEOUT_ENV: &str = "TAQUBA_OPEN_TIMEOUT_SECS";
 /// How often the reader looks for new state: the lag of `--wait` behind
 /// the owner's commits.
 pub const READER_POLL_INTERVAL: Duration = Duration::from_millis(500);
-/// The queue name of a runtime built without `queue_name`.
-pub const DEFAULT_QUEUE_NAME: &str = "workflow-steps";
 
 /// The bound of a queue's open: `TAQUBA_OPEN_TIMEOUT_SECS` seconds when set
 /// to a positive integer, else [`DEFAULT_OPEN_TIMEOUT`].
@@ -183,7 +181,8 @@ pub struct Runtime {
 /// The runtime picked among those `recorded` in the store: `--queue` (with
 /// `--memo-prefix` overriding the recorded prefix), else the only one
 /// recorded; a store with none recorded (written before runtimes recorded
-/// themselves) falls back to `workflow-steps` and `{queue}-memo`.
+/// themselves) falls back to the runtime's defaults: [`DEFAULT_QUEUE_NAME`]
+/// and [`default_memo_prefix`].
 ///
 /// # Errors
 /// [`CliError::Usage`] when several runtimes are recorded and `--queue`
@@ -218,9 +217,16 @@ pub fn choose_runtime(
     let memo_prefix = match (memo_prefix, &info) {
         (Some(prefix), _) => prefix.to_string(),
         (None, Some(info)) => info.memo_prefix.clone(),
-        (None, None) => format!("{queue_name}-memo"),
+        (None, None) => default_memo_prefix(&queue_name),
     };
     Ok((queue_name, memo_prefix, info))
+}
+
+/// The memo prefix of a runtime on `queue_name` built without
+/// `memo_prefix`: `{queue_name}-memo`, as `WorkflowRuntimeBuilder::build`
+/// derives it (the runtime exports no constant or function for it).
+pub fn default_memo_prefix(queue_name: &str) -> String {
+    format!("{queue_name}-memo")
 }
 
 /// An open store: the target and a reader of its queue.

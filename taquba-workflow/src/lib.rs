@@ -142,6 +142,8 @@ pub use model::{
 pub use run::effects::{EffectsHandle, TerminalEffects};
 pub use runner::{Delivery, Hosted, Step, StepRunner};
 pub use runtime::{RunnerHandle, WorkflowRuntime, WorkflowRuntimeBuilder};
+/// The queue name of a runtime built without [`WorkflowRuntimeBuilder::queue_name`].
+pub const DEFAULT_QUEUE_NAME: &str = runtime::DEFAULT_QUEUE_NAME;
 pub use store::keys::{
     HEADER_RUN_ID, HEADER_SIGNAL_DELIVERED, HEADER_SIGNAL_WAIT, HEADER_STEP, HEADER_TERMINAL,
     HEADER_TRACEPARENT, HEADER_TRACESTATE, MAX_CORRELATION_KEY_LEN, MAX_MEMBER_KEY_LEN,

@@ -7,25 +7,16 @@
 //! manifest's last flush is not among them: an owner that commits every
 //! second can go minutes without a flush.
 
-use serde::Serialize;
 use taquba::QueueReader;
 use taquba::object_store::path::Path;
 
 use crate::error::CliResult;
 use crate::output::{Times, short_duration};
+use crate::present::store::WalObject;
 use crate::session::Target;
 
 /// The most write-ahead log objects listed to find the newest.
 pub const MAX_WAL_LISTED: usize = 100_000;
-
-/// The newest object of the queue's write-ahead log.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct WalObject {
-    /// Its path in the store.
-    pub path: String,
-    /// When the store says it was written (ms since the Unix epoch).
-    pub at_ms: u64,
-}
 
 /// The newest object under `{db_path}/wal/`, `None` when there is none.
 ///

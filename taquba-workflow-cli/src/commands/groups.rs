@@ -1,42 +1,13 @@
 //! `groups list` and `groups describe`: run groups with their member counts
 //! by state, and one group's members.
 
-use serde::Serialize;
-use taquba_workflow::{GroupStatus, RunFilter, RunId, StatusFilter, WorkflowView};
+use taquba_workflow::{RunFilter, RunId, StatusFilter, WorkflowView};
 
-use crate::commands::runs::{SummaryJson, summary_table};
+use crate::commands::runs::summary_table;
 use crate::error::{CliError, CliResult};
 use crate::output::{Card, Output, Table};
-
-/// A group's counts, as printed.
-#[derive(Debug, Serialize)]
-pub struct GroupJson {
-    /// The group.
-    pub group_id: String,
-    /// Members in its manifest.
-    pub total: usize,
-    /// Members submitted and not terminated.
-    pub pending: usize,
-    /// Members that succeeded.
-    pub succeeded: usize,
-    /// Members that failed.
-    pub failed: usize,
-    /// Members that were cancelled.
-    pub cancelled: usize,
-}
-
-impl From<&GroupStatus> for GroupJson {
-    fn from(g: &GroupStatus) -> Self {
-        Self {
-            group_id: g.group_id.to_string(),
-            total: g.total,
-            pending: g.pending,
-            succeeded: g.succeeded,
-            failed: g.failed,
-            cancelled: g.cancelled,
-        }
-    }
-}
+use crate::present::group::{GroupDetailsJson, GroupJson};
+use crate::present::run::SummaryJson;
 
 /// `groups list`.
 ///
@@ -76,18 +47,6 @@ pub async fn list(view: &WorkflowView, limit: usize, out: &Output) -> CliResult<
         },
         Some(footer),
     )
-}
-
-/// `groups describe`, as printed.
-#[derive(Debug, Serialize)]
-pub struct GroupDetailsJson {
-    /// The counts.
-    #[serde(flatten)]
-    pub counts: GroupJson,
-    /// Its members' runs (the first page).
-    pub members: Vec<SummaryJson>,
-    /// Whether more members follow.
-    pub more_members: bool,
 }
 
 /// The most members `groups describe` lists.

@@ -5,7 +5,6 @@
 pub mod activity;
 pub mod answer;
 pub mod groups;
-pub mod json;
 pub mod mutate;
 pub mod offline;
 pub mod runs;

@@ -17,11 +17,13 @@ use taquba_workflow::{
 
 use crate::cli::SendArgs;
 use crate::commands::activity;
-use crate::commands::answer::{Change, answer, command_card, command_json};
-use crate::commands::json::{state_word, step_text};
+use crate::commands::answer::{Change, answer, command_card};
 use crate::commands::offline;
 use crate::error::{CliError, CliResult};
 use crate::output::Output;
+use crate::present::command::CommandJson;
+use crate::present::run::step_text;
+use crate::present::state::{CommandStateJson, RunStateJson};
 use crate::session::{READER_POLL_INTERVAL, Runtime, Session};
 
 /// The name an inbox command records as its sender: `tool` (the command
@@ -70,7 +72,7 @@ pub fn where_it_is(run: &RunDetails) -> String {
     format!(
         "Run {}{workflow} is {} at step {step}{attempts}.",
         run.run_id,
-        state_word(&run.state)
+        RunStateJson::from(&run.state)
     )
 }
 
@@ -119,7 +121,7 @@ pub fn check_requeue(run: &RunDetails) -> CliResult<()> {
         ))),
         other => Err(CliError::Refused(format!(
             "run {id} is {} at step {}: only a failed run's dead-lettered step can be requeued",
-            state_word(other),
+            RunStateJson::from(other),
             run.current_step
         ))),
     }
@@ -222,7 +224,7 @@ pub async fn describe_command(
         .map_err(|e: taquba_workflow::Error| CliError::Usage(e.to_string()))?;
     let inbox = Inbox::new(session.target.store.clone(), runtime.memo_prefix.clone());
     let state = runtime.view.command(&id).await?;
-    let json = command_json(&id, &state, inbox.command_path(&id).to_string());
+    let json = CommandJson::new(&id, &state, inbox.command_path(&id).to_string());
     out.one(&json, |times| command_card(&json, times))
 }
 
@@ -282,7 +284,7 @@ async fn deliver(
     let id = inbox.send(change.command).await?;
     let path = inbox.command_path(&id).to_string();
     if !send.wait {
-        let json = command_json(&id, &CommandState::Pending, path);
+        let json = CommandJson::new(&id, &CommandState::Pending, path);
         say(&format!(
             "Sent the {} as command {id}. Follow it: taquba-workflow commands describe {id}",
             change.what
@@ -310,7 +312,7 @@ async fn deliver(
                 return Err(CliError::Timeout(format!(
                     "command {id} ({}) is still {} after {}: is the owning process running? ({hint}.) It stays in the inbox at {path} and is applied when the owner next runs; for a store no process owns, use --offline",
                     change.what,
-                    command_json(&id, &state, String::new()).state,
+                    CommandStateJson::from(&state),
                     humantime::format_duration(send.wait_timeout)
                 )));
             }

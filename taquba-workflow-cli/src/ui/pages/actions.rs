@@ -24,14 +24,14 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
 use serde::Deserialize;
-use taquba_workflow::{Command, CommandId, MAX_COMMAND_TEXT_LEN, RunId, RunState};
+use taquba_workflow::{Command, CommandId, MAX_COMMAND_TEXT_LEN, RunId};
 
 use crate::commands::activity;
-use crate::commands::answer::{AnswerJson, command_json, state_note};
-use crate::commands::json::state_word;
 use crate::commands::mutate::{cancel_effect, check_requeue, existing_run, where_it_is};
 use crate::output::short_duration;
 use crate::payload::encode_json;
+use crate::present::command::{AnswerJson, CommandJson};
+use crate::present::state::RunStateJson;
 use crate::ui::app::App;
 use crate::ui::error::{UiError, UiResult};
 use crate::ui::layout::{self, Section};
@@ -294,13 +294,18 @@ pub async fn command_page(
         .parse()
         .map_err(|e: taquba_workflow::Error| UiError::bad_request(e.to_string()))?;
     let state = app.runtime.view.command(&id).await?;
-    let json = command_json(&id, &state, app.inbox.command_path(&id).to_string());
-    let settled = matches!(json.state, "applied" | "rejected");
+    let json = CommandJson::new(&id, &state, app.inbox.command_path(&id).to_string());
+    let settled = json.state.is_settled();
     let run = given(&query.run)
         .and_then(|r| RunId::new(r).ok())
         .or_else(|| json.answer.as_ref().and_then(answer_run));
     let run_state = match &run {
-        Some(run) => app.runtime.view.status(run).await?.map(|s| s.state),
+        Some(run) => app
+            .runtime
+            .view
+            .status(run)
+            .await?
+            .map(|s| RunStateJson::from(&s.state)),
         None => None,
     };
     let times = app.times();
@@ -322,7 +327,7 @@ pub async fn command_page(
         html! {
             dl.card {
                 dt { "Command" } dd.id { (json.command_id) }
-                dt { "State" } dd #command-state { (layout::badge(json.state)) }
+                dt { "State" } dd #command-state { (layout::badge(json.state.as_str())) }
                 dt { "Sent" } dd { (layout::time(&times, id.timestamp_ms())) }
                 @if let Some(answer) = &json.answer {
                     dt { "Answer" } dd #answer { (answer.text()) }
@@ -334,7 +339,7 @@ pub async fn command_page(
                     dt { "Recorded" } dd { (layout::time(&times, at)) }
                 }
                 dt { "Object" } dd.id { (json.path) }
-                @if let Some(note) = state_note(json.state) {
+                @if let Some(note) = json.state.note() {
                     dt { "Note" } dd { (note) }
                 }
             }
@@ -350,8 +355,8 @@ pub async fn command_page(
             @if let Some(run) = &run {
                 p {
                     "Run " a href={ "/runs/" (run) } #run-link { (run) }
-                    @if let Some(state) = &run_state { " is " (layout::badge(state_word(state))) }
-                    @if matches!(run_state, Some(RunState::Terminated(_))) { "." } @else { " now." }
+                    @if let Some(state) = run_state { " is " (layout::badge(state.as_str())) }
+                    @if run_state.is_some_and(RunStateJson::is_terminated) { "." } @else { " now." }
                 }
             }
         },

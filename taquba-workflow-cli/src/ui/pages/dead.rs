@@ -11,9 +11,9 @@ use serde::Deserialize;
 use taquba::JobRecord;
 use taquba_workflow::{HEADER_RUN_ID, HEADER_STEP, RunId};
 
-use crate::commands::json::state_word;
 use crate::commands::mutate::REQUEUE_EFFECT;
 use crate::output::Times;
+use crate::present::state::RunStateJson;
 use crate::ui::app::App;
 use crate::ui::error::{UiError, UiResult};
 use crate::ui::layout::{self, Section};
@@ -36,7 +36,7 @@ pub struct DeadQuery {
 struct Row {
     job: JobRecord,
     run: Option<RunId>,
-    state: Option<&'static str>,
+    state: Option<RunStateJson>,
 }
 
 /// `GET /dead-letters[?queue=Q&after=JOB]`.
@@ -75,7 +75,7 @@ pub async fn page(State(app): State<Arc<App>>, Query(query): Query<DeadQuery>) -
                     .view
                     .status(run)
                     .await?
-                    .map(|s| state_word(&s.state)),
+                    .map(|s| RunStateJson::from(&s.state)),
                 None => None,
             };
             rows.push(Row { job, run, state });
@@ -123,7 +123,7 @@ fn table(app: &App, rows: &[Row], times: &Times) -> Markup {
                             @match &row.run {
                                 Some(run) => {
                                     a.id href={ "/runs/" (run) } { (run) }
-                                    @if let Some(state) = row.state { " " (layout::badge(state)) }
+                                    @if let Some(state) = row.state { " " (layout::badge(state.as_str())) }
                                 }
                                 None => span.none { "-" },
                             }
@@ -137,7 +137,7 @@ fn table(app: &App, rows: &[Row], times: &Times) -> Markup {
                             }
                         }
                         td {
-                            @if let (Some(run), Some("failed"), false) = (&row.run, row.state, app.read_only) {
+                            @if let (Some(run), Some(RunStateJson::Failed), false) = (&row.run, row.state, app.read_only) {
                                 form method="post" action={ "/runs/" (run) "/requeue" } {
                                     (layout::token_field(app))
                                     button type="submit" title=(REQUEUE_EFFECT) { "Requeue" }

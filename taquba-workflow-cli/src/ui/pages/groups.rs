@@ -9,8 +9,10 @@ use maud::{Markup, html};
 use serde::Deserialize;
 use taquba_workflow::{RunFilter, RunId, StatusFilter};
 
-use crate::commands::groups::{GroupJson, MEMBERS_SHOWN};
-use crate::commands::runs::SummaryJson;
+use crate::commands::groups::MEMBERS_SHOWN;
+use crate::present::group::GroupJson;
+use crate::present::run::SummaryJson;
+use crate::present::state::RunStateJson;
 use crate::ui::app::App;
 use crate::ui::error::{UiError, UiResult};
 use crate::ui::layout::{self, Section};
@@ -139,12 +141,12 @@ pub async fn page(State(app): State<Arc<App>>, Path(id): Path<String>) -> UiResu
     let times = app.times();
     let here = format!("/groups/{id}");
     let states = [
-        "pending",
-        "running",
-        "cancelling",
-        "failed",
-        "cancelled",
-        "succeeded",
+        RunStateJson::Pending,
+        RunStateJson::Running,
+        RunStateJson::Cancelling,
+        RunStateJson::Failed,
+        RunStateJson::Cancelled,
+        RunStateJson::Succeeded,
     ];
     let body = layout::live(
         open(&counts).then_some(here.as_str()),
@@ -170,7 +172,7 @@ pub async fn page(State(app): State<Arc<App>>, Path(id): Path<String>) -> UiResu
                 @let of_state: Vec<SummaryJson> = rows.iter().filter(|r| r.state == state).cloned().collect();
                 @if !of_state.is_empty() {
                     section {
-                        h2 { (layout::badge(state)) " " (of_state.len()) }
+                        h2 { (layout::badge(state.as_str())) " " (of_state.len()) }
                         (table(&of_state, &times))
                     }
                 }

@@ -11,13 +11,12 @@ use axum::extract::{Path, State};
 use maud::{Markup, html};
 use taquba_workflow::{RunState, WorkflowView};
 
-use crate::commands::json::{OutcomeJson, step_text};
 use crate::commands::mutate::{REQUEUE_EFFECT, existing_run};
-use crate::commands::runs::{
-    AttemptJson, DescribeJson, HistoryJson, history_json, note, outcome_word,
-};
 use crate::output::{Times, short_duration};
 use crate::payload::Decoded;
+use crate::present::run::{DescribeJson, OutcomeJson, step_text};
+use crate::present::state::RunStateJson;
+use crate::present::step::{AttemptJson, HistoryJson};
 use crate::ui::app::App;
 use crate::ui::error::UiResult;
 use crate::ui::layout::{self, Section};
@@ -65,7 +64,7 @@ pub async fn page(State(app): State<Arc<App>>, Path(id): Path<String>) -> UiResu
         true => None,
     };
     let json = DescribeJson::new(&run, outcome.as_ref().map(OutcomeJson::from));
-    let history = view.steps(&id).await?.map(|h| history_json(&h));
+    let history = view.steps(&id).await?.map(|h| HistoryJson::from(&h));
     let input = Payload::of(view.input(&id).await);
     // At step 0 the current job's payload is the input.
     let current = match (&run.job_id, active && run.current_step > 0) {
@@ -147,7 +146,7 @@ fn status_card(app: &App, json: &DescribeJson, times: &Times) -> Markup {
     };
     html! {
         dl.card {
-            dt { "State" } dd #run-state { (layout::badge(json.state)) }
+            dt { "State" } dd #run-state { (layout::badge(json.state.as_str())) }
             @if let Some(workflow) = &json.workflow {
                 dt { "Workflow" } dd { a href=(url("/runs", &[("workflow", workflow)])) { (workflow) } }
             }
@@ -177,10 +176,10 @@ fn status_card(app: &App, json: &DescribeJson, times: &Times) -> Markup {
             }
             @if let Some(t) = &json.termination {
                 @if let Some(kind) = t.error_kind {
-                    dt { "Error kind" } dd { (kind) }
+                    dt { "Error kind" } dd { (kind.as_str()) }
                 }
             }
-            @if let Some(note) = note(json, times) {
+            @if let Some(note) = json.note(times) {
                 dt { "Note" } dd { (note) }
             }
         }
@@ -213,12 +212,18 @@ fn wait(app: &App, json: &DescribeJson, times: &Times) -> Markup {
                 } @else {
                     p { "Timer: step " (step) " is due " (layout::time(times, at)) "." }
                 }
-            } @else if json.state == "running" {
-                p { "Running: a worker holds step " (step) "." }
-            } @else if json.state == "cancelling" {
-                p { "Cancelling: the run ends when its step returns." }
             } @else {
-                p { "Step " (step) " waits for a worker to claim it." }
+                @match json.state {
+                    RunStateJson::Running => {
+                        p { "Running: a worker holds step " (step) "." }
+                    }
+                    RunStateJson::Cancelling => {
+                        p { "Cancelling: the run ends when its step returns." }
+                    }
+                    _ => {
+                        p { "Step " (step) " waits for a worker to claim it." }
+                    }
+                }
             }
         }
     }
@@ -229,7 +234,7 @@ fn ending(json: &DescribeJson) -> Markup {
     let result = json.outcome.as_ref().and_then(|o| o.result.as_ref());
     html! {
         @if let Some(t) = &json.termination {
-            p { "The run " (layout::badge(t.status)) " at step " (t.final_step) "." }
+            p { "The run " (layout::badge(t.status.as_str())) " at step " (t.final_step) "." }
         }
         @if let Some(result) = result {
             h3 { "Result" }
@@ -246,7 +251,7 @@ fn actions(app: &App, json: &DescribeJson) -> Markup {
     }
     let id = &json.run_id;
     let active = json.termination.is_none();
-    let failed = json.state == "failed";
+    let failed = matches!(json.state, RunStateJson::Failed);
     html! {
         div.actions {
             @if active {
@@ -305,9 +310,9 @@ fn timeline(history: &HistoryJson, run: &DescribeJson, times: &Times) -> Markup 
                     }
                     div.attempts {
                     @for a in attempts {
-                        div class={ "attempt o-" (a.outcome) } {
+                        div class={ "attempt o-" (a.outcome.as_str()) } {
                             span.dot {}
-                            span.what { (outcome_word(a)) }
+                            span.what { (a.outcome_word()) }
                             span.meta {
                                 "attempt " (a.attempt)
                                 " · " (layout::maybe_time(times, a.claimed_at_ms.or(Some(a.settled_at_ms))))
@@ -335,7 +340,7 @@ fn timeline(history: &HistoryJson, run: &DescribeJson, times: &Times) -> Markup 
                     div.attempts {
                         div.attempt.o-current {
                             span.dot {}
-                            span.what { (run.state) " now" }
+                            span.what { (run.state.as_str()) " now" }
                             @if run.attempts > 0 { span.meta { "attempt " (run.attempts) } }
                         }
                     }

@@ -13,10 +13,10 @@ use maud::{Markup, html};
 use serde::Deserialize;
 use taquba_workflow::{MAX_PAGE_LIMIT, RunFilter, RunId, StatusFilter, WorkflowView};
 
-use crate::commands::json::step_text;
-use crate::commands::runs::SummaryJson;
 use crate::error::CliResult;
 use crate::output::{Times, short_duration};
+use crate::present::run::{SummaryJson, step_text};
+use crate::present::state::RunStateJson;
 use crate::ui::app::App;
 use crate::ui::error::{UiError, UiResult};
 use crate::ui::layout::{self, Section};
@@ -27,33 +27,69 @@ pub const SCAN_LIMIT: usize = 10_000;
 /// The page sizes offered; the first is the default.
 pub const PAGE_SIZES: [usize; 3] = [50, 20, 100];
 
-/// The status filters, as the query spells them, in display order.
-pub const STATUSES: [&str; 9] = [
-    "all",
-    "active",
-    "pending",
-    "running",
-    "cancelling",
-    "terminated",
-    "succeeded",
-    "failed",
-    "cancelled",
+/// Which runs the list shows, by state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shown {
+    /// Every run.
+    All,
+    /// Pending, running or cancelling runs.
+    Active,
+    /// Runs that ended.
+    Terminated,
+    /// The runs in one state.
+    Only(RunStateJson),
+}
+
+impl Shown {
+    /// The word the query spells it with: `all`, `active`, `terminated`
+    /// or the state's word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Shown::All => "all",
+            Shown::Active => "active",
+            Shown::Terminated => "terminated",
+            Shown::Only(state) => state.as_str(),
+        }
+    }
+
+    /// Whether a run in `state` is shown.
+    pub fn keeps(self, state: RunStateJson) -> bool {
+        match self {
+            Shown::All => true,
+            Shown::Active => !state.is_terminated(),
+            Shown::Terminated => state.is_terminated(),
+            Shown::Only(only) => state == only,
+        }
+    }
+}
+
+/// The status filters, in display order.
+pub const STATUSES: [Shown; 9] = [
+    Shown::All,
+    Shown::Active,
+    Shown::Only(RunStateJson::Pending),
+    Shown::Only(RunStateJson::Running),
+    Shown::Only(RunStateJson::Cancelling),
+    Shown::Terminated,
+    Shown::Only(RunStateJson::Succeeded),
+    Shown::Only(RunStateJson::Failed),
+    Shown::Only(RunStateJson::Cancelled),
 ];
 
 /// The states a run can be in, in the order the counts show them.
-const STATES: [&str; 6] = [
-    "pending",
-    "running",
-    "cancelling",
-    "succeeded",
-    "failed",
-    "cancelled",
+const STATES: [RunStateJson; 6] = [
+    RunStateJson::Pending,
+    RunStateJson::Running,
+    RunStateJson::Cancelling,
+    RunStateJson::Succeeded,
+    RunStateJson::Failed,
+    RunStateJson::Cancelled,
 ];
 
 /// The query of `GET /runs`.
 #[derive(Debug, Default, Deserialize)]
 pub struct RunsQuery {
-    /// One of [`STATUSES`] (default `all`).
+    /// The word of one of [`STATUSES`] (default `all`).
     pub status: Option<String>,
     /// Only runs of this workflow.
     pub workflow: Option<String>,
@@ -67,7 +103,7 @@ pub struct RunsQuery {
 
 /// The filter of a listing, checked.
 struct Listing<'a> {
-    status: &'static str,
+    status: Shown,
     workflow: Option<&'a str>,
     search: Option<&'a str>,
     after: Option<RunId>,
@@ -77,15 +113,15 @@ struct Listing<'a> {
 impl<'a> Listing<'a> {
     fn parse(query: &'a RunsQuery) -> UiResult<Self> {
         let status = match given(&query.status) {
-            None => "all",
+            None => Shown::All,
             Some(word) => STATUSES
                 .iter()
                 .copied()
-                .find(|s| *s == word)
+                .find(|s| s.as_str() == word)
                 .ok_or_else(|| {
                     UiError::bad_request(format!(
                         "status {word:?} is not one of {}",
-                        STATUSES.join(", ")
+                        STATUSES.map(Shown::as_str).join(", ")
                     ))
                 })?,
         };
@@ -115,23 +151,21 @@ impl<'a> Listing<'a> {
     /// The view's filter this one narrows.
     fn coarse(&self) -> StatusFilter {
         match self.status {
-            "active" | "pending" | "running" | "cancelling" => StatusFilter::Active,
-            "terminated" | "succeeded" | "failed" | "cancelled" => StatusFilter::Terminated,
-            _ => StatusFilter::All,
+            Shown::All => StatusFilter::All,
+            Shown::Active => StatusFilter::Active,
+            Shown::Terminated => StatusFilter::Terminated,
+            Shown::Only(state) if state.is_terminated() => StatusFilter::Terminated,
+            Shown::Only(_) => StatusFilter::Active,
         }
     }
 
     /// Whether the view's filter alone selects the runs.
     fn is_coarse(&self) -> bool {
-        matches!(self.status, "all" | "active" | "terminated") && self.search.is_none()
+        !matches!(self.status, Shown::Only(_)) && self.search.is_none()
     }
 
     fn keeps(&self, run: &SummaryJson) -> bool {
-        let status = match self.status {
-            "all" | "active" | "terminated" => true,
-            word => run.state == word,
-        };
-        status && self.search.is_none_or(|text| run.run_id.contains(text))
+        self.status.keeps(run.state) && self.search.is_none_or(|text| run.run_id.contains(text))
     }
 
     /// This listing's URL with `after` as its cursor.
@@ -147,10 +181,9 @@ impl<'a> Listing<'a> {
             &[
                 (
                     "status",
-                    if self.status == "all" {
-                        ""
-                    } else {
-                        self.status
+                    match self.status {
+                        Shown::All => "",
+                        status => status.as_str(),
                     },
                 ),
                 ("workflow", self.workflow.unwrap_or("")),
@@ -165,8 +198,8 @@ impl<'a> Listing<'a> {
 /// Runs counted by state.
 #[derive(Debug, Default)]
 pub struct Counts {
-    /// Runs per state word.
-    pub by_state: BTreeMap<&'static str, usize>,
+    /// Runs per state.
+    pub by_state: BTreeMap<RunStateJson, usize>,
     /// Runs counted.
     pub total: usize,
     /// The workflow names seen (of all runs, for the filter).
@@ -176,19 +209,16 @@ pub struct Counts {
 }
 
 impl Counts {
-    /// The count of `state` (a state word, `active` or `terminated`).
-    pub fn of(&self, state: &str) -> usize {
-        match state {
-            "all" => self.total,
-            "active" => ["pending", "running", "cancelling"]
+    /// The count of the runs `shown` shows.
+    pub fn of(&self, shown: Shown) -> usize {
+        match shown {
+            Shown::All => self.total,
+            shown => self
+                .by_state
                 .iter()
-                .map(|s| self.of(s))
+                .filter(|(state, _)| shown.keeps(**state))
+                .map(|(_, n)| n)
                 .sum(),
-            "terminated" => ["succeeded", "failed", "cancelled"]
-                .iter()
-                .map(|s| self.of(s))
-                .sum(),
-            word => self.by_state.get(word).copied().unwrap_or(0),
         }
     }
 }
@@ -305,7 +335,7 @@ pub async fn page(
     let counts = count(view, listing.workflow).await?;
     let (rows, next, cut) = list(view, &listing).await?;
     let times = app.times();
-    let any_active = counts.of("active") > 0 || rows.iter().any(|r| r.ended_at_ms.is_none());
+    let any_active = counts.of(Shown::Active) > 0 || rows.iter().any(|r| r.ended_at_ms.is_none());
     let here = listing.url(listing.after.as_deref());
     let poll = any_active.then_some(here.as_str());
     let body = html! {
@@ -329,7 +359,7 @@ fn filters(listing: &Listing<'_>, counts: &Counts) -> Markup {
             label { "Status "
                 select name="status" {
                     @for status in STATUSES {
-                        option value=(status) selected[listing.status == status] { (status) }
+                        option value=(status.as_str()) selected[listing.status == status] { (status.as_str()) }
                     }
                 }
             }
@@ -363,23 +393,30 @@ fn filters(listing: &Listing<'_>, counts: &Counts) -> Markup {
 }
 
 fn count_chips(listing: &Listing<'_>, counts: &Counts) -> Markup {
-    let link = |status: &str| {
+    let link = |shown: Shown| {
         url(
             "/runs",
             &[
-                ("status", if status == "all" { "" } else { status }),
+                (
+                    "status",
+                    match shown {
+                        Shown::All => "",
+                        shown => shown.as_str(),
+                    },
+                ),
                 ("workflow", listing.workflow.unwrap_or("")),
             ],
         )
     };
     html! {
         nav.counts aria-label="Runs by status" {
-            a.chip href=(link("all")) class=[(listing.status == "all").then_some("current")] {
+            a.chip href=(link(Shown::All)) class=[(listing.status == Shown::All).then_some("current")] {
                 span.n { (counts.total) } (if counts.total == 1 { " run" } else { " runs" })
             }
             @for state in STATES {
-                a href=(link(state)) class={ "chip c-" (state) @if listing.status == state { " current" } } {
-                    span.n { (counts.of(state)) } " " (state)
+                @let shown = Shown::Only(state);
+                a href=(link(shown)) class={ "chip c-" (state.as_str()) @if listing.status == shown { " current" } } {
+                    span.n { (counts.of(shown)) } " " (state.as_str())
                 }
             }
             @if counts.cut {
@@ -400,7 +437,7 @@ pub fn table(rows: &[SummaryJson], times: &Times) -> Markup {
             tbody {
                 @for run in rows {
                     tr {
-                        td { (layout::badge(run.state)) }
+                        td { (layout::badge(run.state.as_str())) }
                         td.id { a href={ "/runs/" (run.run_id) } { (run.run_id) } }
                         td { (run.workflow.as_deref().unwrap_or("-")) }
                         td { (step_text(run.current_step, run.step_name.as_deref())) }
@@ -441,8 +478,8 @@ pub fn cut_text(text: &str, max: usize) -> String {
 
 fn empty_text(listing: &Listing<'_>) -> String {
     let mut what = match listing.status {
-        "all" => "No runs".to_string(),
-        status => format!("No {status} runs"),
+        Shown::All => "No runs".to_string(),
+        status => format!("No {} runs", status.as_str()),
     };
     if let Some(workflow) = listing.workflow {
         what.push_str(&format!(" of workflow {workflow:?}"));
@@ -483,6 +520,51 @@ mod tests {
     fn cut_text_counts_characters() {
         assert_eq!(cut_text("héllo", 3), "hél…");
         assert_eq!(cut_text("abc", 3), "abc");
+    }
+
+    #[test]
+    fn status_filters_spell_their_words_and_count_their_runs() {
+        let words = STATUSES.map(Shown::as_str);
+        assert_eq!(
+            words,
+            [
+                "all",
+                "active",
+                "pending",
+                "running",
+                "cancelling",
+                "terminated",
+                "succeeded",
+                "failed",
+                "cancelled",
+            ]
+        );
+        let mut counts = Counts::default();
+        for (state, n) in STATES.into_iter().zip(1..) {
+            counts.by_state.insert(state, n);
+            counts.total += n;
+        }
+        assert_eq!(counts.of(Shown::All), 21);
+        assert_eq!(counts.of(Shown::Active), 1 + 2 + 3);
+        assert_eq!(counts.of(Shown::Terminated), 4 + 5 + 6);
+        assert_eq!(counts.of(Shown::Only(RunStateJson::Cancelling)), 3);
+        assert_eq!(counts.of(Shown::Only(RunStateJson::Failed)), 5);
+        // Each state narrows the view's filter of its side.
+        for state in STATES {
+            let query = RunsQuery {
+                status: Some(state.as_str().into()),
+                ..RunsQuery::default()
+            };
+            let listing = Listing::parse(&query).unwrap();
+            assert_eq!(listing.status, Shown::Only(state));
+            let side = if state.is_terminated() {
+                StatusFilter::Terminated
+            } else {
+                StatusFilter::Active
+            };
+            assert_eq!(listing.coarse(), side, "{state}");
+            assert!(!listing.is_coarse());
+        }
     }
 
     #[test]
