@@ -11,10 +11,10 @@ use std::time::Duration;
 use taquba::object_store::ObjectStore;
 use taquba::object_store::memory::InMemory;
 use taquba::{JobStatus, OpenOptions, Queue, QueueConfig};
-use taquba_workflow::taquba_webhooks::WebhookWorker;
+use taquba_workflow::webhooks::taquba_webhooks::WebhookWorker;
 use taquba_workflow::{
     HEADER_TERMINAL, RunOptions, RunSpec, Step, StepError, StepOutcome, StepRunner, TerminalStatus,
-    WebhookTerminalHook, WorkflowRuntime,
+    WorkflowRuntime, webhooks::WebhookTerminalHook,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use comfy_table::{ContentArrangement, Table as ComfyTable, presets};
 use serde::Serialize;
-use taquba_workflow::MAX_RUN_AT_MS;
+use taquba_workflow::limits::MAX_RUN_AT_MS;
 
 use crate::cli::{Format, TimeFormat};
 use crate::error::CliResult;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use taquba::object_store::ObjectStore;
 use taquba::{QueueReader, ReaderMode, ReaderOptions};
-use taquba_workflow::{DEFAULT_QUEUE_NAME, MemoStore, RuntimeInfo, WorkflowView};
+use taquba_workflow::{MemoStore, WorkflowView, limits::DEFAULT_QUEUE_NAME, view::RuntimeInfo};
 
 use crate::cli::Global;
 use crate::error::{CliError, CliResult};

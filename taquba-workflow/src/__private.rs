@@ -378,8 +378,8 @@ pub(crate) fn workflow_registrations() -> Vec<&'static WorkflowRegistration> {
 
 /// What the `StepRunner` impl `#[workflow]` writes answers to
 /// `StepRunner::hosted`: the workflow `W` with its steps.
-pub fn hosted_workflow<W: Workflow>() -> crate::Hosted {
-    crate::Hosted::workflow(W::NAME, W::STEPS)
+pub fn hosted_workflow<W: Workflow>() -> crate::runner::Hosted {
+    crate::runner::Hosted::workflow(W::NAME, W::STEPS)
 }
 
 /// A boxed step future.

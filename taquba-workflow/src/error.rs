@@ -156,7 +156,7 @@ pub enum Error {
         correlation_key: String,
     },
     /// A signal correlation key longer than
-    /// [`MAX_CORRELATION_KEY_LEN`](crate::MAX_CORRELATION_KEY_LEN) bytes
+    /// [`MAX_CORRELATION_KEY_LEN`](crate::limits::MAX_CORRELATION_KEY_LEN) bytes
     /// (given to `signal`, `signal_run`, `clear_signal`, or
     /// [`Trigger::OnSignal`](crate::Trigger::OnSignal)). Nothing was
     /// delivered, buffered or waited for.
@@ -172,7 +172,7 @@ pub enum Error {
         start: String,
     },
     /// A group member key longer than
-    /// [`MAX_MEMBER_KEY_LEN`](crate::MAX_MEMBER_KEY_LEN) bytes, given to a
+    /// [`MAX_MEMBER_KEY_LEN`](crate::limits::MAX_MEMBER_KEY_LEN) bytes, given to a
     /// group's `submit`. Nothing was submitted.
     #[error("group member key {start:?}… is {len} bytes long, more than the {max} bytes allowed")]
     MemberKeyTooLong {
@@ -192,9 +192,9 @@ pub enum Error {
     )]
     RuntimeShutdown,
     /// A submission's options break a limit (the message names it and
-    /// the value): more than [`MAX_HEADERS`](crate::MAX_HEADERS) headers,
-    /// headers over [`MAX_HEADERS_SIZE`](crate::MAX_HEADERS_SIZE) bytes,
-    /// a run time past [`MAX_RUN_AT_MS`](crate::MAX_RUN_AT_MS). Nothing
+    /// the value): more than [`MAX_HEADERS`](crate::limits::MAX_HEADERS) headers,
+    /// headers over [`MAX_HEADERS_SIZE`](crate::limits::MAX_HEADERS_SIZE) bytes,
+    /// a run time past [`MAX_RUN_AT_MS`](crate::limits::MAX_RUN_AT_MS). Nothing
     /// was submitted.
     #[error("invalid run options: {0}")]
     InvalidRunOptions(String),

@@ -99,67 +99,123 @@
 mod coordination;
 mod engine;
 mod error;
-mod history;
+pub mod history;
 mod hooks;
-mod inbox;
+pub mod inbox;
 pub mod jobs;
 mod model;
 mod run;
-mod runner;
+pub mod runner;
 mod runtime;
 mod settled;
 mod store;
 mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
-mod view;
+pub mod view;
 mod worker;
 
 #[doc(hidden)]
 pub mod __private;
 pub mod workflows;
 
+// The 0.13 surface, at the paths 0.13 had.
 pub use coordination::group::RunGroup;
 pub use coordination::members::{GroupMember, GroupStatus, MemberResult};
 pub use coordination::signal::SignalOutcome;
 pub use error::{Error, Result};
-pub use history::{
-    AttemptOutcome, DEFAULT_HISTORY_LIMIT, MAX_ATTEMPTS_PER_STEP, MAX_HISTORY_TEXT_LEN, RunHistory,
-    SignalWaitSpec, StepAttempt, StepHistory,
-};
 pub use hooks::terminal::{NoopTerminalHook, TerminalHook};
-#[cfg(feature = "webhooks")]
-pub use hooks::webhook::{CALLBACK_URL_HEADER, DEFAULT_WEBHOOK_QUEUE, WebhookTerminalHook};
-pub use inbox::{
-    Command, CommandAnswer, CommandId, CommandState, Inbox, MAX_COMMAND_SIZE, MAX_COMMAND_TEXT_LEN,
-    SubmitCommand,
-};
 pub use model::{
-    MAX_HEADERS, MAX_HEADERS_SIZE, MAX_RUN_AT_MS, MAX_TERMINATION_ERROR_LEN, RunEnd, RunOptions,
-    RunOutcome, RunSpec, RunState, RunStatus, RunTermination, StepError, StepErrorKind,
-    StepOutcome, SubmitOutcome, TerminalStatus, Trigger,
+    RunEnd, RunOptions, RunOutcome, RunSpec, RunState, RunStatus, RunTermination, StepError,
+    StepErrorKind, StepOutcome, SubmitOutcome, TerminalStatus, Trigger,
 };
 pub use run::effects::{EffectsHandle, TerminalEffects};
-pub use runner::{Delivery, Hosted, Step, StepRunner};
+pub use runner::{Delivery, Step, StepRunner};
 pub use runtime::{RunnerHandle, WorkflowRuntime, WorkflowRuntimeBuilder};
-/// The queue name of a runtime built without [`WorkflowRuntimeBuilder::queue_name`].
-pub const DEFAULT_QUEUE_NAME: &str = runtime::DEFAULT_QUEUE_NAME;
 pub use store::keys::{
     HEADER_RUN_ID, HEADER_SIGNAL_DELIVERED, HEADER_SIGNAL_WAIT, HEADER_STEP, HEADER_TERMINAL,
-    HEADER_TRACEPARENT, HEADER_TRACESTATE, MAX_CORRELATION_KEY_LEN, MAX_MEMBER_KEY_LEN,
     MAX_RUN_ID_LEN, RESERVED_HEADER_PREFIX, RESERVED_KV_PREFIX, RunId,
 };
 pub use store::kv::KvReadHandle;
 pub use store::memo::{Memo, MemoStore};
-/// The webhook delivery crate the [`WebhookTerminalHook`] enqueues for
-/// (run its `WebhookWorker` on the delivery queue).
-#[cfg(feature = "webhooks")]
-pub use taquba_webhooks;
 pub use view::WorkflowView;
-pub use view::types::{
-    DEFAULT_PAGE_LIMIT, GroupPage, MAX_PAGE_LIMIT, RunDetails, RunFilter, RunPage, RunSummary,
-    RuntimeInfo, SignalWait, StatusFilter,
-};
 
 #[cfg(feature = "macros")]
 pub use taquba_workflow_macros::{job, workflow};
+
+/// The limits the runtime enforces and the defaults it starts from: sizes
+/// in bytes, counts, times in ms since the UNIX epoch. Each limit's
+/// documentation says what is refused past it and with which
+/// [`Error`].
+pub mod limits {
+    pub use crate::history::MAX_HISTORY_TEXT_LEN;
+    pub use crate::model::{
+        MAX_HEADERS, MAX_HEADERS_SIZE, MAX_RUN_AT_MS, MAX_TERMINATION_ERROR_LEN,
+    };
+    pub use crate::store::keys::{MAX_CORRELATION_KEY_LEN, MAX_MEMBER_KEY_LEN, MAX_RUN_ID_LEN};
+    pub use crate::view::{DEFAULT_PAGE_LIMIT, MAX_PAGE_LIMIT};
+
+    /// The queue name of a runtime built without
+    /// [`WorkflowRuntimeBuilder::queue_name`](crate::WorkflowRuntimeBuilder::queue_name)
+    /// (`"workflow-steps"`); its memo prefix is then `"workflow-steps-memo"`.
+    pub const DEFAULT_QUEUE_NAME: &str = crate::runtime::DEFAULT_QUEUE_NAME;
+}
+
+/// The reserved headers the runtime writes on step jobs (every name starts
+/// with [`RESERVED_HEADER_PREFIX`]; a submission may not set one): the
+/// 0.13 ones, also at the crate root, and the trace context a run carries
+/// (feature `opentelemetry`).
+pub mod headers {
+    pub use crate::store::keys::{
+        HEADER_RUN_ID, HEADER_SIGNAL_DELIVERED, HEADER_SIGNAL_WAIT, HEADER_STEP, HEADER_TERMINAL,
+        HEADER_TRACEPARENT, HEADER_TRACESTATE, RESERVED_HEADER_PREFIX,
+    };
+}
+
+/// Terminal notifications over HTTP (feature `webhooks`): the
+/// [`WebhookTerminalHook`], the header that
+/// names a run's destination and the delivery crate it enqueues for.
+#[cfg(feature = "webhooks")]
+pub mod webhooks {
+    pub use crate::hooks::webhook::{
+        CALLBACK_URL_HEADER, DEFAULT_WEBHOOK_QUEUE, WebhookTerminalHook,
+    };
+    /// The webhook delivery crate the [`WebhookTerminalHook`] enqueues for
+    /// (run its `WebhookWorker` on the delivery queue).
+    pub use taquba_webhooks;
+}
+
+// The names added at the crate root before they moved into the modules
+// above, kept so code written against those releases still builds; the
+// documentation shows each at its module.
+#[doc(hidden)]
+pub use history::{
+    AttemptOutcome, DEFAULT_HISTORY_LIMIT, MAX_ATTEMPTS_PER_STEP, MAX_HISTORY_TEXT_LEN, RunHistory,
+    SignalWaitSpec, StepAttempt, StepHistory,
+};
+#[cfg(feature = "webhooks")]
+#[doc(hidden)]
+pub use hooks::webhook::{CALLBACK_URL_HEADER, DEFAULT_WEBHOOK_QUEUE, WebhookTerminalHook};
+#[doc(hidden)]
+pub use inbox::{
+    Command, CommandAnswer, CommandId, CommandState, Inbox, MAX_COMMAND_SIZE, MAX_COMMAND_TEXT_LEN,
+    SubmitCommand,
+};
+#[doc(hidden)]
+pub use limits::DEFAULT_QUEUE_NAME;
+#[doc(hidden)]
+pub use model::{MAX_HEADERS, MAX_HEADERS_SIZE, MAX_RUN_AT_MS, MAX_TERMINATION_ERROR_LEN};
+#[doc(hidden)]
+pub use runner::Hosted;
+#[doc(hidden)]
+pub use store::keys::{
+    HEADER_TRACEPARENT, HEADER_TRACESTATE, MAX_CORRELATION_KEY_LEN, MAX_MEMBER_KEY_LEN,
+};
+#[cfg(feature = "webhooks")]
+#[doc(hidden)]
+pub use taquba_webhooks;
+#[doc(hidden)]
+pub use view::{
+    DEFAULT_PAGE_LIMIT, GroupPage, MAX_PAGE_LIMIT, RunDetails, RunFilter, RunPage, RunSummary,
+    RuntimeInfo, SignalWait, StatusFilter,
+};

@@ -15,7 +15,7 @@ use crate::error::Error;
 use crate::store::keys::RunId;
 
 /// The latest first-step time a submission may ask for
-/// ([`RunOptions::run_at`], [`SubmitCommand::run_at_ms`](crate::SubmitCommand::run_at_ms)),
+/// ([`RunOptions::run_at`], [`SubmitCommand::run_at_ms`](crate::inbox::SubmitCommand::run_at_ms)),
 /// ms since the UNIX epoch: 9999-12-31T23:59:59.999Z, the last instant
 /// RFC 3339 writes with a four-digit year, so every stored time can be
 /// shown. A later one is refused with [`Error::InvalidRunOptions`].

@@ -130,9 +130,9 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// [`Error::ReservedHeaderInSubmit`](crate::Error::ReservedHeaderInSubmit)
     /// for a `workflow.` header in `spec.options` or on an enqueue of
     /// `spec.effects`; [`Error::InvalidRunOptions`](crate::Error::InvalidRunOptions)
-    /// for more than [`MAX_HEADERS`](crate::MAX_HEADERS) headers, headers
-    /// over [`MAX_HEADERS_SIZE`](crate::MAX_HEADERS_SIZE) bytes or a
-    /// `run_at` past [`MAX_RUN_AT_MS`](crate::MAX_RUN_AT_MS) (the value
+    /// for more than [`MAX_HEADERS`](crate::limits::MAX_HEADERS) headers, headers
+    /// over [`MAX_HEADERS_SIZE`](crate::limits::MAX_HEADERS_SIZE) bytes or a
+    /// `run_at` past [`MAX_RUN_AT_MS`](crate::limits::MAX_RUN_AT_MS) (the value
     /// named); [`Error::ReservedKvKey`](crate::Error::ReservedKvKey)
     /// for an effect under `workflow/`; [`Error::Queue`](crate::Error::Queue)
     /// with [`taquba::Error::InvalidQueueName`] naming the runtime's queue
@@ -329,7 +329,7 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     }
 
     /// Apply the commands waiting in this runtime's inbox
-    /// ([`Inbox`](crate::Inbox)) now, as the worker's maintenance does
+    /// ([`Inbox`](crate::inbox::Inbox)) now, as the worker's maintenance does
     /// every [`poll_interval`](crate::WorkflowRuntimeBuilder::poll_interval):
     /// at most 64 per call, in id order. For a tool that opened a store no
     /// process owns (after checking that no writer is active) and applies
@@ -629,7 +629,7 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
     }
 
     /// Keep the record of each applied or rejected inbox command
-    /// ([`Inbox`](crate::Inbox), [`WorkflowView::command`]) this long after
+    /// ([`Inbox`](crate::inbox::Inbox), [`WorkflowView::command`]) this long after
     /// it was recorded (default 7 days); then the maintenance sweep removes
     /// it.
     pub fn command_retention(mut self, retention: Duration) -> Self {

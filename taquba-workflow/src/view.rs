@@ -7,6 +7,10 @@ mod ops;
 pub(crate) mod types;
 
 pub(crate) use self::ops::{DurableRuntimeInfo, DurableWorkerRecord};
+pub use self::types::{
+    DEFAULT_PAGE_LIMIT, GroupPage, MAX_PAGE_LIMIT, RunDetails, RunFilter, RunPage, RunSummary,
+    RuntimeInfo, SignalWait, StatusFilter,
+};
 
 use taquba::{JobRecord, JobStatus, QueueView};
 

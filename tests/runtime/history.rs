@@ -12,8 +12,9 @@ use common::*;
 use taquba_workflow::jobs::{Job, JobContext, JobRunner};
 use taquba_workflow::testing::{TEST_EPOCH_MS, TestRuntime};
 use taquba_workflow::{
-    AttemptOutcome, MAX_HISTORY_TEXT_LEN, NoopTerminalHook, RunHistory, RunSpec, RunState, Step,
-    StepError, StepErrorKind, StepOutcome, StepRunner, TerminalStatus, WorkflowRuntime,
+    NoopTerminalHook, RunSpec, RunState, Step, StepError, StepErrorKind, StepOutcome, StepRunner,
+    TerminalStatus, WorkflowRuntime, history::AttemptOutcome, history::RunHistory,
+    limits::MAX_HISTORY_TEXT_LEN,
 };
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -284,7 +285,7 @@ async fn a_job_is_one_step_named_by_the_job_name() {
         AttemptOutcome::Succeeded
     );
     let page = view
-        .runs(&taquba_workflow::RunFilter::new().workflow("math.add"))
+        .runs(&taquba_workflow::view::RunFilter::new().workflow("math.add"))
         .await
         .unwrap();
     assert_eq!(page.runs.len(), 1);

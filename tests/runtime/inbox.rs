@@ -19,10 +19,10 @@ use taquba::object_store::path::Path;
 use taquba::object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use taquba::{QueueReader, ReaderOptions};
 use taquba_workflow::{
-    AttemptOutcome, Command, CommandAnswer, CommandId, CommandState, Error, Inbox,
-    MAX_COMMAND_SIZE, MAX_COMMAND_TEXT_LEN, MemoStore, NoopTerminalHook, RunFilter, RunState,
-    SignalOutcome, Step, StepError, StepOutcome, StepRunner, SubmitCommand, TerminalStatus,
-    WorkflowRuntime, WorkflowView,
+    Error, MemoStore, NoopTerminalHook, RunState, SignalOutcome, Step, StepError, StepOutcome,
+    StepRunner, TerminalStatus, WorkflowRuntime, WorkflowView, history::AttemptOutcome,
+    inbox::Command, inbox::CommandAnswer, inbox::CommandId, inbox::CommandState, inbox::Inbox,
+    inbox::MAX_COMMAND_SIZE, inbox::MAX_COMMAND_TEXT_LEN, inbox::SubmitCommand, view::RunFilter,
 };
 use taquba_workflow_suite::testing::{FaultConfig, FaultyStore, Op};
 
@@ -1068,7 +1068,7 @@ async fn an_inbox_signal_on_an_oversized_key_is_rejected_and_the_inbox_goes_on()
 /// the objects are gone and a later wait on the key sees no signal.
 #[tokio::test(start_paused = true)]
 async fn inbox_commands_whose_objects_cannot_be_deleted_are_applied_once() {
-    use taquba_workflow::{Command, CommandState, Inbox};
+    use taquba_workflow::{inbox::Command, inbox::CommandState, inbox::Inbox};
     let (faulty, store) = switchable_store();
     let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
     let runtime = workflow_builder(&queue, &store, &Scripted::default()).build();

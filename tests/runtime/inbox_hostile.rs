@@ -22,9 +22,9 @@ use common::*;
 use taquba::object_store::ObjectStore;
 use taquba_workflow::workflows::{StepContext, Transition};
 use taquba_workflow::{
-    Command, CommandAnswer, CommandId, CommandState, Inbox, MemoStore, NoopTerminalHook,
-    RunOptions, RunSpec, RunState, Step, StepError, StepOutcome, StepRunner, TerminalStatus,
-    WorkflowRuntime, WorkflowView, workflow,
+    MemoStore, NoopTerminalHook, RunOptions, RunSpec, RunState, Step, StepError, StepOutcome,
+    StepRunner, TerminalStatus, WorkflowRuntime, WorkflowView, inbox::Command,
+    inbox::CommandAnswer, inbox::CommandId, inbox::CommandState, inbox::Inbox, workflow,
 };
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -535,7 +535,8 @@ async fn inbox_submits_are_checked_like_in_process_ones() {
     }
     let valid = Inbox::new(store.clone(), MEMO_PREFIX)
         .send(Command::Submit(
-            taquba_workflow::SubmitCommand::new(envelope("greet", "hello")).run_id(rid("fine")),
+            taquba_workflow::inbox::SubmitCommand::new(envelope("greet", "hello"))
+                .run_id(rid("fine")),
         ))
         .await
         .unwrap();

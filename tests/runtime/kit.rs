@@ -20,8 +20,8 @@ use taquba_workflow::jobs::{Job, JobContext};
 use taquba_workflow::testing::{TEST_EPOCH_MS, TestError, TestJobs, TestRuntime, Waiting};
 use taquba_workflow::workflows::{StepContext, Transition, Workflows};
 use taquba_workflow::{
-    AttemptOutcome, RunOptions, RunSpec, RunState, Step, StepError, StepErrorKind, StepOutcome,
-    StepRunner, TerminalStatus, job, workflow,
+    RunOptions, RunSpec, RunState, Step, StepError, StepErrorKind, StepOutcome, StepRunner,
+    TerminalStatus, history::AttemptOutcome, job, workflow,
 };
 
 use crate::common::{Recorder, rid};
@@ -273,7 +273,7 @@ async fn a_crash_on_the_last_attempt_fails_the_run_and_records_the_interrupted_c
 
 /// A step's attempts after a retry at +0 s and a crash on the last attempt
 /// at +10 s: the retry, then the interrupted claim with its claim time.
-fn assert_retried_then_interrupted(step: &taquba_workflow::StepHistory) {
+fn assert_retried_then_interrupted(step: &taquba_workflow::history::StepHistory) {
     let attempts: Vec<_> = step
         .attempts
         .iter()
@@ -512,7 +512,7 @@ async fn flaky(ctx: JobContext<'_>, card: String) -> Result<String, String> {
 
 /// The claim times of every attempt of every step of a history, in ms
 /// after the epoch.
-fn claim_offsets(history: &taquba_workflow::RunHistory) -> Vec<Vec<Option<u64>>> {
+fn claim_offsets(history: &taquba_workflow::history::RunHistory) -> Vec<Vec<Option<u64>>> {
     history
         .steps
         .iter()

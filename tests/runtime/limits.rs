@@ -21,9 +21,9 @@ use taquba::object_store::ObjectStore;
 use taquba::object_store::memory::InMemory;
 use taquba::{OpenOptions, Queue, QueueConfig};
 use taquba_workflow::{
-    Error, GroupMember, MAX_HEADERS, MAX_HEADERS_SIZE, MAX_MEMBER_KEY_LEN, RunOptions, RunOutcome,
-    RunSpec, SignalOutcome, Step, StepError, StepOutcome, StepRunner, TerminalEffects,
-    TerminalHook, TerminalStatus, WorkflowRuntime,
+    Error, GroupMember, RunOptions, RunOutcome, RunSpec, SignalOutcome, Step, StepError,
+    StepOutcome, StepRunner, TerminalEffects, TerminalHook, TerminalStatus, WorkflowRuntime,
+    limits::MAX_HEADERS, limits::MAX_HEADERS_SIZE, limits::MAX_MEMBER_KEY_LEN,
 };
 use taquba_workflow_suite::testing::TokioClock;
 
@@ -258,7 +258,7 @@ async fn the_longest_delays_and_the_empty_key_are_waited_on_read_and_ended() {
     }
     let page = runtime
         .view()
-        .runs(&taquba_workflow::RunFilter::new())
+        .runs(&taquba_workflow::view::RunFilter::new())
         .await
         .unwrap();
     assert_eq!(page.runs.len(), 2);

@@ -15,8 +15,9 @@ use common::*;
 use taquba::object_store::ObjectStore;
 use taquba::{QueueReader, ReaderOptions};
 use taquba_workflow::{
-    MemoStore, NoopTerminalHook, RunFilter, RunOptions, RunSpec, RunState, RunSummary,
-    StatusFilter, Step, StepError, StepOutcome, TerminalStatus, WorkflowRuntime, WorkflowView,
+    MemoStore, NoopTerminalHook, RunOptions, RunSpec, RunState, Step, StepError, StepOutcome,
+    TerminalStatus, WorkflowRuntime, WorkflowView, view::RunFilter, view::RunSummary,
+    view::StatusFilter,
 };
 
 const HOUR: Duration = Duration::from_secs(3600);

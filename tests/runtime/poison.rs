@@ -16,7 +16,7 @@ use std::sync::Mutex;
 use taquba::object_store::ObjectStore;
 use taquba::object_store::memory::InMemory;
 use taquba::{EnqueueOptions, JobRecord, OpenOptions, Queue, QueueConfig};
-use taquba_workflow::MAX_TERMINATION_ERROR_LEN;
+use taquba_workflow::limits::MAX_TERMINATION_ERROR_LEN;
 use taquba_workflow::{
     Error, HEADER_RUN_ID, HEADER_STEP, HEADER_TERMINAL, NoopTerminalHook, RunOutcome, RunSpec,
     Step, StepError, StepOutcome, StepRunner, TerminalEffects, TerminalHook, TerminalStatus,

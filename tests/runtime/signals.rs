@@ -958,7 +958,7 @@ async fn a_signal_on_an_oversized_key_errs_or_is_buffered() {
         Err(taquba_workflow::Error::InvalidCorrelationKey { len, max, start }) => {
             assert_eq!(
                 (len, max),
-                (70_000, taquba_workflow::MAX_CORRELATION_KEY_LEN)
+                (70_000, taquba_workflow::limits::MAX_CORRELATION_KEY_LEN)
             );
             assert_eq!(start, "k".repeat(64));
         }

@@ -6,7 +6,7 @@
 //! ([`crate::commands::mutate`]) and the offline path
 //! ([`crate::commands::offline`]).
 
-use taquba_workflow::{Command, CommandId, CommandState};
+use taquba_workflow::{inbox::Command, inbox::CommandId, inbox::CommandState};
 
 use crate::error::{CliError, CliResult};
 use crate::output::{Card, Output, Times};

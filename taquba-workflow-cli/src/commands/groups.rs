@@ -1,7 +1,7 @@
 //! `groups list` and `groups describe`: run groups with their member counts
 //! by state, and one group's members.
 
-use taquba_workflow::{RunFilter, RunId, StatusFilter, WorkflowView};
+use taquba_workflow::{RunId, WorkflowView, view::RunFilter, view::StatusFilter};
 
 use crate::commands::runs::summary_table;
 use crate::error::{CliError, CliResult};

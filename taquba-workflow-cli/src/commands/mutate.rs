@@ -11,8 +11,8 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::time::Instant;
 
 use taquba_workflow::{
-    Command, CommandId, CommandState, Inbox, RunDetails, RunId, RunState, TerminalStatus,
-    WorkflowView,
+    RunId, RunState, TerminalStatus, WorkflowView, inbox::Command, inbox::CommandId,
+    inbox::CommandState, inbox::Inbox, view::RunDetails,
 };
 
 use crate::cli::SendArgs;

@@ -41,8 +41,8 @@ use std::time::Duration;
 
 use taquba::{JobStatus, OpenOptions, Queue, QueueConfig, QueueReader};
 use taquba_workflow::{
-    CommandState, Inbox, NoopTerminalHook, RuntimeInfo, Step, StepError, StepOutcome, StepRunner,
-    WorkflowRuntime, WorkflowView,
+    NoopTerminalHook, Step, StepError, StepOutcome, StepRunner, WorkflowRuntime, WorkflowView,
+    inbox::CommandState, inbox::Inbox, view::RuntimeInfo,
 };
 
 use crate::commands::activity::newest_wal;

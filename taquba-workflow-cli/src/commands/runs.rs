@@ -5,7 +5,8 @@
 use std::time::{Duration, Instant};
 
 use taquba_workflow::{
-    RunFilter, RunId, RunState, StatusFilter as ViewStatus, TerminalStatus, WorkflowView,
+    RunId, RunState, TerminalStatus, WorkflowView, view::RunFilter,
+    view::StatusFilter as ViewStatus,
 };
 
 use crate::cli::{ListArgs, StatusFilter};

@@ -2,7 +2,7 @@
 //! the applied command did ([`AnswerJson`]).
 
 use serde::Serialize;
-use taquba_workflow::{CommandAnswer, CommandId, CommandState};
+use taquba_workflow::{inbox::CommandAnswer, inbox::CommandId, inbox::CommandState};
 
 use crate::present::state::{CommandStateJson, SignalOutcomeJson};
 

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
-use taquba_workflow::{RunDetails, RunOutcome, RunState, RunSummary, RunTermination};
+use taquba_workflow::{RunOutcome, RunState, RunTermination, view::RunDetails, view::RunSummary};
 
 use crate::output::Times;
 use crate::payload::Decoded;

@@ -9,7 +9,9 @@
 use std::fmt;
 
 use serde::{Serialize, Serializer};
-use taquba_workflow::{CommandState, RunState, SignalOutcome, StepErrorKind, TerminalStatus};
+use taquba_workflow::{
+    RunState, SignalOutcome, StepErrorKind, TerminalStatus, inbox::CommandState,
+};
 
 /// An enum whose values print as words: the enum with its variants (each
 /// `Variant => "word"`), `as_str`, `Display` and `Serialize` (the word),

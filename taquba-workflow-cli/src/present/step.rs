@@ -3,7 +3,7 @@
 //! led to in words.
 
 use serde::Serialize;
-use taquba_workflow::{AttemptOutcome, RunHistory, StepAttempt};
+use taquba_workflow::{history::AttemptOutcome, history::RunHistory, history::StepAttempt};
 
 use crate::output::short_duration;
 use crate::present::state::{AttemptOutcomeJson, ErrorKindJson};

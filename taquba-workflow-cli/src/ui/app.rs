@@ -1,7 +1,7 @@
 //! The dashboard's shared state ([`App`]): what every request of one
 //! dashboard process reads. Its routes are in [`crate::ui::routes`].
 
-use taquba_workflow::Inbox;
+use taquba_workflow::inbox::Inbox;
 
 use crate::commands::mutate;
 use crate::output::Times;

@@ -111,7 +111,7 @@ impl RunGroup {
     /// # Errors
     /// [`Error::DuplicateMemberKey`] for two members with one key;
     /// [`Error::MemberKeyTooLong`] for a key over
-    /// [`MAX_MEMBER_KEY_LEN`](crate::MAX_MEMBER_KEY_LEN) bytes;
+    /// [`MAX_MEMBER_KEY_LEN`](crate::limits::MAX_MEMBER_KEY_LEN) bytes;
     /// [`Error::GroupMismatch`] for a member set that differs from the
     /// manifest; [`Error::MemberRunIdTaken`] for a member whose run id an
     /// active run outside the group holds; errors of

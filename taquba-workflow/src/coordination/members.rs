@@ -2,7 +2,7 @@
 //! and membership, the manifest of members ([`GroupStore`], under the memo
 //! prefix) and each member's record (in the queue's KV namespace, written
 //! with the member's submission and rewritten by the settlement that
-//! terminates it), and the counts read from them. [`RunGroup`](crate::RunGroup)
+//! terminates it), and the counts read from them. [`RunGroup`](crate::RunGroup)(crate::RunGroup)
 //! (in `coordination::group`) is the public face; the engine submits and
 //! removes members through these types.
 
@@ -91,7 +91,7 @@ impl Membership {
     }
 }
 
-/// One member of a [`RunGroup`]: a key unique in the group and the input of
+/// One member of a [`RunGroup`](crate::RunGroup): a key unique in the group and the input of
 /// its run's step 0.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupMember {
@@ -161,14 +161,14 @@ pub struct GroupStatus {
     pub cancelled: usize,
 }
 
-/// A terminated member, as [`RunGroup::results`] yields it.
+/// A terminated member, as [`RunGroup::results`](crate::RunGroup::results) yields it.
 #[derive(Debug, Clone)]
 pub struct MemberResult {
     /// The member's key.
     pub key: String,
     /// The member's run id: the hex SHA-256 of `{group_id}/{key}`, the
     /// same for every run of the member (a re-run keeps it; see
-    /// [`RunGroup::submit`]).
+    /// [`RunGroup::submit`](crate::RunGroup::submit)).
     pub run_id: RunId,
     /// Its last termination.
     pub termination: RunTermination,

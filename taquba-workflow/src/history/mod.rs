@@ -142,7 +142,7 @@ pub enum AttemptOutcome {
     /// process exit`). Either way the entry has the attempt's claim time.
     Interrupted,
     /// The dead-lettered step was requeued by an operator
-    /// ([`Command::Requeue`](crate::Command::Requeue)): a marker, not an
+    /// ([`Command::Requeue`](crate::inbox::Command::Requeue)): a marker, not an
     /// attempt; the attempts after it count from 1 again.
     Requeued,
 }

@@ -175,15 +175,15 @@ pub struct SubmitCommand {
     /// [`encode_input`](crate::workflows::encode_input) of its input).
     pub input: Vec<u8>,
     /// Headers of every step; names under `workflow.` are rejected, and
-    /// so are more than [`MAX_HEADERS`](crate::MAX_HEADERS) or over
-    /// [`MAX_HEADERS_SIZE`](crate::MAX_HEADERS_SIZE) bytes.
+    /// so are more than [`MAX_HEADERS`](crate::limits::MAX_HEADERS) or over
+    /// [`MAX_HEADERS_SIZE`](crate::limits::MAX_HEADERS_SIZE) bytes.
     pub headers: HashMap<String, String>,
     /// The queue priority of every step.
     pub priority: Option<u32>,
     /// The attempt limit of every step (at least 1).
     pub max_attempts_per_step: Option<u32>,
     /// The first step is not claimable before this time, ms since the UNIX
-    /// epoch (at most [`MAX_RUN_AT_MS`](crate::MAX_RUN_AT_MS)).
+    /// epoch (at most [`MAX_RUN_AT_MS`](crate::limits::MAX_RUN_AT_MS)).
     pub run_at_ms: Option<u64>,
 }
 
@@ -316,7 +316,7 @@ impl fmt::Debug for Inbox {
 
 impl Inbox {
     /// The inbox of the runtime whose memo prefix is `memo_prefix` (its
-    /// [`RuntimeInfo::memo_prefix`](crate::RuntimeInfo::memo_prefix);
+    /// [`RuntimeInfo::memo_prefix`](crate::view::RuntimeInfo::memo_prefix);
     /// default `"{queue_name}-memo"`) in `store`.
     pub fn new(store: Arc<dyn ObjectStore>, memo_prefix: impl Into<String>) -> Self {
         Self {

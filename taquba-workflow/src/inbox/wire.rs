@@ -370,33 +370,34 @@ mod tests {
         assert!(err.contains("over the"), "{err}");
         let zero = SubmitCommand::new(vec![]).max_attempts_per_step(0);
         assert!(encode(&id, &Command::Submit(zero), 0, None).is_err());
-        let far = SubmitCommand::new(vec![]).run_at_ms(crate::MAX_RUN_AT_MS + 1);
+        let far = SubmitCommand::new(vec![]).run_at_ms(crate::limits::MAX_RUN_AT_MS + 1);
         let err = encode(&id, &Command::Submit(far), 0, None)
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains(&(crate::MAX_RUN_AT_MS + 1).to_string()),
+            err.contains(&(crate::limits::MAX_RUN_AT_MS + 1).to_string()),
             "{err}"
         );
-        let last = SubmitCommand::new(vec![]).run_at_ms(crate::MAX_RUN_AT_MS);
+        let last = SubmitCommand::new(vec![]).run_at_ms(crate::limits::MAX_RUN_AT_MS);
         assert!(encode(&id, &Command::Submit(last), 0, None).is_ok());
         let mut many = SubmitCommand::new(vec![]);
-        for n in 0..=crate::MAX_HEADERS {
+        for n in 0..=crate::limits::MAX_HEADERS {
             many = many.header(format!("h{n}"), "v");
         }
         let err = encode(&id, &Command::Submit(many), 0, None)
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains(&format!("{} headers", crate::MAX_HEADERS + 1)),
+            err.contains(&format!("{} headers", crate::limits::MAX_HEADERS + 1)),
             "{err}"
         );
-        let big = SubmitCommand::new(vec![]).header("h", "v".repeat(crate::MAX_HEADERS_SIZE));
+        let big =
+            SubmitCommand::new(vec![]).header("h", "v".repeat(crate::limits::MAX_HEADERS_SIZE));
         let err = encode(&id, &Command::Submit(big), 0, None)
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains(&format!("{} bytes", crate::MAX_HEADERS_SIZE + 1)),
+            err.contains(&format!("{} bytes", crate::limits::MAX_HEADERS_SIZE + 1)),
             "{err}"
         );
     }

@@ -298,8 +298,8 @@ pub(crate) struct JobDispatch {
 
 impl StepRunner for JobDispatch {
     /// Every registered job type.
-    fn hosted(&self) -> crate::Hosted {
-        crate::Hosted::Jobs(self.handlers.keys().map(|name| name.to_string()).collect())
+    fn hosted(&self) -> crate::runner::Hosted {
+        crate::runner::Hosted::Jobs(self.handlers.keys().map(|name| name.to_string()).collect())
     }
 
     async fn run_step(&self, step: &Step) -> std::result::Result<StepOutcome, StepError> {

@@ -331,7 +331,7 @@ pub(crate) fn group_members_kv_prefix(group_id: &RunId) -> Vec<u8> {
 /// a job group's idempotency key), in bytes: 16 KiB. A member's records
 /// (its member record, its run's terminal record) carry the key beside
 /// the run's termination (an error of up to
-/// [`MAX_TERMINATION_ERROR_LEN`](crate::MAX_TERMINATION_ERROR_LEN), the
+/// [`MAX_TERMINATION_ERROR_LEN`](crate::limits::MAX_TERMINATION_ERROR_LEN), the
 /// history entries of its last steps), within the queue's 256 KiB KV value
 /// limit, so a longer key is refused at submission with
 /// [`Error::MemberKeyTooLong`](crate::Error::MemberKeyTooLong).

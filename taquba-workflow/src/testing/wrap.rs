@@ -133,7 +133,7 @@ impl<R: StepRunner> StepRunner for TestRunner<R> {
         self.runner.step_name(step_number, payload)
     }
 
-    fn hosted(&self) -> crate::Hosted {
+    fn hosted(&self) -> crate::runner::Hosted {
         self.runner.hosted()
     }
 }

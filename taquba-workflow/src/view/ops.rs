@@ -620,7 +620,7 @@ impl WorkflowView {
     }
 
     /// The state of inbox command `id`
-    /// ([`Inbox::send`](crate::Inbox::send)): its record when the owner
+    /// ([`Inbox::send`](crate::inbox::Inbox::send)): its record when the owner
     /// recorded one, else [`CommandState::Pending`] while its object is in
     /// the inbox, else [`CommandState::Unknown`]. On a local-directory
     /// store only a regular file counts as the object, and nothing is

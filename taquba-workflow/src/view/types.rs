@@ -136,7 +136,7 @@ pub struct RunSummary {
     /// The current step (the final step of a terminated run).
     pub current_step: u32,
     /// That step's name, when known (see
-    /// [`StepHistory::name`](crate::StepHistory::name)).
+    /// [`StepHistory::name`](crate::history::StepHistory::name)).
     pub step_name: Option<String>,
     /// Attempts consumed by that step (0 while it waits for its first
     /// delivery; for a terminated run, from its history, 0 when none is
@@ -233,7 +233,7 @@ pub struct RuntimeInfo {
     /// ([`WorkflowRuntimeBuilder::queue_name`](crate::WorkflowRuntimeBuilder::queue_name)).
     pub queue_name: String,
     /// Its memo prefix in the object store (build the view's
-    /// [`MemoStore`](crate::MemoStore) and an [`Inbox`](crate::Inbox) at it).
+    /// [`MemoStore`](crate::MemoStore) and an [`Inbox`](crate::inbox::Inbox) at it).
     pub memo_prefix: String,
     /// The version of the runtime's store layout (currently 1).
     pub format: u32,

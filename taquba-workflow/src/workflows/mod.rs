@@ -979,8 +979,8 @@ impl fmt::Debug for Workflows {
 
 impl StepRunner for Workflows {
     /// Every hosted workflow with its steps.
-    fn hosted(&self) -> crate::Hosted {
-        crate::Hosted::Workflows(
+    fn hosted(&self) -> crate::runner::Hosted {
+        crate::runner::Hosted::Workflows(
             self.entries
                 .iter()
                 .map(|(name, workflow)| {

@@ -24,7 +24,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
 use serde::Deserialize;
-use taquba_workflow::{Command, CommandId, MAX_COMMAND_TEXT_LEN, RunId};
+use taquba_workflow::{RunId, inbox::Command, inbox::CommandId, inbox::MAX_COMMAND_TEXT_LEN};
 
 use crate::commands::activity;
 use crate::commands::mutate::{cancel_effect, check_requeue, existing_run, where_it_is};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use axum::extract::{Path, Query, State};
 use maud::{Markup, html};
 use serde::Deserialize;
-use taquba_workflow::{RunFilter, RunId, StatusFilter};
+use taquba_workflow::{RunId, view::RunFilter, view::StatusFilter};
 
 use crate::commands::groups::MEMBERS_SHOWN;
 use crate::present::group::GroupJson;

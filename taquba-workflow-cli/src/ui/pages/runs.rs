@@ -11,7 +11,9 @@ use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
 use serde::Deserialize;
-use taquba_workflow::{MAX_PAGE_LIMIT, RunFilter, RunId, StatusFilter, WorkflowView};
+use taquba_workflow::{
+    RunId, WorkflowView, view::MAX_PAGE_LIMIT, view::RunFilter, view::StatusFilter,
+};
 
 use crate::error::CliResult;
 use crate::output::{Times, short_duration};
