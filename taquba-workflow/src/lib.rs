@@ -73,6 +73,18 @@
 //! Everything the runtime writes is MessagePack with named fields, so a
 //! record written by one build is read by the next.
 //!
+//! # Cancel safety
+//!
+//! Every public async fn that commits is safe to drop at any await (a
+//! request handler whose client disconnected, a `tokio::time::timeout`, an
+//! aborted task): it runs on a Tokio task of its own, which a dropped
+//! caller detaches rather than stops, so the call either committed nothing
+//! or completes as if it had been awaited. Calls that commit more than once
+//! (a cancel that records its request and then removes the step, a group
+//! submitted in chunks) run whole on one such task. Each fn's
+//! `# Cancel safety` section says what a dropped call leaves; reads are
+//! cancel-safe by nature.
+//!
 //! # Time
 //!
 //! Every timestamp is read through a [`taquba::Clock`], by default the
@@ -85,7 +97,8 @@
 //! * `testing`: the `testing` module, a test environment on a mock clock
 //!   (run until idle, advance time, crash and reopen, inject failures).
 //! * `opentelemetry`: the W3C trace context current at submission is
-//!   stored with the run ([`HEADER_TRACEPARENT`], [`HEADER_TRACESTATE`]) and
+//!   stored with the run ([`headers::HEADER_TRACEPARENT`],
+//!   [`headers::HEADER_TRACESTATE`]) and
 //!   parents every step attempt's `workflow.step` span; a signal's sender
 //!   is a span link of the step it wakes. (The spans themselves are always
 //!   there, through `tracing`.)

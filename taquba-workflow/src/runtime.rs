@@ -116,7 +116,10 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// [`memo_retention`](crate::WorkflowRuntimeBuilder::memo_retention)
     /// keeps them until a window after the last run's end.
     ///
-    /// Cancel safety: the submission runs on a task of its own. Dropped at
+    /// # Cancel safety
+    ///
+    /// Runs on a task of its own
+    /// ([cancel safety](crate#cancel-safety)). Dropped at
     /// any await (a client that disconnected, a `tokio::time::timeout`), it
     /// either never committed or commits and runs as if awaited; submitting
     /// the same run id and input again answers for it.
@@ -187,7 +190,9 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// it also looks at the run's current step, so a step dead-lettered
     /// outside the worker (the queue's reaper) ends the wait promptly.
     ///
-    /// Cancel safety: a read, but for the reconciliation of such a dead
+    /// # Cancel safety
+    ///
+    /// A read, but for the reconciliation of such a dead
     /// letter, which commits on a task of its own; dropped, the wait leaves
     /// the run as it found it or reconciled.
     ///
@@ -240,7 +245,10 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// cancellation and the run ends `Cancelled` all the same (whichever
     /// runtime over the queue reconciles it, also after a restart).
     ///
-    /// Cancel safety: the whole call runs on a task of its own. Dropped at
+    /// # Cancel safety
+    ///
+    /// Runs whole on a task of its own
+    /// ([cancel safety](crate#cancel-safety)). Dropped at
     /// any await, either nothing was requested, or the request is applied
     /// to the current step as if the call had been awaited (a waiting step
     /// is removed, a running one's token fires).
@@ -269,7 +277,9 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// every cancellation from outside. A reason given to a run whose
     /// cancellation was already requested is not recorded.
     ///
-    /// Cancel safety: as [`cancel`](Self::cancel), the whole call runs on a
+    /// # Cancel safety
+    ///
+    /// As [`cancel`](Self::cancel), the whole call runs on a
     /// task of its own.
     ///
     /// # Errors
@@ -311,7 +321,10 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// queue's dead retention; storage errors;
     /// [`Error::RuntimeShutdown`](crate::Error::RuntimeShutdown).
     ///
-    /// Cancel safety: the whole call runs on a task of its own. Dropped at
+    /// # Cancel safety
+    ///
+    /// Runs whole on a task of its own
+    /// ([cancel safety](crate#cancel-safety)). Dropped at
     /// any await, the run is requeued as if the call had been awaited, or
     /// nothing was committed.
     pub async fn requeue(&self, run_id: &RunId) -> Result<SubmitOutcome> {
@@ -336,7 +349,10 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// commands without running steps. Returns how many commands were
     /// handled (applied, rejected, or found applied before).
     ///
-    /// Cancel safety: the whole call runs on a task of its own. Dropped at
+    /// # Cancel safety
+    ///
+    /// Runs whole on a task of its own
+    /// ([cancel safety](crate#cancel-safety)). Dropped at
     /// any await, the round completes as if awaited; each command is applied
     /// once with its record in any case.
     ///
@@ -380,7 +396,9 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// runs whose step was dead-lettered outside the worker; sweep expired
     /// retention markers at startup and every poll interval.
     ///
-    /// Cancel safety: dropping this future stops the loop at once, without
+    /// # Cancel safety
+    ///
+    /// Dropping this future stops the loop at once, without
     /// the drain of a shutdown. Runner (and hook) calls in flight are
     /// dropped and their steps delivered again once their leases expire;
     /// settlements already committing run on tasks of their own and
@@ -397,7 +415,7 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// of the queue itself wait out an outage (SlateDB retries them until
     /// the store answers), so during one the loop, and the drain of a
     /// shutdown, wait too: bound a shutdown with `tokio::time::timeout`
-    /// where the process must exit (README, "Storage outages").
+    /// where the process must exit (docs/storage.md, "Storage outages").
     pub async fn run<F>(&self, shutdown: F) -> Result<()>
     where
         F: Future<Output = ()>,
@@ -424,7 +442,10 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// or send with [`signal_run`](Self::signal_run), which reaches only
     /// the named run's current wait and buffers nothing.
     ///
-    /// Cancel safety: the whole call runs on a task of its own. Dropped at
+    /// # Cancel safety
+    ///
+    /// Runs whole on a task of its own
+    /// ([cancel safety](crate#cancel-safety)). Dropped at
     /// any await, the signal is not sent, or it is delivered or buffered
     /// as if the call had been awaited.
     ///
@@ -458,7 +479,10 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// which buffers), after the wait timed out or was woken, or to a run
     /// that is not the key's waiter. An addition to the 0.13 API.
     ///
-    /// Cancel safety: the whole call runs on a task of its own. Dropped at
+    /// # Cancel safety
+    ///
+    /// Runs whole on a task of its own
+    /// ([cancel safety](crate#cancel-safety)). Dropped at
     /// any await, the signal is not sent, or it is delivered as if the call
     /// had been awaited.
     ///
@@ -494,7 +518,9 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// Discard the signal buffered under `correlation_key`; `Ok(true)` when
     /// there was one.
     ///
-    /// Cancel safety: one compare-and-delete on a task of its own; dropped,
+    /// # Cancel safety
+    ///
+    /// One compare-and-delete on a task of its own; dropped,
     /// the signal is still buffered or discarded.
     ///
     /// # Errors

@@ -104,7 +104,9 @@ impl RunGroup {
     /// queue in this process) run one at a time, and wait for a
     /// [`forget`](Self::forget) in progress.
     ///
-    /// Cancel safety: the whole submission runs on a task of its own.
+    /// # Cancel safety
+    ///
+    /// The whole submission runs on a task of its own.
     /// Dropped at any await, it either wrote nothing (the group is not
     /// found) or submits every member as if awaited.
     ///
@@ -169,7 +171,9 @@ impl RunGroup {
     /// Submit the manifest's members whose last termination is not a
     /// success, as a re-[`submit`](Self::submit) would.
     ///
-    /// Cancel safety: as [`submit`](Self::submit), the whole call runs on a
+    /// # Cancel safety
+    ///
+    /// As [`submit`](Self::submit), the whole call runs on a
     /// task of its own and completes when dropped.
     ///
     /// # Errors
@@ -242,7 +246,9 @@ impl RunGroup {
     /// The members still running are waited on 256 at a time, in manifest
     /// order, so the waits' memory is bounded for any group size.
     ///
-    /// Cancel safety: reads and waits; the retention marker and any
+    /// # Cancel safety
+    ///
+    /// Reads and waits; the retention marker and any
     /// dead-letter reconciliation a wait performs commit on tasks of their
     /// own, so dropping the stream leaves nothing half-written.
     ///
@@ -340,7 +346,10 @@ impl RunGroup {
     /// returns how many of those cancellations answered `true` (the
     /// requests this call recorded that end their member `Cancelled`).
     ///
-    /// Cancel safety: the whole call runs on a task of its own. Dropped at
+    /// # Cancel safety
+    ///
+    /// Runs whole on a task of its own
+    /// ([cancel safety](crate#cancel-safety)). Dropped at
     /// any await, it cancels every member active when it started, as if
     /// awaited.
     ///
@@ -383,7 +392,10 @@ impl RunGroup {
     /// resumes of the group wait for a `forget` in progress (and it for
     /// them).
     ///
-    /// Cancel safety: the whole call runs on a task of its own. Dropped at
+    /// # Cancel safety
+    ///
+    /// Runs whole on a task of its own
+    /// ([cancel safety](crate#cancel-safety)). Dropped at
     /// any await, it ends the active members and removes the group's state
     /// as if awaited.
     ///

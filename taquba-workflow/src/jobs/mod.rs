@@ -585,7 +585,9 @@ impl JobRunner {
 
     /// Submit `job` with default options.
     ///
-    /// Cancel safety: as [`submit_with`](Self::submit_with).
+    /// # Cancel safety
+    ///
+    /// As [`submit_with`](Self::submit_with).
     ///
     /// # Errors
     /// As [`submit_with`](Self::submit_with).
@@ -596,7 +598,10 @@ impl JobRunner {
     /// Submit `job` with `options` (headers, priority, attempts, start
     /// time). [`Job::max_attempts`] applies when `options` sets none.
     ///
-    /// Cancel safety: the submission runs on a task of its own. Dropped at
+    /// # Cancel safety
+    ///
+    /// Runs on a task of its own
+    /// ([cancel safety](crate#cancel-safety)). Dropped at
     /// any await, the job was never committed, or it is committed and runs
     /// as if awaited; submitting a keyed job again answers with the job
     /// the dropped call committed (an unkeyed one has no id to find it by).
@@ -857,7 +862,9 @@ impl<J: Job> JobGroup<J> {
     /// are the same set, and a member's active or recorded run the same
     /// input, whatever order their maps and sets iterate in.
     ///
-    /// Cancel safety: as [`RunGroup::submit`]: dropped, it submitted
+    /// # Cancel safety
+    ///
+    /// As [`RunGroup::submit`]: dropped, it submitted
     /// nothing or submits every member.
     ///
     /// # Errors
@@ -869,7 +876,9 @@ impl<J: Job> JobGroup<J> {
     /// [`submit`](Self::submit) with `options` for every member (the first
     /// job's [`Job::max_attempts`] applies when `options` sets none).
     ///
-    /// Cancel safety: as [`RunGroup::submit`].
+    /// # Cancel safety
+    ///
+    /// As [`RunGroup::submit`].
     ///
     /// # Errors
     /// As [`RunGroup::submit`], plus encoding errors.
@@ -899,7 +908,9 @@ impl<J: Job> JobGroup<J> {
 
     /// Run again the members that did not succeed; see [`RunGroup::resume`].
     ///
-    /// Cancel safety: as [`RunGroup::resume`].
+    /// # Cancel safety
+    ///
+    /// As [`RunGroup::resume`].
     ///
     /// # Errors
     /// As [`RunGroup::resume`]; [`Error::Deserialization`] when a stored
@@ -910,7 +921,9 @@ impl<J: Job> JobGroup<J> {
 
     /// [`resume`](Self::resume) with `options`.
     ///
-    /// Cancel safety: as [`RunGroup::resume`].
+    /// # Cancel safety
+    ///
+    /// As [`RunGroup::resume`].
     ///
     /// # Errors
     /// As [`resume`](Self::resume).
@@ -959,7 +972,9 @@ impl<J: Job> JobGroup<J> {
 
     /// Cancel the active members; see [`RunGroup::cancel`].
     ///
-    /// Cancel safety: as [`RunGroup::cancel`].
+    /// # Cancel safety
+    ///
+    /// As [`RunGroup::cancel`].
     ///
     /// # Errors
     /// As [`RunGroup::cancel`].
@@ -969,7 +984,9 @@ impl<J: Job> JobGroup<J> {
 
     /// Remove the group's state; see [`RunGroup::forget`].
     ///
-    /// Cancel safety: as [`RunGroup::forget`].
+    /// # Cancel safety
+    ///
+    /// As [`RunGroup::forget`].
     ///
     /// # Errors
     /// As [`RunGroup::forget`].

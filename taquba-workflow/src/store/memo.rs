@@ -167,7 +167,9 @@ impl Memo {
 
     /// Store `value` under `key`, replacing any earlier value.
     ///
-    /// Cancel safety: one object write, which object stores apply whole or
+    /// # Cancel safety
+    ///
+    /// One object write, which object stores apply whole or
     /// not at all; a dropped call leaves the earlier value or `value`.
     ///
     /// # Errors
@@ -189,7 +191,9 @@ impl Memo {
     /// is treated as absent and overwritten; an error from `compute` records
     /// nothing and is returned as is.
     ///
-    /// Cancel safety: dropped before `compute` returned, nothing is
+    /// # Cancel safety
+    ///
+    /// Dropped before `compute` returned, nothing is
     /// recorded (a retry computes again); dropped during the write, the
     /// value is recorded whole or not at all.
     ///
@@ -220,7 +224,9 @@ impl Memo {
     /// [`memoized`](Self::memoized) under the key
     /// [`content_key`](Self::content_key)`(input)`. Include an operation
     /// name in `input` when several operations may see equal inputs.
-    /// Cancel safety: as [`memoized`](Self::memoized).
+    /// # Cancel safety
+    ///
+    /// As [`memoized`](Self::memoized).
     ///
     /// # Errors
     /// As [`memoized`](Self::memoized), plus an encoding failure of `input`.
@@ -278,7 +284,9 @@ impl Memo {
     }
 
     /// [`put`](Self::put) under [`content_key`](Self::content_key)`(input)`.
-    /// Cancel safety: as [`put`](Self::put).
+    /// # Cancel safety
+    ///
+    /// As [`put`](Self::put).
     ///
     /// # Errors
     /// As `put` and `content_key`.

@@ -240,7 +240,9 @@ impl<R: StepRunner + 'static, H: TerminalHook + 'static> TestRuntime<R, H> {
     /// time is not moved: the runtime's durable times are all on the clock
     /// (a `tokio::time::sleep` in a test does not move it).
     ///
-    /// Cancel safety: dropped midway (a test that `select!`s it against a
+    /// # Cancel safety
+    ///
+    /// Dropped midway (a test that `select!`s it against a
     /// step's signal, to crash while the step runs), it leaves the clock
     /// where it got to and the worker running until the next call or the
     /// crash, as a dropped `run_until_idle` does; what committed stays.

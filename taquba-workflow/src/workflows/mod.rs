@@ -767,7 +767,9 @@ impl<W: Workflow, R: StepRunner, H: TerminalHook> WorkflowRun<W, R, H> {
 
     /// Cancels the run ([`WorkflowRuntime::cancel`]).
     ///
-    /// Cancel safety: as [`WorkflowRuntime::cancel`].
+    /// # Cancel safety
+    ///
+    /// As [`WorkflowRuntime::cancel`].
     ///
     /// # Errors
     /// As [`WorkflowRuntime::cancel`].
@@ -795,7 +797,9 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// Starts a run of the workflow `input` belongs to (a generated
     /// `{Type}Input`) under a fresh run id.
     ///
-    /// Cancel safety: as [`WorkflowRuntime::submit`]: dropped at any
+    /// # Cancel safety
+    ///
+    /// As [`WorkflowRuntime::submit`]: dropped at any
     /// await, the run was never committed, or it is and runs.
     ///
     /// # Errors
@@ -810,7 +814,9 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
 
     /// [`start`](Self::start) with [`RunOptions`].
     ///
-    /// Cancel safety: as [`WorkflowRuntime::submit`].
+    /// # Cancel safety
+    ///
+    /// As [`WorkflowRuntime::submit`].
     ///
     /// # Errors
     /// As [`start`](Self::start).
@@ -832,7 +838,9 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// [`start_with`](Self::start_with) under `run_id`: idempotent on
     /// `(run_id, input)` as [`WorkflowRuntime::submit`] is.
     ///
-    /// Cancel safety: as [`WorkflowRuntime::submit`]: dropped at any
+    /// # Cancel safety
+    ///
+    /// As [`WorkflowRuntime::submit`]: dropped at any
     /// await, the run was never committed, or it is and runs; starting the
     /// same id and input again answers for it.
     ///
@@ -859,7 +867,9 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// Starts a run with every field of `spec` (run id, options, effects)
     /// but its `input`, which is `input` encoded.
     ///
-    /// Cancel safety: as [`WorkflowRuntime::submit`].
+    /// # Cancel safety
+    ///
+    /// As [`WorkflowRuntime::submit`].
     ///
     /// # Errors
     /// As [`start`](Self::start).
@@ -895,7 +905,9 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// [`signal`](Self::signal) with `value` encoded as MessagePack (named
     /// fields), as [`StepContext::signal_value`] decodes it.
     ///
-    /// Cancel safety: as [`signal`](Self::signal).
+    /// # Cancel safety
+    ///
+    /// As [`signal`](Self::signal).
     ///
     /// # Errors
     /// As [`signal`](Self::signal); [`Error::Serialization`] when `value`
@@ -913,7 +925,9 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// (named fields), as [`StepContext::signal_value`] decodes it: reaches
     /// only `run_id`'s current wait on `correlation_key`, buffers nothing.
     ///
-    /// Cancel safety: as [`signal_run`](Self::signal_run).
+    /// # Cancel safety
+    ///
+    /// As [`signal_run`](Self::signal_run).
     ///
     /// # Errors
     /// As [`signal_run`](Self::signal_run); [`Error::Serialization`] when
