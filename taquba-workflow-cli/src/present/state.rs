@@ -172,9 +172,14 @@ words! {
         DeadLettered => "dead_lettered",
         /// The dead-lettered step was requeued (a marker, not an attempt).
         Requeued => "requeued",
+        /// The attempt's lease expired before it settled: the step is
+        /// delivered again.
+        LeaseExpired => "lease_expired",
+        /// The process exited (or was killed) while the attempt ran: the
+        /// step is delivered again, or, on its last attempt, the run fails.
+        Interrupted => "interrupted",
         /// An outcome this presentation has no word for (one a later
-        /// runtime version records, a lease that expired, a process that
-        /// exited mid-attempt).
+        /// runtime version records).
         Unknown => "unknown",
     }
 }
@@ -304,6 +309,8 @@ mod tests {
             (AttemptOutcomeJson::Cancelled, "cancelled"),
             (AttemptOutcomeJson::DeadLettered, "dead_lettered"),
             (AttemptOutcomeJson::Requeued, "requeued"),
+            (AttemptOutcomeJson::LeaseExpired, "lease_expired"),
+            (AttemptOutcomeJson::Interrupted, "interrupted"),
             (AttemptOutcomeJson::Unknown, "unknown"),
         ];
         for (value, word) in attempts {

@@ -80,6 +80,8 @@ impl AttemptJson {
                 json.error = Some(error.clone());
             }
             AttemptOutcome::Requeued => json.outcome = AttemptOutcomeJson::Requeued,
+            AttemptOutcome::LeaseExpired => json.outcome = AttemptOutcomeJson::LeaseExpired,
+            AttemptOutcome::Interrupted => json.outcome = AttemptOutcomeJson::Interrupted,
             // An outcome with no word here (`Unknown`).
             _ => {}
         }
@@ -113,6 +115,7 @@ impl AttemptJson {
                 None => "failed".to_string(),
             },
             AttemptOutcomeJson::DeadLettered => "dead-lettered".to_string(),
+            AttemptOutcomeJson::LeaseExpired => "lease expired".to_string(),
             other => other.to_string(),
         }
     }
