@@ -101,49 +101,47 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// record (with the input's SHA-256), the current-step pointer and
     /// `spec.effects` in the same transaction.
     ///
-    /// Idempotent on `(run_id, input)`: a run id that is active with the same
-    /// input returns `newly_submitted: false` and writes nothing. A run id
-    /// whose run terminated starts a new run (with any input), and a new
-    /// run is what it gets: its steps run afresh, since the step-output
-    /// replay records of the earlier run under the id are never replayed
-    /// ([`step_output_replay`](crate::WorkflowRuntimeBuilder::step_output_replay)
-    /// records belong to the submission that wrote them); its memo entries
+    /// Idempotent on `(run_id, input)`: a run id that is active with the
+    /// same input returns `newly_submitted: false` and writes nothing.
+    ///
+    /// A run id whose run terminated starts a new run (with any input).
+    /// Its steps run afresh: the earlier run's
+    /// [step-output replay](crate::WorkflowRuntimeBuilder::step_output_replay)
+    /// records are never replayed. Its memo entries
     /// ([`Delivery::memo`](crate::Delivery::memo),
-    /// [`Delivery::run_memo`](crate::Delivery::run_memo)) are the ones the
-    /// earlier run wrote, shared by the runs of the id as in 0.13, so a
-    /// memoized call of the earlier run is not repeated (use a new run id
-    /// for a run that must not see them); and
+    /// [`Delivery::run_memo`](crate::Delivery::run_memo)) are shared with
+    /// the earlier run, as in 0.13: a memoized call is not repeated (use a
+    /// new run id for a clean memo), and
     /// [`memo_retention`](crate::WorkflowRuntimeBuilder::memo_retention)
     /// keeps them until a window after the last run's end.
     ///
     /// # Cancel safety
     ///
-    /// Runs on a task of its own
-    /// ([cancel safety](crate#cancel-safety)). Dropped at
-    /// any await (a client that disconnected, a `tokio::time::timeout`), it
-    /// either never committed or commits and runs as if awaited; submitting
-    /// the same run id and input again answers for it.
+    /// Dropped at any await, it either never committed or commits and runs
+    /// as if awaited; submitting the same run id and input again answers
+    /// for it.
     ///
     /// # Errors
-    /// [`Error::InputMismatch`](crate::Error::InputMismatch) when the run is
-    /// active with a different input;
-    /// [`Error::GroupMemberRunId`](crate::Error::GroupMemberRunId) for the
-    /// run id of a group member (active, or terminated with this
-    /// version's records);
-    /// [`Error::ReservedHeaderInSubmit`](crate::Error::ReservedHeaderInSubmit)
-    /// for a `workflow.` header in `spec.options` or on an enqueue of
-    /// `spec.effects`; [`Error::InvalidRunOptions`](crate::Error::InvalidRunOptions)
-    /// for more than [`MAX_HEADERS`](crate::limits::MAX_HEADERS) headers, headers
-    /// over [`MAX_HEADERS_SIZE`](crate::limits::MAX_HEADERS_SIZE) bytes or a
-    /// `run_at` past [`MAX_RUN_AT_MS`](crate::limits::MAX_RUN_AT_MS) (the value
-    /// named); [`Error::ReservedKvKey`](crate::Error::ReservedKvKey)
-    /// for an effect under `workflow/`; [`Error::Queue`](crate::Error::Queue)
-    /// with [`taquba::Error::InvalidQueueName`] naming the runtime's queue
-    /// for an enqueue of `spec.effects` into it (the queue takes only the
-    /// runtime's own jobs), and when the queue rejects the enqueue (bad
-    /// queue name, oversized KV value) or the store fails. A refused
-    /// submission commits nothing; [`Error::RuntimeShutdown`](crate::Error::RuntimeShutdown)
-    /// when the Tokio runtime shuts down first.
+    /// Nothing is committed on an error.
+    /// - [`Error::InputMismatch`](crate::Error::InputMismatch): the run is
+    ///   active with a different input.
+    /// - [`Error::GroupMemberRunId`](crate::Error::GroupMemberRunId): the
+    ///   run id is a group member's.
+    /// - [`Error::ReservedHeaderInSubmit`](crate::Error::ReservedHeaderInSubmit):
+    ///   a `workflow.` header in `spec.options` or on an enqueue of
+    ///   `spec.effects`.
+    /// - [`Error::InvalidRunOptions`](crate::Error::InvalidRunOptions): more
+    ///   than [`MAX_HEADERS`](crate::limits::MAX_HEADERS) headers, over
+    ///   [`MAX_HEADERS_SIZE`](crate::limits::MAX_HEADERS_SIZE) bytes of
+    ///   them, or a `run_at` past
+    ///   [`MAX_RUN_AT_MS`](crate::limits::MAX_RUN_AT_MS) (the value named).
+    /// - [`Error::ReservedKvKey`](crate::Error::ReservedKvKey): an effect
+    ///   under `workflow/`.
+    /// - [`Error::Queue`](crate::Error::Queue): an enqueue of `spec.effects`
+    ///   into the runtime's own queue ([`taquba::Error::InvalidQueueName`]
+    ///   naming it), a queue that rejects the enqueue, or a store failure.
+    /// - [`Error::RuntimeShutdown`](crate::Error::RuntimeShutdown): the
+    ///   Tokio runtime shut down first.
     pub async fn submit(&self, spec: RunSpec) -> Result<SubmitOutcome> {
         let core = self.inner.core.clone();
         let span = spans::submit(&core.queue_name, spec.run_id.as_deref());
