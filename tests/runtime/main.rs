@@ -25,6 +25,7 @@
 //! * `lost_payloads`: step records whose offloaded payload object is gone.
 //! * `memo_effects`: step and run memos (odd keys included) and staged KV effects.
 //! * `operator`: listing and describing runs from another process.
+//! * `probe22`: probe 22: member re-runs, notification priority, run-naming errors.
 //! * `poison`: undecodable payloads, panicking hooks, oversized results and errors.
 //! * `reruns`: a run id or group member key run again after its run ended.
 //! * `retention_replay`: step-output replay after a lease expiry, and memo retention.
@@ -66,6 +67,7 @@ mod lost_payloads;
 mod memo_effects;
 mod operator;
 mod poison;
+mod probe22;
 mod reruns;
 mod retention_replay;
 mod run_ids;
