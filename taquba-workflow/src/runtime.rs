@@ -591,7 +591,11 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
     /// kept forever). A zero window removes them at the next sweep. A run id
     /// submitted again after its run terminated keeps them until a window
     /// after its last run's end: the earlier run's window leaves a run id
-    /// that is active again, or that ended again since, alone.
+    /// that is active again, or that ended again since, alone. A group
+    /// member's terminal record stays until its group is removed
+    /// ([`RunGroup::forget`](crate::RunGroup::forget) or
+    /// [`group_retention`](Self::group_retention)): it keeps the member's
+    /// run id the group's.
     pub fn memo_retention(mut self, retention: Duration) -> Self {
         self.memo_retention = Some(retention);
         self

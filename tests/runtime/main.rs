@@ -13,6 +13,7 @@
 //! * `durability`: durable timers, run options, restarts and crashes, reconciled dead letters.
 //! * `durable_paths`: cancel safety of every call that commits; dead letters racing cancels.
 //! * `group_hazards`: group state against re-submission and `forget` (racing, running members).
+//! * `group_reruns`: group members run again (same run id, a clean memo, after a crash, a hook still retrying, retention), notifications at the run's priority, the runtime's own errors naming the run and key.
 //! * `groups`: run groups: results, counts, re-submission, concurrency, large groups, odd keys.
 //! * `history`: each settlement's attempt in the run's step log, and its retention.
 //! * `hook_faults`: hooks that panic, hang or outlive their lease; shutdown with a hung hook.
@@ -25,7 +26,6 @@
 //! * `lost_payloads`: step records whose offloaded payload object is gone.
 //! * `memo_effects`: step and run memos (odd keys included) and staged KV effects.
 //! * `operator`: listing and describing runs from another process.
-//! * `probe22`: probe 22: member re-runs, notification priority, run-naming errors.
 //! * `poison`: undecodable payloads, panicking hooks, oversized results and errors.
 //! * `reruns`: a run id or group member key run again after its run ended.
 //! * `retention_replay`: step-output replay after a lease expiry, and memo retention.
@@ -53,6 +53,7 @@ mod durability;
 mod durable_paths;
 mod fixtures;
 mod group_hazards;
+mod group_reruns;
 mod groups;
 mod history;
 mod hook_faults;
@@ -67,7 +68,6 @@ mod lost_payloads;
 mod memo_effects;
 mod operator;
 mod poison;
-mod probe22;
 mod reruns;
 mod retention_replay;
 mod run_ids;

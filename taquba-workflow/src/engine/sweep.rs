@@ -158,7 +158,9 @@ impl RuntimeCore {
     /// Clear the state of the run whose terminal marker, written when it
     /// terminated at `at_ms`, expired: its memo entries (run result and
     /// replay records included), its terminal record and its history
-    /// records. Left alone, with
+    /// records; a group member's terminal record stays until its group is
+    /// removed (it names the member, so the run id stays the group's).
+    /// Left alone, with
     /// only the marker removed: the state of a run id that is active again
     /// under a new submission, and of one whose terminal record is of a
     /// later termination (a run submitted again after this one ended, and
@@ -188,13 +190,20 @@ impl RuntimeCore {
                 return Expired::Keep;
             }
         };
-        let later_termination = outcome.as_deref().is_some_and(|bytes| {
+        let termination = outcome.as_deref().and_then(|bytes| {
             durable::decode_or_absent::<DurableTermination>(bytes, "terminal record", &run_id)
-                .is_some_and(|t| t.terminated_at_ms != at_ms)
         });
-        if later_termination {
+        if termination
+            .as_ref()
+            .is_some_and(|t| t.terminated_at_ms != at_ms)
+        {
             return Expired::Delete(SettlementEffects::default());
         }
+        // A group member's terminal record says whose run id it is: while
+        // the group has the member, a plain submission under the id must
+        // still be refused, so the record goes with the group (its `forget`
+        // or group retention), not with the memo entries.
+        let keep_record = termination.is_some_and(|t| t.member.is_some());
         if let Err(err) = self.memo_store.clear_memos_for_run(&run_id).await {
             warn!(run_id = %run_id, "retention sweep deferred: {err}");
             return Expired::Keep;
@@ -208,6 +217,9 @@ impl RuntimeCore {
             }
         };
         match outcome {
+            Some(_) if keep_record => {
+                Expired::Delete(SettlementEffects::default().kv_deletes(history))
+            }
             // Deleted only if unchanged: a termination committed since is
             // a later run's.
             Some(bytes) => Expired::DeleteIf {

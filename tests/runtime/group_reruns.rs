@@ -1,4 +1,5 @@
-//! Probe 22: attacks on three new claims.
+//! Group members run again, notifications at their run's priority, and
+//! the runtime's own errors naming the run (issue 22):
 //!
 //! 1. A group member run again (it failed or was cancelled; `submit` of the
 //!    same set, `resume`, a job group submitted again) keeps its run id (hex
@@ -616,11 +617,11 @@ async fn a_plain_submit_of_a_member_run_id_is_refused() {
     worker.shutdown().await.unwrap();
 }
 
-/// The same after memo retention removed the failed member's run state
-/// (its terminal record) while the group (its member records and manifest)
-/// is still there: the run id still belongs to the group.
+/// The same after memo retention removed the failed member's memo entries
+/// while the group (its member records and manifest) is still there: the
+/// run id still belongs to the group (found by a tester: the sweep removed
+/// the member's terminal record, and a plain run took the id).
 #[tokio::test(start_paused = true)]
-#[ignore = "finding: once memo retention swept a failed member's terminal record (group and member records still there), a plain submit of the member's run id is accepted (Ok, newly_submitted: true) instead of Err(GroupMemberRunId); the plain run runs and ends, the group keeps reporting the member Failed, and the group's next re-submission deletes the plain run's memo entries and result record and re-runs the member under the same id"]
 async fn a_plain_submit_of_a_member_run_id_is_refused_after_memo_retention() {
     let (queue, store, clock) = memory_queue().await;
     let probe = Probe::failing();
@@ -638,9 +639,19 @@ async fn a_plain_submit_of_a_member_run_id_is_refused_after_memo_retention() {
         results(&group).await[0].termination.status,
         TerminalStatus::Failed
     );
+    MemoStore::new(store.clone(), MEMO_PREFIX)
+        .new_run_memo(&id)
+        .put("paid", b"yes")
+        .await
+        .unwrap();
     clock.advance(Duration::from_secs(11));
-    eventually("memo retention swept the member's run", || async {
-        runtime.status(&id).await.unwrap().is_none()
+    eventually("memo retention swept the member's memo entries", || async {
+        MemoStore::new(store.clone(), MEMO_PREFIX)
+            .new_run_memo(&id)
+            .get("paid")
+            .await
+            .unwrap()
+            .is_none()
     })
     .await;
     // The group still knows its member.
