@@ -219,13 +219,16 @@ async fn a_member_run_again_twice_in_a_row_starts_clean_each_time() {
     worker.shutdown().await.unwrap();
 }
 
+/// One hook call: the run, its status and its error.
+type HookCall = (RunId, TerminalStatus, Option<String>);
+
 /// A hook that fails (transiently) while `failing` is set, recording each
 /// successful call's run, status and error.
 #[derive(Clone, Default)]
 struct FlakyHook {
     failing: Arc<AtomicBool>,
     attempts: Arc<AtomicUsize>,
-    calls: Arc<Mutex<Vec<(RunId, TerminalStatus, Option<String>)>>>,
+    calls: Arc<Mutex<Vec<HookCall>>>,
 }
 
 impl TerminalHook for FlakyHook {

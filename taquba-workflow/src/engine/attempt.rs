@@ -28,13 +28,13 @@ use crate::store::keys::{HEADER_REQUEUED, RunId, outcome_kv_key, step_kv_key};
 impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
     /// The name of the claimed step: the runner's, else the payload's
     /// (`#[workflow]` step, job name), else the runner's label.
-    pub(crate) fn step_name(&self, claimed: &ClaimedStep<'_>) -> Cow<'_, str> {
+    pub(super) fn step_name(&self, claimed: &ClaimedStep<'_>) -> Cow<'_, str> {
         self.name_of_step(claimed.step_number, &claimed.job.payload)
     }
 
     /// The name of step `step_number` with `payload` (see
     /// [`step_name`](Self::step_name)).
-    pub(crate) fn name_of_step(&self, step_number: u32, payload: &[u8]) -> Cow<'_, str> {
+    pub(super) fn name_of_step(&self, step_number: u32, payload: &[u8]) -> Cow<'_, str> {
         match self
             .runner
             .step_name(step_number, payload)
@@ -83,7 +83,7 @@ impl RuntimeCore {
     /// ends no run (reconciliation records it). When the entries pending
     /// since the last chunk cannot be read, the settlement becomes a retry:
     /// committing it would drop them.
-    pub(crate) async fn record_attempt<'n>(
+    pub(super) async fn record_attempt<'n>(
         &self,
         claimed: &ClaimedStep<'_>,
         run: &DurableRunRecord,
@@ -188,7 +188,7 @@ impl RuntimeCore {
     /// cancelled waiting step, a dead letter reconciled): the entry is
     /// appended to the pending ones in the terminal record `effects`
     /// writes.
-    pub(crate) fn record_detached(
+    pub(super) fn record_detached(
         &self,
         effects: &mut SettlementEffects,
         run_id: &RunId,
@@ -209,7 +209,7 @@ impl RuntimeCore {
     /// [`record_detached`](Self::record_detached) with the step's entry
     /// holding `attempts` (a reconciled dead letter's, with the attempts
     /// before it).
-    pub(crate) fn record_detached_attempts(
+    pub(super) fn record_detached_attempts(
         &self,
         effects: &mut SettlementEffects,
         run_id: &RunId,
@@ -233,7 +233,7 @@ impl RuntimeCore {
 
     /// The name of `job`'s step read outside a runner: the payload's, else
     /// the runner's label.
-    pub(crate) fn detached_step_name(&self, job: &JobRecord) -> String {
+    pub(super) fn detached_step_name(&self, job: &JobRecord) -> String {
         let name = self
             .ops
             .naming
@@ -255,7 +255,7 @@ fn target_of(settlement: &Settlement) -> Option<Target> {
 }
 
 /// Put `pending` on the terminal record `effects` writes for `run_id`.
-pub(crate) fn set_terminal_history(
+pub(super) fn set_terminal_history(
     effects: &mut SettlementEffects,
     run_id: &RunId,
     pending: PendingHistory,
@@ -309,7 +309,7 @@ fn write_pointer_history(
 
 /// Put `pending` on the pointer `effects` writes for `run_id`; returns the
 /// job it names.
-pub(crate) fn set_pointer_history(
+pub(super) fn set_pointer_history(
     effects: &mut SettlementEffects,
     run_id: &RunId,
     pending: PendingHistory,

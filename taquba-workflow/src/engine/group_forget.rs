@@ -76,7 +76,7 @@ impl RuntimeCore {
     /// ([`Swept::RanSince`]). A group whose lock is held (a submission or a
     /// `forget` in progress) is left for the next pass ([`Swept::Busy`]),
     /// so the sweep never waits behind one.
-    pub(crate) async fn remove_group_unchanged_since(
+    pub(super) async fn remove_group_unchanged_since(
         &self,
         group_id: &RunId,
         marked_at_ms: u64,
@@ -106,7 +106,7 @@ impl RuntimeCore {
 
 /// What the retention sweep did with an expired group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Swept {
+pub(super) enum Swept {
     /// Removed.
     Removed,
     /// Kept: members ran since the marker.

@@ -53,7 +53,7 @@ const READ_BYTES_PER_ROUND: u64 = 16 * 1024 * 1024;
 /// Command objects read (and command records looked up) at once.
 const READ_CONCURRENCY: usize = 16;
 /// Rejection records committed in one transaction at most.
-pub(crate) const REJECTIONS_PER_COMMIT: usize = 1024;
+pub(super) const REJECTIONS_PER_COMMIT: usize = 1024;
 /// Names of passed-over inbox entries remembered, so each is logged once.
 const LOGGED_NAMES: usize = 4096;
 /// The longest a cancellation waits for the step it reached in one round
@@ -92,7 +92,7 @@ const FULL_LIST_EVERY: Duration = Duration::from_secs(60);
 /// one LIST (on S3 a tenth of the price of a LIST), so an idle owner
 /// polling every 500 ms costs little.
 #[derive(Debug, Default)]
-pub(crate) struct InboxWatch {
+pub(super) struct InboxWatch {
     state: std::sync::Mutex<WatchState>,
 }
 
@@ -119,7 +119,7 @@ impl InboxWatch {
 
     /// Whether `what` is logged for the first time (remembered, unless
     /// [`LOGGED_NAMES`] are already: then it is not logged again either).
-    pub(crate) fn first_time(&self, what: &str) -> bool {
+    pub(super) fn first_time(&self, what: &str) -> bool {
         let mut state = self.lock();
         if state.logged.contains(what) {
             return false;
@@ -166,7 +166,7 @@ impl RuntimeCore {
     ///
     /// # Errors
     /// Storage errors of the look or the listing.
-    pub(crate) async fn poll_inbox(&self) -> Result<usize> {
+    pub(super) async fn poll_inbox(&self) -> Result<usize> {
         let inbox = InboxObjects::new(self.memo_store.objects());
         let touch = inbox.touch().await?;
         if let Some((None, what)) = &touch
@@ -579,7 +579,7 @@ impl RuntimeCore {
     }
 
     /// One pass of the command retention sweep.
-    pub(crate) async fn sweep_commands(&self) -> Result<usize> {
+    pub(super) async fn sweep_commands(&self) -> Result<usize> {
         let now = self.now_ms();
         Ok(self
             .command_expiry

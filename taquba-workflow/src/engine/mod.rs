@@ -118,52 +118,52 @@ pub(crate) struct RuntimeCore {
     pub(crate) view: WorkflowView,
     pub(crate) memo_store: MemoStore,
     pub(crate) group_store: GroupStore,
-    pub(crate) clock: Arc<dyn Clock>,
+    clock: Arc<dyn Clock>,
     pub(crate) max_concurrent_steps: usize,
     pub(crate) poll_interval: Duration,
     pub(crate) memo_retention: Option<Duration>,
     pub(crate) group_retention: Option<Duration>,
-    pub(crate) step_output_replay: bool,
+    step_output_replay: bool,
     /// Run terminal markers (memo retention).
-    pub(crate) terminals: ExpiryIndex,
+    terminals: ExpiryIndex,
     /// Group terminal markers (group retention).
-    pub(crate) group_terminals: ExpiryIndex,
+    group_terminals: ExpiryIndex,
     /// Operator-surface settings.
     pub(crate) ops: OpsSettings,
     /// Command record expiry entries (command retention).
-    pub(crate) command_expiry: ExpiryIndex,
+    command_expiry: ExpiryIndex,
     /// The history entries of committed pointers, by the job they name.
     pub(crate) history_cache: crate::history::cache::HistoryCache,
     /// When maintenance lists the inbox.
-    pub(crate) inbox_watch: crate::engine::inbox_apply::InboxWatch,
+    inbox_watch: crate::engine::inbox_apply::InboxWatch,
     /// Whether this runtime's descriptor was recorded since it was built.
-    pub(crate) descriptor_recorded: std::sync::atomic::AtomicBool,
+    descriptor_recorded: std::sync::atomic::AtomicBool,
     /// The start its worker record names (ms, runtime clock); 0 before it
     /// is recorded.
-    pub(crate) worker_started_at_ms: AtomicU64,
-    pub(crate) memo_prefix: String,
+    worker_started_at_ms: AtomicU64,
+    memo_prefix: String,
     pub(crate) inflight: Arc<InFlightRegistry>,
     /// Waiters on run terminations in this process.
-    pub(crate) run_watchers: RunWatchers,
+    run_watchers: RunWatchers,
     /// The group commit of submissions under fresh run ids.
-    pub(crate) submit_batcher: SubmitBatcher,
+    submit_batcher: SubmitBatcher,
     /// The ids of runs submitted without one and of new groups (shared by
     /// every runtime over the queue).
-    pub(crate) ids: IdGenerator,
+    ids: IdGenerator,
     /// Every other commit, each on a task of its own.
     pub(crate) commits: Committer,
-    pub(crate) signal_locks: SignalLocks,
+    signal_locks: SignalLocks,
     /// The locks of run groups (shared by every runtime over the queue).
     pub(crate) group_locks: GroupLocks,
-    pub(crate) observes: Observes,
+    observes: Observes,
     /// Dead letters the worker performed since the last reconciliation look.
     /// Signed: a dead letter counted before its settlement and uncounted
     /// after it failed can leave the count below zero for one look.
-    pub(crate) own_dead_letters: AtomicI64,
+    own_dead_letters: AtomicI64,
     /// The queue's dead count at the last look; -1 before the first.
-    pub(crate) last_dead_count: AtomicI64,
+    last_dead_count: AtomicI64,
     /// Maintenance rounds done, for the periodic full reconciliation.
-    pub(crate) maintenance_rounds: AtomicU64,
+    maintenance_rounds: AtomicU64,
     /// Fired once the queue's store is closed to this process for good
     /// (closed, or fenced by another process that opened it): the worker
     /// loop stops and waits fail instead of waiting forever. Shared by

@@ -19,7 +19,7 @@ const FORMAT: u32 = 1;
 
 impl RuntimeCore {
     /// The operator round: descriptor, inbox, command retention.
-    pub(crate) async fn maintain_operator_surface(&self) {
+    pub(super) async fn maintain_operator_surface(&self) {
         if !self.descriptor_recorded.load(Ordering::Relaxed) {
             match self.record_descriptor().await {
                 Ok(()) => self.descriptor_recorded.store(true, Ordering::Relaxed),

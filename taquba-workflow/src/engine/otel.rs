@@ -15,7 +15,7 @@ impl RuntimeCore {
     /// to wake step job `job_id`. Written before the wake, so the woken
     /// step finds it; [`unnote_signal_sender`](Self::unnote_signal_sender)
     /// removes it when the wake does not happen.
-    pub(crate) async fn note_signal_sender(&self, job_id: &str) -> Result<NotedSender> {
+    pub(super) async fn note_signal_sender(&self, job_id: &str) -> Result<NotedSender> {
         let Some(fields) = TraceFields::current() else {
             return Ok(None);
         };
@@ -25,7 +25,7 @@ impl RuntimeCore {
     }
 
     /// Remove a sender recorded for a wake that did not happen.
-    pub(crate) async fn unnote_signal_sender(&self, noted: NotedSender) -> Result<()> {
+    pub(super) async fn unnote_signal_sender(&self, noted: NotedSender) -> Result<()> {
         if let Some((key, value)) = noted {
             self.commits.kv_compare_delete(&key, &value).await?;
         }
@@ -35,7 +35,7 @@ impl RuntimeCore {
     /// `effects` (which buffer a signal under `correlation_key`) with the
     /// current trace context stored as the buffered signal's sender, or the
     /// sender of the signal they replace removed.
-    pub(crate) fn buffer_sender(
+    pub(super) fn buffer_sender(
         correlation_key: &str,
         effects: SettlementEffects,
     ) -> SettlementEffects {
@@ -48,13 +48,13 @@ impl RuntimeCore {
 
     /// The effects that remove the sender of the signal buffered under
     /// `correlation_key` (a cleared signal).
-    pub(crate) fn clear_buffered_sender(correlation_key: &str) -> SettlementEffects {
+    pub(super) fn clear_buffered_sender(correlation_key: &str) -> SettlementEffects {
         SettlementEffects::default().kv_delete(buffered_sender_kv_key(correlation_key))
     }
 
     /// `effects` (which consume the signal buffered under `correlation_key`
     /// for step job `job_id`) with that signal's sender moved to the job.
-    pub(crate) async fn consume_buffered_sender(
+    pub(super) async fn consume_buffered_sender(
         &self,
         correlation_key: &str,
         job_id: &str,

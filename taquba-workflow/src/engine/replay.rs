@@ -89,7 +89,7 @@ impl RuntimeCore {
     /// in the run of `run_id` whose run record holds `incarnation`, or
     /// `None` (never recorded, recorded by another run under the id, or a
     /// record that does not decode).
-    pub(crate) async fn load_step_output(
+    pub(super) async fn load_step_output(
         &self,
         run_id: &RunId,
         incarnation: Option<&str>,
@@ -127,7 +127,7 @@ impl RuntimeCore {
 
     /// Record `outcome` and its staged effects for replay in the run of
     /// `run_id` whose run record holds `incarnation`.
-    pub(crate) async fn store_step_output(
+    pub(super) async fn store_step_output(
         &self,
         run_id: &RunId,
         incarnation: Option<&str>,

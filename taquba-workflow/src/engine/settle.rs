@@ -141,7 +141,7 @@ impl Settlement {
 }
 
 /// A claimed step job as the worker identifies it from its reserved headers.
-pub(crate) struct ClaimedStep<'a> {
+pub(super) struct ClaimedStep<'a> {
     pub(crate) run_id: RunId,
     pub(crate) step_number: u32,
     pub(crate) membership: Option<Membership>,
@@ -179,7 +179,7 @@ impl<'a> ClaimedStep<'a> {
 
     /// The options of the run's next step: this step's priority, attempt
     /// limit and membership carry over.
-    pub(crate) fn next_step_opts(&self) -> StepEnqueueOpts {
+    pub(super) fn next_step_opts(&self) -> StepEnqueueOpts {
         #[allow(unused_mut)]
         let mut reserved_headers = self
             .membership
@@ -356,7 +356,7 @@ impl RuntimeCore {
     }
 
     /// The effects that make `payload` the run's next step.
-    pub(crate) fn advance(
+    pub(super) fn advance(
         &self,
         claimed: &ClaimedStep<'_>,
         payload: Vec<u8>,
@@ -737,7 +737,7 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
 }
 
 /// Add a step's staged KV effects to a settlement.
-pub(crate) fn merge_staged(effects: &mut SettlementEffects, staged: StagedKv) {
+pub(super) fn merge_staged(effects: &mut SettlementEffects, staged: StagedKv) {
     effects.kv_writes.extend(staged.writes);
     effects.kv_deletes.extend(staged.deletes);
 }

@@ -108,7 +108,7 @@ impl RuntimeCore {
 
     /// The signal a claimed step observes and the signal state its
     /// settlement deletes.
-    pub(crate) async fn resolve_step_signal(
+    pub(super) async fn resolve_step_signal(
         &self,
         job: &JobRecord,
         run_id: &RunId,
@@ -164,7 +164,7 @@ impl RuntimeCore {
     /// waiter (the next step is scheduled at the timeout). A key with a
     /// waiter of another run fails this run. The key's lock is held until
     /// the settlement commits.
-    pub(crate) async fn advance_on_signal(
+    pub(super) async fn advance_on_signal(
         &self,
         claimed: &ClaimedStep<'_>,
         payload: Vec<u8>,

@@ -39,7 +39,7 @@ impl RuntimeCore {
     /// `KvValueTooLarge` for a payload over the KV value cap; storage
     /// errors; [`Error::CommandRefused`] after [`SIGNAL_RACE_RETRIES`]
     /// lost races (a retry applies it).
-    pub(crate) async fn signal_recorded(
+    pub(super) async fn signal_recorded(
         &self,
         correlation_key: &str,
         payload: Vec<u8>,

@@ -24,7 +24,7 @@ const MAX_JOB_KEY_HEADER_LEN: usize = 256;
 
 /// What a submitted run is besides its run id.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum SubmittedAs<'a> {
+pub(super) enum SubmittedAs<'a> {
     /// A plain run (or a keyless job).
     Plain,
     /// A member of a group.
@@ -67,7 +67,7 @@ impl RuntimeCore {
     /// `record` (the command's record, under the reserved prefix) committed
     /// in the submission's transaction; nothing is committed for a
     /// duplicate (`newly_submitted: false`).
-    pub(crate) async fn submit_recorded(
+    pub(super) async fn submit_recorded(
         &self,
         mut spec: RunSpec,
         record: SettlementEffects,
@@ -191,7 +191,7 @@ impl RuntimeCore {
     /// `options` ([`Error::ReservedHeaderInSubmit`]), options past their
     /// limits ([`Error::InvalidRunOptions`]) or a KV key under the
     /// reserved prefix in `user_effects`.
-    pub(crate) fn check_submission(
+    pub(super) fn check_submission(
         options: &RunOptions,
         user_effects: &SettlementEffects,
     ) -> Result<()> {
@@ -218,7 +218,7 @@ impl RuntimeCore {
     /// 0, the pointer, the run record, the member record of a group member,
     /// then `user_effects`. With the step-0 job id. A keyed job's
     /// idempotency key is carried (cut) in [`HEADER_JOB_KEY`].
-    pub(crate) fn submission_effects(
+    pub(super) fn submission_effects(
         &self,
         run_id: &RunId,
         input: Vec<u8>,
@@ -369,7 +369,7 @@ impl RuntimeCore {
     ///
     /// # Errors
     /// [`Error::GroupMemberRunId`], [`Error::MemberRunIdTaken`].
-    pub(crate) fn check_same_membership(
+    pub(super) fn check_same_membership(
         &self,
         run_id: &RunId,
         headers: &std::collections::HashMap<String, String>,

@@ -98,7 +98,7 @@ impl RuntimeCore {
     /// run is still active: `Failed` with the job's last error, in one
     /// transaction with the notification. Returns how many runs were
     /// terminated.
-    pub(crate) async fn reconcile_dead_steps(&self) -> Result<usize> {
+    pub(super) async fn reconcile_dead_steps(&self) -> Result<usize> {
         let mut reconciled = 0;
         let mut after: Option<String> = None;
         loop {
@@ -278,7 +278,7 @@ impl RuntimeCore {
 ///
 /// The commit is guarded on the run record as read, so a request recorded
 /// meanwhile is never overridden: the pass reads it again.
-pub(crate) async fn reconcile_job(core: &RuntimeCore, job: &JobRecord) -> Result<usize> {
+pub(super) async fn reconcile_job(core: &RuntimeCore, job: &JobRecord) -> Result<usize> {
     if job.headers.contains_key(HEADER_TERMINAL) {
         return Ok(0);
     }
