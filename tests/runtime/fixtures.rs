@@ -464,3 +464,12 @@ pub(crate) fn assert_each_member_once(
     );
     assert_eq!(results.len(), members.len(), "{what}");
 }
+
+/// What step 0 of a run saw: its run id and the memo entries (step memo,
+/// run memo) an earlier call of the run id left.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Seen {
+    pub(crate) run_id: RunId,
+    pub(crate) step_memo: Option<Vec<u8>>,
+    pub(crate) run_memo: Option<Vec<u8>>,
+}

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::fixtures::{HOUR, queue_with};
+use crate::fixtures::{HOUR, Seen, queue_with};
 use common::*;
 use futures_util::TryStreamExt;
 use taquba::object_store::ObjectStore;
@@ -32,14 +32,6 @@ use taquba_workflow_suite::testing::{FaultConfig, FaultyStore};
 
 // ---------------------------------------------------------------------------
 // The probe runner.
-
-/// What step 0 of a run saw of the memo entries an earlier call left.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Seen {
-    run_id: RunId,
-    step_memo: Option<Vec<u8>>,
-    run_memo: Option<Vec<u8>>,
-}
 
 /// Step 0 notes the step memo entry `draft` and run memo entry `paid` it
 /// finds, writes a fresh generation `{run_id}#{n}` to both, then: fails (a

@@ -12,21 +12,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::fixtures::Seen;
 use common::*;
 use futures_util::TryStreamExt;
 use taquba_workflow::{
-    MemberResult, MemoStore, RunGroup, RunId, RunOptions, RunSpec, RunState, Step, StepError,
-    StepOutcome, StepRunner, TerminalStatus,
+    MemberResult, MemoStore, RunGroup, RunOptions, RunSpec, RunState, Step, StepError, StepOutcome,
+    StepRunner, TerminalStatus,
 };
-
-/// What step 0 of a run saw: its run id and the memo entries an earlier
-/// call left.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Seen {
-    run_id: RunId,
-    step_memo: Option<Vec<u8>>,
-    run_memo: Option<Vec<u8>>,
-}
 
 /// Step 0 notes what it sees, writes its run id to the step memo entry
 /// `draft` and the run memo entry `paid`, then by its input: `park:{key}`
