@@ -15,9 +15,12 @@
 //! user's item is emitted unchanged beside them (so the rest of the crate
 //! does not cascade). What only the type system can tell (is the return
 //! type a `Result`, is a parameter serializable) is checked through hidden
-//! marker traits of `taquba_workflow::__private`, named at the user's
-//! token, whose `#[diagnostic::on_unimplemented]` message names the fix:
-//! one error per missing capability. Beside an error the generated types
+//! marker traits of `taquba_workflow::__private`, each named once, at the
+//! user's token, whose `#[diagnostic::on_unimplemented]` message names the
+//! fix; nothing else the generated code writes states the bound again (the
+//! job's `Job` impl follows from `__private::GeneratedJob`, which names the
+//! return type once; fields are serialized through probes that state no
+//! bound): one error per mistake. Beside an error the generated types
 //! are stand-ins that match the user's code as written: an option value of
 //! the wrong kind that holds what was meant (`output = "u32"`) and a
 //! misspelt option close to a known one (`outptu`) are reported, then read

@@ -29,8 +29,6 @@ pub(crate) fn is_named(ty: &Type, name: &str) -> bool {
 pub(crate) struct Param {
     /// The parameter's name as written (possibly raw, `r#type`).
     pub(crate) ident: Ident,
-    /// The parameter's type as written.
-    pub(crate) ty: Type,
     /// The owned type stored in the generated field.
     pub(crate) field_ty: Type,
     /// Whether the parameter is a reference, passed back as `&field`.
@@ -269,7 +267,6 @@ pub(crate) fn classify_param(
     }
     let param = Box::new(Param {
         ident,
-        ty: (*arg.ty).clone(),
         field_ty,
         by_ref,
         field_attrs,
