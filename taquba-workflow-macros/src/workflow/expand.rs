@@ -5,9 +5,13 @@
 //! Workflow`, `impl StepRunner`, the bound checks and the registration
 //! entry.
 //!
-//! Each field of the step enum is serialized through probes that state no
-//! bound, and its bound is checked once, by `StepField` at the parameter's
-//! type.
+//! The impl block and the impls are written in a `const _` block that
+//! imports the generated types by name: there the names mean them whatever
+//! the module holds, so with an item of the user's of the same name (the
+//! name check's one error) the step fns still type-check against the step
+//! enum, and are not reported on top. Each field of the step enum is
+//! serialized through probes that state no bound, and its bound is checked
+//! once, by `StepField` at the parameter's type.
 //!
 //! With `fallback`, the same types and impls are written with bodies that
 //! are never run (`unreachable!`) and without registration: the crate does
@@ -48,8 +52,6 @@ pub(crate) fn expand(model: &WorkflowModel, fallback: bool) -> TokenStream {
     };
     let (enum_ident, input_ident) = (&model.step_enum, &model.input);
     quote! {
-        #item
-
         #[doc(hidden)]
         #[allow(deprecated)]
         mod #module {
@@ -66,8 +68,14 @@ pub(crate) fn expand(model: &WorkflowModel, fallback: bool) -> TokenStream {
         }
         #vis use #module::*;
 
-        #input_impls
-        #workflow_impl
+        const _: () = {
+            #[allow(unused_imports)]
+            use #module::{#enum_ident, #input_ident};
+
+            #item
+            #input_impls
+            #workflow_impl
+        };
         #[allow(deprecated)]
         const _: () = {
             #names
@@ -420,10 +428,10 @@ fn dispatch_arm(
     // starts at its first token), so a wrong return type is one error
     // there.
     let at_ret = respan(krate, ret_span);
-    // The step enum as the name means it in this module: the generated
-    // enum, unless an item of the user's shadows it (then the name check
-    // fails the build, and this still type-checks: see
-    // `generated_transition`).
+    // The step enum as the step fns name it: written in the `const _`
+    // block that imports the generated enum by name, this is the generated
+    // enum even when an item of the user's has the name in the module (the
+    // name check's one error), so the step fns type-check against it.
     let named_enum = &model.step_enum;
     // At the return type, in its context: an expression mixing syntax
     // contexts (a `mixed_site` binding among the return type's tokens) is
@@ -597,6 +605,20 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("inventory :: submit !"));
+    }
+
+    #[test]
+    fn the_impl_block_sees_the_generated_types_by_name() {
+        let out = expand(quote!(), ORDER.parse().unwrap());
+        assert!(
+            out.contains("const _ : () = { # [allow (unused_imports)] use __taquba_workflow_order :: { OrderStep , OrderInput } ; impl Order {"),
+            "{out}"
+        );
+        // The name checks are outside it, where the names are the module's.
+        assert!(
+            out.contains("# [allow (deprecated)] const _ : () = { :: taquba_workflow :: __private :: generated_step_enum :: < OrderStep > ()"),
+            "{out}"
+        );
     }
 
     #[test]
