@@ -26,8 +26,9 @@
 //! misspelt option close to a known one (`outptu`) are reported, then read
 //! as meant, and a refused step keeps its variant with the fields as meant,
 //! so nothing else is reported on top. Where no stand-in could match what
-//! was meant (a parameter without a name), none is written: with the
-//! macro's errors reported, rustc reports no unresolved names beside them.
+//! was meant (a parameter without a name, an output option that could not
+//! be read), none is written: with the macro's errors reported, rustc
+//! reports no unresolved names beside them.
 //! A `#[workflow]` impl block is written where the generated types' names
 //! mean them, so an item of the user's with one of those names is the name
 //! check's one error, and the step fns are not reported on top.

@@ -184,10 +184,11 @@ pub(crate) fn validate(
         (None, Some(ident)) => format!("{}Step", ident.unraw()),
         (None, None) => "OrderStep".to_string(),
     };
-    let output_ok = options
-        .output
-        .as_ref()
-        .is_none_or(|output| check_output(output, errors));
+    let output_ok = !options.output_unknown
+        && options
+            .output
+            .as_ref()
+            .is_none_or(|output| check_output(output, errors));
     // Every marked fn is a step, refused ones included: the stand-in enum
     // beside the errors then has the variant the user's code names.
     let mut steps = Vec::new();
