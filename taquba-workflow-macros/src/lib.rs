@@ -74,8 +74,8 @@ use proc_macro::TokenStream;
 /// `Box<dyn Error + Send + Sync>`, `String` and every `std::error::Error`);
 /// other attributes on the fn (`#[tracing::instrument]`, `#[must_use]`),
 /// which stay on it (`#[deprecated]` also deprecates the struct).
-/// Refused, with one error on the token to change: type and const
-/// generics, `self`, `const`, `unsafe`, `extern`, `...`, destructuring and
+/// Refused, with one error on the token to change: generics (type and
+/// const parameters), `self`, `const`, `unsafe`, `extern`, `...`, destructuring and
 /// `_` patterns (a field needs a name, and the name is stored), `impl
 /// Trait`, `&mut` fields, fields that borrow (`Cow<'a, str>`), other
 /// attributes on parameters; a `key` that names no parameter,

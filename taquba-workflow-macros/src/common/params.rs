@@ -469,7 +469,8 @@ pub(crate) fn first_unnamed(ty: &Type) -> Option<TokenStream> {
 }
 
 /// Reports type and const generics (lifetimes are accepted): one error
-/// spanning the generics and the `where` clause. `what` is `a \`#[job]\` fn`.
+/// spanning the generics and the `where` clause, saying "generic" (the word
+/// users search for). `what` is `a \`#[job]\` fn`.
 pub(crate) fn check_generics(
     generics: &syn::Generics,
     what: &str,
@@ -491,7 +492,7 @@ pub(crate) fn check_generics(
     let where_clause = &generics.where_clause;
     errors.spanned(
         quote!(#generics #where_clause),
-        format!("{what} cannot have type or const parameters: {reason}"),
+        format!("{what} cannot be generic (it has type or const parameters): {reason}"),
     );
     false
 }

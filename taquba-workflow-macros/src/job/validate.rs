@@ -256,7 +256,7 @@ mod tests {
         );
         let expected = [
             "goes on an `async fn`",
-            "cannot have type or const parameters",
+            "cannot be generic (it has type or const parameters)",
             "cannot take `self`",
             "destructuring patterns",
             "`impl Trait`",

@@ -377,7 +377,9 @@ fn validate_step(
     if let Some(variadic) = &sig.variadic {
         errors.spanned(variadic, "a `#[step]` fn cannot be variadic");
     }
-    check_generics(
+    // A generic step's parameters name its type parameters, which the step
+    // enum cannot: no stand-in types would match (see `StandIn::Unknown`).
+    let concrete = check_generics(
         &sig.generics,
         "a `#[step]` fn",
         "its parameters are stored in the step enum, which needs concrete types; replace each type parameter with the concrete type (lifetimes, as in `StepContext<'a>` or `&'a str`, are fine)",
@@ -491,7 +493,7 @@ fn validate_step(
             .filter(|a| a.path().is_ident("cfg"))
             .cloned()
             .collect(),
-        unknown,
+        unknown: unknown || !concrete,
     }
 }
 
