@@ -28,10 +28,10 @@
 //! so nothing else is reported on top. Where no stand-in could match what
 //! was meant (a parameter without a name, an output option that could not
 //! be read), none is written: with the macro's errors reported, rustc
-//! reports no unresolved names beside them.
-//! A `#[workflow]` impl block is written where the generated types' names
-//! mean them, so an item of the user's with one of those names is the name
-//! check's one error, and the step fns are not reported on top.
+//! reports no unresolved names beside them. A `#[workflow]` impl block is
+//! written where the generated types' names mean them, so an item of the
+//! user's with one of those names is the name check's one error, and the
+//! step fns are not reported on top.
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
@@ -61,6 +61,15 @@ use proc_macro::TokenStream;
 /// in PascalCase), `derive(...)` (extra derives on the struct) and
 /// `crate = path` (where the runtime crate is, default `::taquba_workflow`).
 ///
+/// A `key` without `{field}` placeholders is constant: the job is a
+/// singleton, every submission is the same job (`key = "reindex"` on a job
+/// with no parameters is the usual case). A submission while it is pending
+/// or running returns that run (`newly_submitted() == false`), one after it
+/// ended returns its recorded result until retention removes the record
+/// (then it runs again), and one with another payload (a job with
+/// parameters) fails with `InputMismatch`. The key is the job's identity
+/// across types too: give each singleton its own.
+///
 /// Accepted signatures: an optional `JobContext<'_>` (or `JobContext<'a>`)
 /// in any position, by value or by reference (`&JobContext<'_>`,
 /// `&mut JobContext<'_>`); named lifetimes on the fn (`&'a str`);
@@ -78,7 +87,8 @@ use proc_macro::TokenStream;
 /// const parameters), `self`, `const`, `unsafe`, `extern`, `...`, destructuring and
 /// `_` patterns (a field needs a name, and the name is stored), `impl
 /// Trait`, `&mut` fields, fields that borrow (`Cow<'a, str>`), other
-/// attributes on parameters; a `key` that names no parameter,
+/// attributes on parameters; a `{placeholder}` in `key` that names no
+/// parameter (or a `#[cfg]`-gated one), an empty `key`,
 /// `derive(Serialize)` (always derived), a name with whitespace at an end.
 ///
 /// The struct has the fn's visibility. It is defined in a hidden module

@@ -282,6 +282,22 @@ fn key_fn(model: &JobModel, krate: &TokenStream) -> Option<TokenStream> {
     let pieces = model.key.as_ref()?;
     let lit = model.options.key.as_ref()?;
     let span = lit.span();
+    // A constant key (a singleton job): the text itself.
+    if !pieces.iter().any(|p| matches!(p, Piece::Field { .. })) {
+        let text: String = pieces
+            .iter()
+            .map(|piece| match piece {
+                Piece::Text(text) => text.as_str(),
+                Piece::Field { .. } => "",
+            })
+            .collect();
+        let text = syn::LitStr::new(&text, span);
+        return Some(quote! {
+            fn idempotency_key(&self) -> ::core::option::Option<::std::string::String> {
+                ::core::option::Option::Some(::std::string::String::from(#text))
+            }
+        });
+    }
     let mut format = String::new();
     let mut args = Vec::new();
     for piece in pieces {
@@ -405,6 +421,20 @@ mod tests {
         );
         assert!(
             out.contains("generated_job_struct :: < SendEmail > ()"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn a_constant_key_is_the_text_itself() {
+        let out = expand(
+            quote!(key = "reindex:{{all}}"),
+            quote!(
+                async fn reindex() -> Result<(), E> {}
+            ),
+        );
+        assert!(
+            out.contains("fn idempotency_key (& self) -> :: core :: option :: Option < :: std :: string :: String > { :: core :: option :: Option :: Some (:: std :: string :: String :: from (\"reindex:{all}\")) }"),
             "{out}"
         );
     }
