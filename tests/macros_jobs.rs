@@ -67,14 +67,28 @@ async fn fail_by_closure(reason: String) -> Result<(), MathError> {
     Err(MathError(reason))
 }
 
-async fn runner() -> (JobRunner, taquba_workflow::RunnerHandle) {
+static REINDEX_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+/// Rebuilds the search index: a constant key makes it a singleton, one job
+/// however often it is submitted.
+#[job(name = "search.reindex", key = "reindex")]
+async fn reindex() -> Result<usize, MathError> {
+    Ok(REINDEX_CALLS.fetch_add(1, Ordering::SeqCst) + 1)
+}
+
+/// A runner with every `#[job]`, no worker running yet.
+async fn idle_runner() -> JobRunner {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let queue = Queue::open(store.clone(), "db").await.expect("queue opens");
-    let runner = JobRunner::builder(queue, store)
+    JobRunner::builder(queue, store)
         .register_all()
         .state(Prefix("hello"))
         .poll_interval(Duration::from_millis(20))
-        .build();
+        .build()
+}
+
+async fn runner() -> (JobRunner, taquba_workflow::RunnerHandle) {
+    let runner = idle_runner().await;
     let worker = runner.spawn(std::future::pending::<()>());
     (runner, worker)
 }
@@ -100,6 +114,27 @@ async fn a_job_is_submitted_awaited_and_resubmitted_idempotently() {
         taquba_workflow::jobs::Job::idempotency_key(&Add { a: 2, b: 3 }).as_deref(),
         Some("add:2:3")
     );
+    worker.shutdown().await.expect("worker stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_singleton_job_submitted_twice_while_pending_runs_once() {
+    use taquba_workflow::jobs::Job;
+    assert_eq!(Reindex.idempotency_key().as_deref(), Some("reindex"));
+
+    // No worker yet: the first submission is still pending when the second
+    // one comes, and collapses into it.
+    let runner = idle_runner().await;
+    let first = runner.submit(Reindex).await.expect("submits");
+    let second = runner.submit(Reindex).await.expect("submits again");
+    assert!(first.newly_submitted());
+    assert!(!second.newly_submitted());
+    assert_eq!(second.id(), first.id());
+
+    let worker = runner.spawn(std::future::pending::<()>());
+    assert_eq!(first.await.expect("runs"), 1);
+    assert_eq!(second.await.expect("the same run"), 1);
+    assert_eq!(REINDEX_CALLS.load(Ordering::SeqCst), 1, "run once");
     worker.shutdown().await.expect("worker stops");
 }
 

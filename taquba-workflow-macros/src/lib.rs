@@ -15,16 +15,23 @@
 //! user's item is emitted unchanged beside them (so the rest of the crate
 //! does not cascade). What only the type system can tell (is the return
 //! type a `Result`, is a parameter serializable) is checked through hidden
-//! marker traits of `taquba_workflow::__private`, named at the user's
-//! token, whose `#[diagnostic::on_unimplemented]` message names the fix:
-//! one error per missing capability. Beside an error the generated types
+//! marker traits of `taquba_workflow::__private`, each named once, at the
+//! user's token, whose `#[diagnostic::on_unimplemented]` message names the
+//! fix; nothing else the generated code writes states the bound again (the
+//! job's `Job` impl follows from `__private::GeneratedJob`, which names the
+//! return type once; fields are serialized through probes that state no
+//! bound): one error per mistake. Beside an error the generated types
 //! are stand-ins that match the user's code as written: an option value of
 //! the wrong kind that holds what was meant (`output = "u32"`) and a
 //! misspelt option close to a known one (`outptu`) are reported, then read
 //! as meant, and a refused step keeps its variant with the fields as meant,
 //! so nothing else is reported on top. Where no stand-in could match what
-//! was meant (a parameter without a name), none is written: with the
-//! macro's errors reported, rustc reports no unresolved names beside them.
+//! was meant (a parameter without a name, an output option that could not
+//! be read), none is written: with the macro's errors reported, rustc
+//! reports no unresolved names beside them. A `#[workflow]` impl block is
+//! written where the generated types' names mean them, so an item of the
+//! user's with one of those names is the name check's one error, and the
+//! step fns are not reported on top.
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
@@ -54,6 +61,15 @@ use proc_macro::TokenStream;
 /// in PascalCase), `derive(...)` (extra derives on the struct) and
 /// `crate = path` (where the runtime crate is, default `::taquba_workflow`).
 ///
+/// A `key` without `{field}` placeholders is constant: the job is a
+/// singleton, every submission is the same job (`key = "reindex"` on a job
+/// with no parameters is the usual case). A submission while it is pending
+/// or running returns that run (`newly_submitted() == false`), one after it
+/// ended returns its recorded result until retention removes the record
+/// (then it runs again), and one with another payload (a job with
+/// parameters) fails with `InputMismatch`. The key is the job's identity
+/// across types too: give each singleton its own.
+///
 /// Accepted signatures: an optional `JobContext<'_>` (or `JobContext<'a>`)
 /// in any position, by value or by reference (`&JobContext<'_>`,
 /// `&mut JobContext<'_>`); named lifetimes on the fn (`&'a str`);
@@ -67,11 +83,12 @@ use proc_macro::TokenStream;
 /// `Box<dyn Error + Send + Sync>`, `String` and every `std::error::Error`);
 /// other attributes on the fn (`#[tracing::instrument]`, `#[must_use]`),
 /// which stay on it (`#[deprecated]` also deprecates the struct).
-/// Refused, with one error on the token to change: type and const
-/// generics, `self`, `const`, `unsafe`, `extern`, `...`, destructuring and
+/// Refused, with one error on the token to change: generics (type and
+/// const parameters), `self`, `const`, `unsafe`, `extern`, `...`, destructuring and
 /// `_` patterns (a field needs a name, and the name is stored), `impl
 /// Trait`, `&mut` fields, fields that borrow (`Cow<'a, str>`), other
-/// attributes on parameters; a `key` that names no parameter,
+/// attributes on parameters; a `{placeholder}` in `key` that names no
+/// parameter (or a `#[cfg]`-gated one), an empty `key`,
 /// `derive(Serialize)` (always derived), a name with whitespace at an end.
 ///
 /// The struct has the fn's visibility. It is defined in a hidden module

@@ -348,6 +348,10 @@ pub(crate) enum Misspelt {
 /// first-seen option to `apply` with its name; malformed, unknown
 /// (`known` lists the accepted names) and duplicate options are reported
 /// and skipped (a misspelt one then applied as `misspelt` says).
+///
+/// Returns whether an entry went unread: one malformed, or unknown and not
+/// applied as a known one. Whatever it was meant to set is then unknown
+/// (`#[workflow(result = u32)]` may have meant the output).
 pub(crate) fn for_each_option(
     tokens: TokenStream,
     attribute: &str,
@@ -355,17 +359,21 @@ pub(crate) fn for_each_option(
     misspelt_options: Misspelt,
     errors: &mut Errors,
     mut apply: impl FnMut(&str, &OptionArg, &mut Errors),
-) {
+) -> bool {
     let mut seen = Seen::default();
     let mut misspelt = Vec::new();
-    for arg in parse_options(tokens, errors) {
+    let before = errors.count();
+    let args = parse_options(tokens, errors);
+    let mut unread = errors.count() > before;
+    for arg in args {
         let name = arg.name();
         if !known.contains(&name.as_str()) {
             errors.spanned(&arg.key, unknown_option(&arg, attribute, known));
-            if let Some(meant) = suggestion(&name, known)
-                && misspelt_options == Misspelt::ReadAsMeant
-            {
-                misspelt.push((meant, arg));
+            match suggestion(&name, known) {
+                Some(meant) if misspelt_options == Misspelt::ReadAsMeant => {
+                    misspelt.push((meant, arg));
+                }
+                _ => unread = true,
             }
             continue;
         }
@@ -382,6 +390,7 @@ pub(crate) fn for_each_option(
             apply(meant, &arg, &mut Errors::new());
         }
     }
+    unread
 }
 
 /// Tracks option names already seen, to report duplicates.

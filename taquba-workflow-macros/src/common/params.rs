@@ -29,8 +29,6 @@ pub(crate) fn is_named(ty: &Type, name: &str) -> bool {
 pub(crate) struct Param {
     /// The parameter's name as written (possibly raw, `r#type`).
     pub(crate) ident: Ident,
-    /// The parameter's type as written.
-    pub(crate) ty: Type,
     /// The owned type stored in the generated field.
     pub(crate) field_ty: Type,
     /// Whether the parameter is a reference, passed back as `&field`.
@@ -269,7 +267,6 @@ pub(crate) fn classify_param(
     }
     let param = Box::new(Param {
         ident,
-        ty: (*arg.ty).clone(),
         field_ty,
         by_ref,
         field_attrs,
@@ -472,7 +469,8 @@ pub(crate) fn first_unnamed(ty: &Type) -> Option<TokenStream> {
 }
 
 /// Reports type and const generics (lifetimes are accepted): one error
-/// spanning the generics and the `where` clause. `what` is `a \`#[job]\` fn`.
+/// spanning the generics and the `where` clause, saying "generic" (the word
+/// users search for). `what` is `a \`#[job]\` fn`.
 pub(crate) fn check_generics(
     generics: &syn::Generics,
     what: &str,
@@ -494,7 +492,7 @@ pub(crate) fn check_generics(
     let where_clause = &generics.where_clause;
     errors.spanned(
         quote!(#generics #where_clause),
-        format!("{what} cannot have type or const parameters: {reason}"),
+        format!("{what} cannot be generic (it has type or const parameters): {reason}"),
     );
     false
 }

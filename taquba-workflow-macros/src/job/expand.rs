@@ -1,23 +1,25 @@
 //! Writes the code of a checked `#[job]` fn: the fn as written, the job
-//! struct (in a hidden module, glob re-exported), `impl Job`, the check
-//! that the struct's name is not taken, and the registration entry.
+//! struct (in a hidden module, glob re-exported), `impl GeneratedJob`
+//! (`Job` follows from it), the check that the struct's name is not taken,
+//! the fields' bound checks and the registration entry.
 //!
-//! Every bound is checked at the user's token: the return type goes
-//! through `JobReturn` (at the return type; `run` returns the named
-//! `JobRun` future, so the split is checked in plain types, once), each
-//! field through `JobField` / `JobFieldOwned` (at its parameter's type),
-//! `classify` is coerced to a fn pointer (at its path).
+//! Every bound is checked once, at the user's token: the return type as
+//! `GeneratedJob::Return` (whose bounds say it is a `Result` with a stored
+//! output and error; nothing else names its parts), each field by its
+//! marker trait `JobField` / `JobFieldOwned` at its parameter's type (the
+//! struct is serialized and the field cloned through probes that state no
+//! bound), `classify` by its coercion to a fn pointer (at its path).
 
 use proc_macro2::{Span, TokenStream};
-use quote::{ToTokens, format_ident, quote, quote_spanned};
+use quote::{format_ident, quote, quote_spanned};
 use syn::Ident;
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 
 use super::validate::JobModel;
 use crate::common::{
-    ContextBy, ContextParam, Piece, Slot, cfg_attrs, copied_docs, crate_path, doc_attrs,
-    inner_type, inner_visibility, respan,
+    ContextBy, ContextParam, Piece, Slot, bound_check, cfg_attrs, copied_docs, crate_path,
+    doc_attrs, inner_type, inner_visibility, respan, serde_fns,
 };
 
 /// The full expansion of one `#[job]`; `func` is the fn as re-emitted.
@@ -57,7 +59,23 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
         " The fields are the parameters of `{fn_ident}`; `#[job]` generated this type, its `Job` impl and its registration."
     );
     let derives = &model.options.derives;
-    let fields = model.params.iter().map(|param| {
+    // Each field is serialized through fns beside the struct, which state no
+    // bound: the field's bounds are checked once, below (`checks`).
+    let serde: Vec<_> = model
+        .params
+        .iter()
+        .enumerate()
+        .map(|(index, param)| {
+            serde_fns(
+                &index.to_string(),
+                &inner_type(&param.field_ty),
+                &param.cfgs,
+                &krate,
+            )
+        })
+        .collect();
+    let serde_fns = serde.iter().map(|fns| &fns.fns);
+    let fields = model.params.iter().zip(&serde).map(|(param, serde)| {
         let field = &param.ident;
         let ty = inner_type(&param.field_ty);
         let attrs = &param.field_attrs;
@@ -65,23 +83,19 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
             let text = format!(" The `{}` parameter of `{fn_ident}`.", param.name());
             quote!(#[doc = #text])
         });
-        // Serialized through the check trait, named at the parameter's
-        // type, so a missing bound is reported once, there.
-        let span = param.ty.span();
-        let check = if param.by_ref { "JobField" } else { "JobFieldOwned" };
-        let written = inner_type(&param.field_ty);
-        let with = |method: &str| {
-            let path = format!(
-                "<{} as {krate_string}::__private::{check}>::{method}",
-                quote!(#written)
-            );
-            syn::LitStr::new(&path, span)
-        };
-        let (ser, de) = (with("serialize"), with("deserialize"));
+        let with = &serde.attr;
         // The field's visibility at the parameter's name, so the field (a
         // derive's error on it) is located at the parameter.
         let field_vis = respan(&inner_vis, field.span());
-        quote!(#doc #(#attrs)* #[serde(serialize_with = #ser, deserialize_with = #de)] #field_vis #field: #ty)
+        quote!(#doc #(#attrs)* #with #field_vis #field: #ty)
+    });
+    let checks = model.params.iter().map(|param| {
+        let check = if param.by_ref {
+            "JobField"
+        } else {
+            "JobFieldOwned"
+        };
+        bound_check(&param.field_ty, check, &param.cfgs, &krate)
     });
     let body = if model.params.is_empty() {
         quote!(;)
@@ -105,20 +119,17 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
 
             #[allow(deprecated)]
             impl #krate::__private::GeneratedJobStruct for #ident {}
+
+            #(#serde_fns)*
         }
         #(#cfgs)*
         #vis use #module::*;
     };
     let path = quote!(#module::#ident);
 
-    // impl Job.
+    // impl GeneratedJob.
     let ret = &model.ret;
     let ret_span = ret.span();
-    let at_ret = respan(&krate, ret_span);
-    let output = quote_spanned!(ret_span=>
-        <<#ret as #at_ret::__private::JobReturn>::Output as #at_ret::__private::JobOutputOf>::Type);
-    let error = quote_spanned!(ret_span=>
-        <<#ret as #at_ret::__private::JobReturn>::Error as #at_ret::__private::JobErrorOf>::Type);
     let name = &model.name;
     let ctx = Ident::new("__taquba_ctx", Span::mixed_site());
     let contexts: Vec<ContextBy> = model
@@ -149,25 +160,14 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
             if param.by_ref {
                 quote!(#(#cfgs)* &self.#field)
             } else {
-                // At the span the field's serialization names the check
-                // with (a string path has one span, the type's first
-                // token's), so a type missing a bound is one error there,
-                // not one for each use.
-                let span = param.ty.span();
-                let written = respan(&param.field_ty.to_token_stream(), span);
-                let at = respan(&krate, span);
-                let call = quote_spanned!(span=>
-                    <#written as #at::__private::JobFieldOwned>::clone_param(&self.#field));
-                quote!(#(#cfgs)* #call)
+                // Cloned for each attempt, through the probe (the bound is
+                // the field's check).
+                let ty = &param.field_ty;
+                quote!(#(#cfgs)* (&#krate::__private::FieldProbe::<#ty>::new()).clone_via().clone_value(&self.#field))
             }
         }
     });
     let call = quote_spanned!(fn_ident.span()=> #fn_ident(#(#args),*));
-    // The call is made inside the block: a fn whose parameters share one
-    // lifetime (`fn f<'a>(ctx: JobContext<'a>, name: &'a str)`) borrows the
-    // context and the job for one region, which only the block can name.
-    let awaited =
-        quote_spanned!(ret_span=> #at_ret::__private::job_run(async move { #call.await }));
     let key_fn = key_fn(model, &krate);
     let attempts_fn = model.options.max_attempts.as_ref().map(|n| {
         quote! {
@@ -177,45 +177,54 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
         }
     });
     let classify_fn = model.options.classify.as_ref().map(|classify| {
-        let error_ident = Ident::new("__taquba_error", Span::mixed_site());
-        let pointer = Ident::new("__taquba_classify", Span::mixed_site());
-        // Coerced to the expected fn pointer at the path's span, so a
-        // wrong signature is reported there.
-        let coerce = quote_spanned!(classify.span()=>
-            let #pointer: #krate::__private::Classify<<Self as #krate::jobs::Job>::Error> = #classify;);
+        let error = Ident::new("__taquba_error", Span::mixed_site());
+        let slot = Ident::new("__taquba_classify", Span::mixed_site());
+        // Assigned to a `Classify<E>` for the return type's `E` (to any
+        // `Classify<X>` when the return type is not a `Result`, which its
+        // own check reports): a wrong signature is one error, at `classify`.
         quote! {
-            fn classify(&self, #error_ident: &<Self as #krate::jobs::Job>::Error) -> #krate::StepErrorKind {
-                #coerce
-                #pointer(#error_ident)
+            fn classify(&self, #error: &dyn ::core::any::Any) -> #krate::StepErrorKind {
+                #[allow(unused_imports)]
+                use #krate::__private::{ClassifyOther as _, ClassifyResult as _};
+                #[allow(unused_assignments)]
+                let mut #slot = (&#krate::__private::ClassifyProbe::<#ret>::new()).slot();
+                #slot = #classify;
+                #krate::__private::classify_with(#slot, #error)
             }
         }
     });
-    // Everything that names the output or the error is spanned at the
-    // return type, so a wrong one is one diagnostic there.
-    let assoc_types = quote_spanned! {ret_span=>
-        type Output = #output;
-        type Error = #error;
-    };
-    // A named future (`JobRun`) around the fn's, whose output is the
-    // return type as written: the split into `T` and `E` is then named in
-    // plain types only, all at the return type, so a return type that is
-    // not a `Result` is one error (see `JobRun`). Returning it where the
-    // trait says `impl Future` is a refinement, on purpose.
-    let run_ret = quote_spanned!(ret_span=>
-        #at_ret::__private::JobRun<impl ::core::future::Future<Output = #ret> + ::core::marker::Send>);
+    // The return type as written, named once: its bounds (a `Result`, with
+    // a stored output and error) are `GeneratedJob::Return`'s, so a wrong
+    // one is one error, there. The future is `Send` at the return type too.
+    let call_ret = quote_spanned!(ret_span=>
+        impl ::core::future::Future<Output = Self::Return> + ::core::marker::Send);
+    let uses_probe = model.params.iter().any(|p| !p.by_ref);
+    let probe_imports = uses_probe.then(|| {
+        quote! {
+            #[allow(unused_imports)]
+            use #krate::__private::{ProbeClone as _, ProbeCloneUnchecked as _};
+        }
+    });
     let item_impl = quote! {
         #(#cfgs)*
         #[allow(deprecated)]
-        impl #krate::jobs::Job for #path {
-            #assoc_types
+        impl #krate::__private::GeneratedJob for #path {
+            type Return = #ret;
             const NAME: &'static str = #name;
 
-            #[allow(refining_impl_trait)]
-            fn run(
+            // A `()` parameter is cloned as any other (a unit value passed
+            // to the fn).
+            #[allow(clippy::unit_arg)]
+            fn call(
                 &self,
                 #ctx_pat: #krate::jobs::JobContext<'_>,
-            ) -> #run_ret {
-                #awaited
+            ) -> #call_ret {
+                #probe_imports
+                // The call is made inside the block: a fn whose parameters
+                // share one lifetime (`fn f<'a>(ctx: JobContext<'a>, name:
+                // &'a str)`) borrows the context and the job for one
+                // region, which only the block can name.
+                async move { #call.await }
             }
 
             #key_fn
@@ -238,6 +247,7 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
         #[allow(deprecated)]
         const _: () = {
             #name_check;
+            #(#checks)*
             #krate::__private::inventory::submit! {
                 #krate::__private::JobRegistration {
                     // The name itself, not `Job::NAME`: naming the impl
@@ -272,6 +282,22 @@ fn key_fn(model: &JobModel, krate: &TokenStream) -> Option<TokenStream> {
     let pieces = model.key.as_ref()?;
     let lit = model.options.key.as_ref()?;
     let span = lit.span();
+    // A constant key (a singleton job): the text itself.
+    if !pieces.iter().any(|p| matches!(p, Piece::Field { .. })) {
+        let text: String = pieces
+            .iter()
+            .map(|piece| match piece {
+                Piece::Text(text) => text.as_str(),
+                Piece::Field { .. } => "",
+            })
+            .collect();
+        let text = syn::LitStr::new(&text, span);
+        return Some(quote! {
+            fn idempotency_key(&self) -> ::core::option::Option<::std::string::String> {
+                ::core::option::Option::Some(::std::string::String::from(#text))
+            }
+        });
+    }
     let mut format = String::new();
     let mut args = Vec::new();
     for piece in pieces {
@@ -344,13 +370,37 @@ mod tests {
             ),
         );
         assert!(out.contains("pub (crate) struct SendEmail"), "{out}");
+        // Serialized through fns beside the struct, which state no bound.
         assert!(
-            out.contains("# [serde (serialize_with = \"<:: std :: string :: String as ::taquba_workflow::__private::JobField>::serialize\" , deserialize_with = \"<:: std :: string :: String as ::taquba_workflow::__private::JobField>::deserialize\")] pub (crate) to : :: std :: string :: String"),
+            out.contains("# [serde (serialize_with = \"__taquba_ser_0\" , deserialize_with = \"__taquba_de_0\")] pub (crate) to : :: std :: string :: String"),
+            "{out}"
+        );
+        assert!(
+            out.contains("fn __taquba_ser_0 < __S : :: taquba_workflow :: __private :: serde :: Serializer > (__taquba_value : & :: std :: string :: String"),
+            "{out}"
+        );
+        assert!(
+            out.contains("(& :: taquba_workflow :: __private :: FieldProbe :: < :: std :: string :: String > :: new ()) . serde_via () . deserialize (__taquba_deserializer)"),
             "{out}"
         );
         assert!(out.contains("pub (crate) n : u32"), "{out}");
+        // The bounds: once per field, and the return type once, as `Return`.
+        assert!(
+            out.contains("let _ = < :: std :: string :: String as :: taquba_workflow :: __private :: JobField > :: check ;"),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "let _ = < u32 as :: taquba_workflow :: __private :: JobFieldOwned > :: check ;"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains("impl :: taquba_workflow :: __private :: GeneratedJob for __taquba_job_send_email :: SendEmail { type Return = Result < Id , E > ;"),
+            "{out}"
+        );
         assert!(out.contains("const NAME : & 'static str = \"email.send\""));
-        assert!(out.contains("send_email (__taquba_ctx , & self . to , < u32 as :: taquba_workflow :: __private :: JobFieldOwned > :: clone_param (& self . n))"), "{out}");
+        assert!(out.contains("send_email (__taquba_ctx , & self . to , (& :: taquba_workflow :: __private :: FieldProbe :: < u32 > :: new ()) . clone_via () . clone_value (& self . n))"), "{out}");
         assert!(out.contains("\"email:{}\""), "{out}");
         assert!(out.contains(":: core :: option :: Option :: Some (4)"));
         assert!(out.contains("# [doc = r\" Sends one email.\"]"), "{out}");
@@ -376,6 +426,34 @@ mod tests {
     }
 
     #[test]
+    fn a_constant_key_is_the_text_itself() {
+        let out = expand(
+            quote!(key = "reindex:{{all}}"),
+            quote!(
+                async fn reindex() -> Result<(), E> {}
+            ),
+        );
+        assert!(
+            out.contains("fn idempotency_key (& self) -> :: core :: option :: Option < :: std :: string :: String > { :: core :: option :: Option :: Some (:: std :: string :: String :: from (\"reindex:{all}\")) }"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn classify_is_coerced_for_the_return_types_error() {
+        let out = expand(
+            quote!(classify = kinds::of),
+            quote!(
+                async fn fails() -> Result<(), E> {}
+            ),
+        );
+        assert!(
+            out.contains("let mut __taquba_classify = (& :: taquba_workflow :: __private :: ClassifyProbe :: < Result < () , E > > :: new ()) . slot () ; __taquba_classify = kinds :: of ;"),
+            "{out}"
+        );
+    }
+
+    #[test]
     fn the_context_is_lent_as_the_fn_takes_it() {
         let out = expand(
             quote!(),
@@ -383,7 +461,7 @@ mod tests {
                 async fn by_ref(ctx: &JobContext<'_>) -> Result<(), E> {}
             ),
         );
-        assert!(out.contains("fn run (& self , __taquba_ctx :"), "{out}");
+        assert!(out.contains("fn call (& self , __taquba_ctx :"), "{out}");
         assert!(out.contains("by_ref (& __taquba_ctx)"), "{out}");
         let out = expand(
             quote!(),
@@ -391,7 +469,10 @@ mod tests {
                 async fn by_mut(n: u8, ctx: &mut JobContext<'_>) -> Result<(), E> {}
             ),
         );
-        assert!(out.contains("fn run (& self , mut __taquba_ctx :"), "{out}");
+        assert!(
+            out.contains("fn call (& self , mut __taquba_ctx :"),
+            "{out}"
+        );
         assert!(out.contains(", & mut __taquba_ctx)"), "{out}");
     }
 
@@ -409,7 +490,9 @@ mod tests {
             "{out}"
         );
         assert!(
-            out.contains("# [allow (deprecated)] impl :: taquba_workflow :: jobs :: Job"),
+            out.contains(
+                "# [allow (deprecated)] impl :: taquba_workflow :: __private :: GeneratedJob"
+            ),
             "{out}"
         );
         assert!(out.contains("# [allow (deprecated)] const _"), "{out}");
@@ -424,7 +507,7 @@ mod tests {
             ),
         );
         assert!(out.contains("struct Tick ;"), "{out}");
-        assert!(out.contains("fn run (& self , _ :"), "{out}");
+        assert!(out.contains("fn call (& self , _ :"), "{out}");
     }
 
     #[test]
@@ -448,7 +531,11 @@ mod tests {
                 async fn tick() -> Result<(), E> {}
             ),
         );
-        assert!(out.contains("impl :: other :: jobs :: Job for __taquba_job_tick :: Tick"));
+        assert!(
+            out.contains(
+                "impl :: other :: __private :: GeneratedJob for __taquba_job_tick :: Tick"
+            )
+        );
         assert!(out.contains("\"::other::__private::serde\""), "{out}");
         assert!(!out.contains("taquba_workflow"));
     }
@@ -473,13 +560,28 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("# [cfg (feature = \"x\")] # [serde"), "{out}");
+        // The field's use in the call, its serde fns and its check.
         assert!(
-            out.contains("# [cfg (feature = \"x\")] < u32 as :: taquba_workflow :: __private :: JobFieldOwned > :: clone_param (& self . n)"),
+            out.contains("# [cfg (feature = \"x\")] (& :: taquba_workflow :: __private :: FieldProbe :: < u32 > :: new ()) . clone_via () . clone_value (& self . n)"),
+            "{out}"
+        );
+        assert!(
+            out.contains("# [cfg (feature = \"x\")] fn __taquba_ser_1"),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "# [cfg (feature = \"x\")] # [allow (single_use_lifetimes)] fn __taquba_de_1"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains("# [cfg (feature = \"x\")] let _ = < u32 as"),
             "{out}"
         );
         // Only the part of a `cfg_attr` that can remove the argument.
         assert!(
-            out.contains("# [cfg_attr (feature = \"y\" , cfg (feature = \"z\"))] < u8"),
+            out.contains("# [cfg_attr (feature = \"y\" , cfg (feature = \"z\"))] (& :: taquba_workflow :: __private :: FieldProbe :: < u8 >"),
             "{out}"
         );
     }

@@ -45,7 +45,9 @@ pub(crate) struct JobOptions {
 /// duplicate option.
 pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> JobOptions {
     let mut options = JobOptions::default();
-    for_each_option(
+    // With an error, the expansion is the fn alone: nothing depends on
+    // what an unread option meant.
+    let _unread = for_each_option(
         attr,
         "job",
         OPTIONS,

@@ -1,7 +1,7 @@
 //! Checks the fn under `#[job]` and builds the model `expand` writes out.
 
 use syn::ext::IdentExt;
-use syn::{Ident, ItemFn, ReturnType, Type};
+use syn::{Ident, ItemFn, LitStr, ReturnType, Type};
 
 use super::parse::JobOptions;
 use crate::common::{
@@ -124,20 +124,19 @@ pub(crate) fn validate(
                 return None;
             }
         };
-        if !pieces.iter().any(|p| matches!(p, Piece::Field { .. })) {
-            let written = lit.value();
-            let prefix = match written.trim_end_matches(':') {
-                "" => sig.ident.unraw().to_string(),
-                text => text.to_string(),
-            };
-            let field = params
-                .first()
-                .map(Param::name)
-                .unwrap_or_else(|| "field".to_string());
+        // A key without placeholders is constant: every submission is the
+        // same job (a singleton). Only an empty one is refused: it would be
+        // the key of every job that wrote it.
+        if lit.value().trim().is_empty() {
+            let name = options
+                .name
+                .as_ref()
+                .map(LitStr::value)
+                .unwrap_or_else(|| sig.ident.unraw().to_string());
             errors.spanned(
                 lit,
                 format!(
-                    "the key template {written:?} names no parameter, so every submission of this job has the same key and is one job (another payload then fails with `InputMismatch`): name the parameters that make a submission unique, as in `key = \"{prefix}:{{{field}}}\"`, or write `idempotent` for a key from the whole payload"
+                    "the key template is empty: write a constant key for a singleton job, one run at a time (`key = {name:?}`), name the parameters that make a submission unique (`key = \"{name}:{{param}}\"`), or write `idempotent` for a key from the whole payload"
                 ),
             );
             return None;
@@ -256,7 +255,7 @@ mod tests {
         );
         let expected = [
             "goes on an `async fn`",
-            "cannot have type or const parameters",
+            "cannot be generic (it has type or const parameters)",
             "cannot take `self`",
             "destructuring patterns",
             "`impl Trait`",
@@ -296,18 +295,46 @@ mod tests {
     }
 
     #[test]
-    fn a_key_without_a_field_is_reported() {
-        for key in ["", "report", "{{literal}}"] {
-            let (_, messages) = run(
-                quote!(key = #key),
+    fn a_constant_key_is_a_singleton_and_an_empty_one_is_reported() {
+        for key in ["report", "{{literal}}", "report:all"] {
+            for item in [
+                quote!(
+                    async fn report() -> Result<(), E> {}
+                ),
                 quote!(
                     async fn report(day: u32) -> Result<(), E> {}
                 ),
-            );
-            assert_eq!(messages.len(), 1, "{key}: {messages:?}");
-            assert!(messages[0].contains("names no parameter"), "{messages:?}");
-            assert!(messages[0].contains(":{day}"), "{messages:?}");
+            ] {
+                let (ok, messages) = run(quote!(key = #key), item);
+                assert!(ok && messages.is_empty(), "{key}: {messages:?}");
+            }
         }
+        for key in ["", "  "] {
+            let (_, messages) = run(
+                quote!(key = #key),
+                quote!(
+                    async fn report() -> Result<(), E> {}
+                ),
+            );
+            assert_eq!(messages.len(), 1, "{key:?}: {messages:?}");
+            assert!(messages[0].contains("is empty"), "{messages:?}");
+            assert!(messages[0].contains("`key = \"report\"`"), "{messages:?}");
+        }
+    }
+
+    #[test]
+    fn a_placeholder_naming_no_parameter_is_reported() {
+        let (_, messages) = run(
+            quote!(key = "reindex:{scope}"),
+            quote!(
+                async fn reindex() -> Result<(), E> {}
+            ),
+        );
+        assert_eq!(messages.len(), 1, "{messages:?}");
+        assert!(
+            messages[0].contains("`{scope}` in the key template is not a parameter of the job: `reindex` has no parameters besides the context"),
+            "{messages:?}"
+        );
     }
 
     #[test]

@@ -5,6 +5,14 @@
 //! Workflow`, `impl StepRunner`, the bound checks and the registration
 //! entry.
 //!
+//! The impl block and the impls are written in a `const _` block that
+//! imports the generated types by name: there the names mean them whatever
+//! the module holds, so with an item of the user's of the same name (the
+//! name check's one error) the step fns still type-check against the step
+//! enum, and are not reported on top. Each field of the step enum is
+//! serialized through probes that state no bound, and its bound is checked
+//! once, by `StepField` at the parameter's type.
+//!
 //! With `fallback`, the same types and impls are written with bodies that
 //! are never run (`unreachable!`) and without registration: the crate does
 //! not compile anyway (an error was reported), but `OrderStep::...` and
@@ -19,7 +27,8 @@ use syn::spanned::Spanned;
 
 use super::validate::{StepModel, WorkflowModel};
 use crate::common::{
-    ContextBy, ContextParam, Slot, copied_docs, crate_path, inner_type, inner_visibility, respan,
+    ContextBy, ContextParam, Slot, bound_check, copied_docs, crate_path, inner_type,
+    inner_visibility, respan, serde_fns,
 };
 
 /// The full expansion of one `#[workflow]`.
@@ -32,7 +41,7 @@ pub(crate) fn expand(model: &WorkflowModel, fallback: bool) -> TokenStream {
         .clone()
         .unwrap_or(syn::Visibility::Inherited);
     let module = module_ident(model);
-    let step_enum = step_enum(model, &krate);
+    let (step_enum, serde_fns) = step_enum(model, &krate);
     let (input, input_impls) = input_struct(model, &krate);
     let workflow_impl = workflow_impl(model, &krate, fallback);
     let names = name_checks(model, &krate);
@@ -43,8 +52,6 @@ pub(crate) fn expand(model: &WorkflowModel, fallback: bool) -> TokenStream {
     };
     let (enum_ident, input_ident) = (&model.step_enum, &model.input);
     quote! {
-        #item
-
         #[doc(hidden)]
         #[allow(deprecated)]
         mod #module {
@@ -56,11 +63,19 @@ pub(crate) fn expand(model: &WorkflowModel, fallback: bool) -> TokenStream {
 
             impl #krate::__private::GeneratedStepEnum for #enum_ident {}
             impl #krate::__private::GeneratedInput for #input_ident {}
+
+            #serde_fns
         }
         #vis use #module::*;
 
-        #input_impls
-        #workflow_impl
+        const _: () = {
+            #[allow(unused_imports)]
+            use #module::{#enum_ident, #input_ident};
+
+            #item
+            #input_impls
+            #workflow_impl
+        };
         #[allow(deprecated)]
         const _: () = {
             #names
@@ -97,60 +112,72 @@ fn serde_path(krate: &TokenStream) -> String {
     format!("{}::__private::serde", krate.to_string().replace(' ', ""))
 }
 
-fn step_enum(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
+/// The step enum, and the fns its fields are serialized with.
+fn step_enum(model: &WorkflowModel, krate: &TokenStream) -> (TokenStream, TokenStream) {
     let vis = inner_vis(model);
     let ident = &model.step_enum;
     let type_ident = &model.type_ident;
     let derives = &model.options.derives;
     let serde_path = serde_path(krate);
-    let krate_string = krate.to_string().replace(' ', "");
     let doc = format!(
         " The steps of the `{}` workflow: one variant per `#[step]` fn of `{type_ident}`, whose fields are that step's parameters.",
         model.name
     );
     let doc_storage = " A variant is stored under its step's name, so runs in flight survive steps being added, removed or reordered. Move a run on with `Transition::next` and friends.";
-    let variants = model.steps.iter().map(|step| {
-        let cfgs = &step.cfgs;
-        let name = &step.name;
-        let variant = &step.variant;
-        let default_doc = format!(
-            " The `{name}` step: runs `{type_ident}::{}`.",
-            step.fn_ident
-        );
-        let docs = if step.docs.is_empty() {
-            quote!(#[doc = #default_doc])
-        } else {
-            copied_docs(&step.docs.iter().collect::<Vec<_>>())
-        };
-        let fields = step.params.iter().map(|param| {
-            let field = &param.ident;
-            let ty = inner_type(&param.field_ty);
-            let attrs = &param.field_attrs;
-            let doc = (!attrs.iter().any(|a| a.path().is_ident("doc"))).then(|| {
-                let text = format!(" The `{}` parameter of `{}`.", param.name(), step.fn_ident);
-                quote!(#[doc = #text])
-            });
-            // Serialized through the check trait, named at the parameter's
-            // type, so a missing bound is reported once, there.
-            let span = param.ty.span();
-            let with = |method: &str| {
-                let path = format!(
-                    "<{} as {krate_string}::__private::StepField>::{method}",
-                    quote!(#ty)
-                );
-                syn::LitStr::new(&path, span)
+    let mut fns = TokenStream::new();
+    let variants: Vec<TokenStream> = model
+        .steps
+        .iter()
+        .enumerate()
+        .map(|(step_index, step)| {
+            let cfgs = &step.cfgs;
+            let name = &step.name;
+            let variant = &step.variant;
+            let default_doc = format!(
+                " The `{name}` step: runs `{type_ident}::{}`.",
+                step.fn_ident
+            );
+            let docs = if step.docs.is_empty() {
+                quote!(#[doc = #default_doc])
+            } else {
+                copied_docs(&step.docs.iter().collect::<Vec<_>>())
             };
-            let (ser, de) = (with("serialize"), with("deserialize"));
-            quote!(#doc #(#attrs)* #[serde(serialize_with = #ser, deserialize_with = #de)] #field: #ty)
-        });
-        quote! {
-            #(#cfgs)*
-            #docs
-            #[serde(rename = #name)]
-            #variant { #(#fields,)* },
-        }
-    });
-    quote! {
+            let fields: Vec<TokenStream> = step
+                .params
+                .iter()
+                .enumerate()
+                .map(|(field_index, param)| {
+                    let field = &param.ident;
+                    let ty = inner_type(&param.field_ty);
+                    let attrs = &param.field_attrs;
+                    let doc = (!attrs.iter().any(|a| a.path().is_ident("doc"))).then(|| {
+                        let text =
+                            format!(" The `{}` parameter of `{}`.", param.name(), step.fn_ident);
+                        quote!(#[doc = #text])
+                    });
+                    // Serialized through fns that state no bound: the field's bound
+                    // is checked once, by `name_checks`.
+                    let all_cfgs: Vec<_> = step.cfgs.iter().chain(&param.cfgs).cloned().collect();
+                    let serde = serde_fns(
+                        &format!("{step_index}_{field_index}"),
+                        &ty,
+                        &all_cfgs,
+                        krate,
+                    );
+                    fns.extend(serde.fns);
+                    let with = serde.attr;
+                    quote!(#doc #(#attrs)* #with #field: #ty)
+                })
+                .collect();
+            quote! {
+                #(#cfgs)*
+                #docs
+                #[serde(rename = #name)]
+                #variant { #(#fields,)* },
+            }
+        })
+        .collect();
+    let step_enum = quote! {
         #[doc = #doc]
         #[doc = ""]
         #[doc = #doc_storage]
@@ -159,7 +186,8 @@ fn step_enum(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
         #vis enum #ident {
             #(#variants)*
         }
-    }
+    };
+    (step_enum, fns)
 }
 
 /// The input struct (in the module) and its impls (outside).
@@ -400,10 +428,10 @@ fn dispatch_arm(
     // starts at its first token), so a wrong return type is one error
     // there.
     let at_ret = respan(krate, ret_span);
-    // The step enum as the name means it in this module: the generated
-    // enum, unless an item of the user's shadows it (then the name check
-    // fails the build, and this still type-checks: see
-    // `generated_transition`).
+    // The step enum as the step fns name it: written in the `const _`
+    // block that imports the generated enum by name, this is the generated
+    // enum even when an item of the user's has the name in the module (the
+    // name check's one error), so the step fns type-check against it.
     let named_enum = &model.step_enum;
     // At the return type, in its context: an expression mixing syntax
     // contexts (a `mixed_site` binding among the return type's tokens) is
@@ -424,7 +452,8 @@ fn dispatch_arm(
 }
 
 /// Checks that the generated types' names still mean them in the user's
-/// module (see `GeneratedStepEnum`).
+/// module (see `GeneratedStepEnum`), and the bound of each field of the
+/// step enum (`StepField`), once, at its parameter's type.
 fn name_checks(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
     let enum_ident = &model.step_enum;
     let input_ident = &model.input;
@@ -432,7 +461,13 @@ fn name_checks(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
         #krate::__private::generated_step_enum::<#enum_ident>());
     let input_check = quote_spanned!(input_ident.span()=>
         #krate::__private::generated_input::<#input_ident>());
-    quote!(#enum_check; #input_check;)
+    let field_checks = model.steps.iter().flat_map(|step| {
+        step.params.iter().map(|param| {
+            let cfgs: Vec<_> = step.cfgs.iter().chain(&param.cfgs).cloned().collect();
+            bound_check(&param.field_ty, "StepField", &cfgs, krate)
+        })
+    });
+    quote!(#enum_check; #input_check; #(#field_checks)*)
 }
 
 fn registration(model: &WorkflowModel, krate: &TokenStream) -> TokenStream {
@@ -498,7 +533,23 @@ mod tests {
     fn the_enum_has_one_renamed_variant_per_step() {
         let out = expand(quote!(output = Receipt), ORDER.parse().unwrap());
         assert!(out.contains("pub (super) enum OrderStep {"), "{out}");
-        assert!(out.contains("# [serde (rename = \"charge\")] Charge { # [doc = \" The `order_id` parameter of `charge`.\"] # [serde (serialize_with = \"<:: std :: string :: String as ::taquba_workflow::__private::StepField>::serialize\" , deserialize_with = \"<:: std :: string :: String as ::taquba_workflow::__private::StepField>::deserialize\")] order_id : :: std :: string :: String"), "{out}");
+        assert!(out.contains("# [serde (rename = \"charge\")] Charge { # [doc = \" The `order_id` parameter of `charge`.\"] # [serde (serialize_with = \"__taquba_ser_0_0\" , deserialize_with = \"__taquba_de_0_0\")] order_id : :: std :: string :: String"), "{out}");
+        // The serde fns of a `#[cfg]`'d step are too, and each field's bound
+        // is checked once.
+        assert!(
+            out.contains("# [cfg (feature = \"ship\")] fn __taquba_ser_1_0"),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "let _ = < u64 as :: taquba_workflow :: __private :: StepField > :: check ;"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains("# [cfg (feature = \"ship\")] let _ = < String as :: taquba_workflow :: __private :: StepField > :: check ;"),
+            "{out}"
+        );
         assert!(out.contains("# [cfg (feature = \"ship\")] # [doc = \" The `ship_it` step: runs `Order::ship`.\"] # [serde (rename = \"ship_it\")] Ship"), "{out}");
         // The step fn's docs, outside doctest builds (an example in them is
         // collected once, from the fn).
@@ -554,6 +605,20 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("inventory :: submit !"));
+    }
+
+    #[test]
+    fn the_impl_block_sees_the_generated_types_by_name() {
+        let out = expand(quote!(), ORDER.parse().unwrap());
+        assert!(
+            out.contains("const _ : () = { # [allow (unused_imports)] use __taquba_workflow_order :: { OrderStep , OrderInput } ; impl Order {"),
+            "{out}"
+        );
+        // The name checks are outside it, where the names are the module's.
+        assert!(
+            out.contains("# [allow (deprecated)] const _ : () = { :: taquba_workflow :: __private :: generated_step_enum :: < OrderStep > ()"),
+            "{out}"
+        );
     }
 
     #[test]

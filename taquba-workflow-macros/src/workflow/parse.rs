@@ -37,13 +37,20 @@ pub(crate) struct WorkflowOptions {
     pub(crate) derives: Vec<Path>,
     /// `crate = path`.
     pub(crate) krate: Option<Path>,
+    /// Whether the output is unknown: none was read, and one may have been
+    /// meant (an `output` option, maybe misspelt, whose value could not be
+    /// read, or an option that could not be read at all). The stand-in
+    /// types beside the errors would then have `()` as the output, which
+    /// the user's code may not match: none are written.
+    pub(crate) output_unknown: bool,
 }
 
 /// Parses `#[workflow(...)]`, reporting every malformed, unknown or
 /// duplicate option.
 pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> WorkflowOptions {
     let mut options = WorkflowOptions::default();
-    for_each_option(
+    let mut output_written = false;
+    let unread = for_each_option(
         attr,
         "workflow",
         OPTIONS,
@@ -51,7 +58,10 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> WorkflowOptions {
         errors,
         |name, arg, errors| match name {
             "name" => options.name = arg.name_str("name = \"order\"", errors),
-            "output" => options.output = arg.parse_value("a type", "output = Receipt", errors),
+            "output" => {
+                output_written = true;
+                options.output = arg.parse_value("a type", "output = Receipt", errors);
+            }
             "step_enum" => {
                 options.step_enum =
                     arg.parse_value("an identifier", "step_enum = OrderStep", errors)
@@ -65,6 +75,7 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> WorkflowOptions {
             _ => {}
         },
     );
+    options.output_unknown = options.output.is_none() && (output_written || unread);
     options
 }
 
@@ -99,7 +110,9 @@ pub(crate) fn parse_step(attr: &Attribute, errors: &mut Errors) -> StepOptions {
             return options;
         }
     };
-    for_each_option(
+    // A step's options do not shape the stand-in types (a misspelt `start`
+    // is not guessed, see below).
+    let _unread = for_each_option(
         tokens,
         "step",
         STEP_OPTIONS,
@@ -212,6 +225,42 @@ mod tests {
             options.output.map(|t| quote!(#t).to_string()).as_deref(),
             Some("u32")
         );
+    }
+
+    #[test]
+    fn an_output_meant_but_not_read_is_unknown() {
+        // No stand-in types then: their `()` output may not match the
+        // user's `Transition::done(..)`.
+        for attr in [
+            quote!(outptu = 3),
+            quote!(outptu(u32)),
+            quote!(output(u32)),
+            quote!(output),
+            quote!(outptu: u32),
+            quote!(result = u32),
+        ] {
+            let mut errors = Errors::new();
+            let options = parse(attr.clone(), &mut errors);
+            assert_eq!(
+                errors.messages().len(),
+                1,
+                "{attr}: {:?}",
+                errors.messages()
+            );
+            assert!(options.output.is_none() && options.output_unknown, "{attr}");
+        }
+        // Read, read as meant, or not meant at all: known.
+        for attr in [
+            quote!(output = u32),
+            quote!(outptu = u32),
+            quote!(name = 5),
+            quote!(nmae = "x"),
+            quote!(),
+        ] {
+            let mut errors = Errors::new();
+            let options = parse(attr.clone(), &mut errors);
+            assert!(!options.output_unknown, "{attr}: {:?}", errors.messages());
+        }
     }
 
     #[test]

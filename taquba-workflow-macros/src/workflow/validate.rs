@@ -184,10 +184,11 @@ pub(crate) fn validate(
         (None, Some(ident)) => format!("{}Step", ident.unraw()),
         (None, None) => "OrderStep".to_string(),
     };
-    let output_ok = options
-        .output
-        .as_ref()
-        .is_none_or(|output| check_output(output, errors));
+    let output_ok = !options.output_unknown
+        && options
+            .output
+            .as_ref()
+            .is_none_or(|output| check_output(output, errors));
     // Every marked fn is a step, refused ones included: the stand-in enum
     // beside the errors then has the variant the user's code names.
     let mut steps = Vec::new();
@@ -376,7 +377,9 @@ fn validate_step(
     if let Some(variadic) = &sig.variadic {
         errors.spanned(variadic, "a `#[step]` fn cannot be variadic");
     }
-    check_generics(
+    // A generic step's parameters name its type parameters, which the step
+    // enum cannot: no stand-in types would match (see `StandIn::Unknown`).
+    let concrete = check_generics(
         &sig.generics,
         "a `#[step]` fn",
         "its parameters are stored in the step enum, which needs concrete types; replace each type parameter with the concrete type (lifetimes, as in `StepContext<'a>` or `&'a str`, are fine)",
@@ -490,7 +493,7 @@ fn validate_step(
             .filter(|a| a.path().is_ident("cfg"))
             .cloned()
             .collect(),
-        unknown,
+        unknown: unknown || !concrete,
     }
 }
 

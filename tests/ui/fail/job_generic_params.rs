@@ -12,4 +12,10 @@ async fn impl_trait(name: impl Into<String>) -> Result<(), std::io::Error> {
     Ok(())
 }
 
+#[job]
+async fn sized<const N: usize>(value: u32) -> Result<(), std::io::Error> {
+    let _ = (value, N);
+    Ok(())
+}
+
 fn main() {}

@@ -15,15 +15,11 @@ async fn spaced(n: u32) -> Result<u32, std::io::Error> {
     Ok(n)
 }
 
-// A key that names no parameter: every submission would be one job.
+// An empty key: it would be the key of every job that wrote it. (A
+// constant key, `key = "report"`, is a singleton job, and accepted.)
 #[job(key = "")]
 async fn empty_key(n: u32) -> Result<u32, std::io::Error> {
     Ok(n)
-}
-
-#[job(key = "report")]
-async fn constant_key(day: u32) -> Result<u32, std::io::Error> {
-    Ok(day)
 }
 
 // Serde's derives, which the struct always has.

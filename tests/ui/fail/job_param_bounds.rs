@@ -23,8 +23,9 @@ async fn by_reference(c: &NotSerde) -> Result<(), String> {
     Ok(())
 }
 
-// A type of several tokens: one error too (the field's two uses, its
-// serialization and its clone for each attempt, are reported as one).
+// A type of several tokens: one error too, spanning the whole type (the
+// field's bound is checked once; its serialization and its clone for each
+// attempt state no bound).
 #[job]
 async fn by_value_vec(items: Vec<NotSerde>) -> Result<usize, String> {
     Ok(items.len())

@@ -7,11 +7,10 @@ use taquba_workflow::StepError;
 /// show, naming `WfStep` for the generated enum.
 ///
 /// `#[workflow]` reports the collision once, at `impl Wf`, naming the
-/// option that renames the enum; the generated code adds nothing. The
-/// step fns' own uses of `WfStep` as a step enum are errors of their own,
-/// reported where they are: `WfStep::Ship { .. }` (this enum has no such
-/// variant) and `Transition::done(..)` (whose output is found through the
-/// step enum; rustc reports the call and its argument).
+/// option that renames the enum. In the impl block `WfStep` still means the
+/// generated enum, so the step fns (`WfStep::Ship { .. }`,
+/// `Transition::done(..)`) are not reported on top; `main` below means the
+/// user's.
 pub enum WfStep {
     Charging,
     Shipping,
