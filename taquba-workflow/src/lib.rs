@@ -112,6 +112,7 @@
 mod coordination;
 mod engine;
 mod error;
+mod generated;
 pub mod history;
 mod hooks;
 pub mod inbox;

@@ -51,6 +51,8 @@
 //! sets iterate in another order are the same payload. The payload is
 //! stored as given.
 
+pub(crate) mod registry;
+
 use std::any::{Any, TypeId, type_name};
 use std::collections::HashMap;
 use std::fmt;

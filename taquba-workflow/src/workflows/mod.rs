@@ -91,8 +91,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 pub(crate) mod envelope;
+pub(crate) mod registry;
 
-use crate::__private::ErasedWorkflow;
+use registry::ErasedWorkflow;
 use crate::run::context::failure;
 use crate::{
     Error, Memo, Result, RunEnd, RunId, RunOptions, RunOutcome, RunSpec, RunState, RunStatus,
@@ -1063,8 +1064,8 @@ impl WorkflowsBuilder {
     /// When two `#[workflow]`s share a name (both source locations are
     /// given), or one that is not hosted yet does not implement `Default`.
     pub fn register_all(mut self) -> Self {
-        let registrations = crate::__private::workflow_registrations();
-        if let Some(message) = crate::__private::duplicate_names(
+        let registrations = registry::workflow_registrations();
+        if let Some(message) = crate::jobs::registry::duplicate_names(
             "#[workflow]",
             registrations
                 .iter()
@@ -1235,7 +1236,7 @@ mod tests {
     /// transition of another type (only in a build that fails) refused.
     #[test]
     fn step_outcomes_follow_what_the_step_fn_returned() {
-        use crate::__private::step_outcome;
+        use crate::generated::step::step_outcome;
         type Returned<S, E> = std::result::Result<Transition<S>, E>;
         match step_outcome::<CounterStep, CounterStep, Returned<CounterStep, StepError>>(
             Ok(Transition::done(3)),
