@@ -6,9 +6,7 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
 
-use crate::jobs::{Job, JobRunnerBuilder};
-use crate::workflows::{Transition, Workflow, WorkflowStep};
-use crate::{Step, StepError, StepOutcome, StepRunner};
+use crate::jobs::Job;
 
 // Every check below is a marker trait with one blanket impl marked
 // `#[diagnostic::do_not_recommend]`: when a type misses any of the bounds,
@@ -432,4 +430,3 @@ pub fn classify_with<E: 'static>(
         None => crate::StepErrorKind::Transient,
     }
 }
-

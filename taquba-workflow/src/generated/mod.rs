@@ -41,4 +41,3 @@ pub const fn generated_job_struct<T: GeneratedJobStruct>() {}
 pub const fn generated_step_enum<T: GeneratedStepEnum>() {}
 /// Compiles when `T` is a generated input struct.
 pub const fn generated_input<T: GeneratedInput>() {}
-

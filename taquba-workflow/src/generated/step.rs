@@ -4,11 +4,9 @@
 
 use std::future::Future;
 use std::marker::PhantomData;
-use std::pin::Pin;
 
-use crate::jobs::{Job, JobRunnerBuilder};
 use crate::workflows::{Transition, Workflow, WorkflowStep};
-use crate::{Step, StepError, StepOutcome, StepRunner};
+use crate::{Step, StepError, StepOutcome};
 
 /// The generated `StepRunner::run_step` decodes the payload with this.
 pub fn decode_step<S: WorkflowStep>(step: &Step) -> Result<S, StepError> {
@@ -176,28 +174,3 @@ pub trait StepField {
 
 #[diagnostic::do_not_recommend]
 impl<T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static> StepField for T {}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn duplicates_name_every_location() {
-        let message = duplicate_names(
-            "#[job]",
-            [
-                ("a", "A", "m", "src/a.rs", 1),
-                ("b", "B", "m", "src/b.rs", 2),
-                ("a", "C", "n", "src/c.rs", 3),
-            ]
-            .into_iter(),
-        )
-        .expect("a clash");
-        assert!(
-            message.contains("`m::A` at src/a.rs:1 and of `n::C` at src/c.rs:3"),
-            "{message}"
-        );
-        assert!(!message.contains("src/b.rs"));
-        assert!(duplicate_names("#[job]", std::iter::empty()).is_none());
-    }
-}

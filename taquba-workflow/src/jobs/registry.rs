@@ -4,13 +4,7 @@
 //! that no two registrations share a name, which the workflow registry
 //! shares.
 
-use std::future::Future;
-use std::marker::PhantomData;
-use std::pin::Pin;
-
 use crate::jobs::{Job, JobRunnerBuilder};
-use crate::workflows::{Transition, Workflow, WorkflowStep};
-use crate::{Step, StepError, StepOutcome, StepRunner};
 
 /// One `#[job]` linked into the binary.
 #[derive(Debug)]
@@ -98,3 +92,27 @@ pub(crate) fn duplicate_names<'a>(
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn duplicates_name_every_location() {
+        let message = duplicate_names(
+            "#[job]",
+            [
+                ("a", "A", "m", "src/a.rs", 1),
+                ("b", "B", "m", "src/b.rs", 2),
+                ("a", "C", "n", "src/c.rs", 3),
+            ]
+            .into_iter(),
+        )
+        .expect("a clash");
+        assert!(
+            message.contains("`m::A` at src/a.rs:1 and of `n::C` at src/c.rs:3"),
+            "{message}"
+        );
+        assert!(!message.contains("src/b.rs"));
+        assert!(duplicate_names("#[job]", std::iter::empty()).is_none());
+    }
+}

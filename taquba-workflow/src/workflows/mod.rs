@@ -93,7 +93,6 @@ use serde::de::DeserializeOwned;
 pub(crate) mod envelope;
 pub(crate) mod registry;
 
-use registry::ErasedWorkflow;
 use crate::run::context::failure;
 use crate::{
     Error, Memo, Result, RunEnd, RunId, RunOptions, RunOutcome, RunSpec, RunState, RunStatus,
@@ -101,6 +100,7 @@ use crate::{
     TerminalStatus, Trigger, WorkflowRuntime,
 };
 use envelope::{EnvelopeHead, EnvelopeIn, EnvelopeOut};
+use registry::ErasedWorkflow;
 
 #[cfg(feature = "macros")]
 pub use taquba_workflow_macros::step;

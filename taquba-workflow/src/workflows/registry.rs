@@ -6,11 +6,8 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
 
-use crate::jobs::{Job, JobRunnerBuilder};
-use crate::workflows::{Transition, Workflow, WorkflowStep};
+use crate::workflows::Workflow;
 use crate::{Step, StepError, StepOutcome, StepRunner};
-
-use crate::jobs::registry::duplicate_names;
 
 /// One `#[workflow]` linked into the binary.
 #[derive(Debug)]
@@ -114,4 +111,3 @@ impl<W: Workflow> MakeWithoutDefault for &Maker<W> {
         None
     }
 }
-
