@@ -109,6 +109,7 @@
 
 #![warn(missing_docs)]
 
+pub mod cluster;
 mod coordination;
 mod engine;
 mod error;

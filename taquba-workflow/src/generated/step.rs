@@ -161,7 +161,7 @@ impl<T: std::fmt::Display> StepFnError for T {}
 
 /// A field of a step enum variant: the generated code names
 /// `<T as StepField>::check` once, at the parameter's type, so a missing
-/// bound is one error there (the enum is serialized through [`FieldProbe`]).
+/// bound is one error there (the enum is serialized through [`FieldProbe`](crate::generated::job::FieldProbe)).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be a `#[step]` parameter",
     label = "step parameters must be `Serialize + DeserializeOwned + Send + 'static`",
