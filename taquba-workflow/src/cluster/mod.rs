@@ -6,7 +6,8 @@
 //! written once with a create-if-absent put ([`ClusterRecord`]: the shard
 //! count, the hash that routes runs, the format), and `N` shards, each an
 //! ordinary store (a taquba queue and its memo prefix) under
-//! `{root}/shards/{k}/` ([`shard_prefix`]). `N` never changes: a store
+//! `{root}/shards/{k}/` ([`shard_prefix`], opened as a store of its own
+//! with [`shard_store`]). `N` never changes: a store
 //! whose keys do not lead with a run's shard cannot be split, so choose it
 //! at creation as the most processes you will ever run (8 to 64 is the
 //! usual range; at most [`MAX_SHARDS`]).
@@ -29,7 +30,7 @@ mod route;
 
 pub use ownership::StaticOwnership;
 pub use record::{CLUSTER_FORMAT, ClusterRecord, MAX_SHARDS, cluster_record_path};
-pub use route::{HASH_NAME, shard_of, shard_prefix};
+pub use route::{HASH_NAME, shard_of, shard_prefix, shard_store};
 
 /// What went wrong reading or creating a cluster's layout.
 #[derive(Debug, thiserror::Error)]

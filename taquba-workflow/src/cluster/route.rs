@@ -1,8 +1,12 @@
-//! Routing: the one function that says which shard holds a run.
+//! Routing: the one function that says which shard holds a run, and
+//! where a shard lives.
 
 use std::num::NonZeroU32;
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
+use taquba::object_store::ObjectStore;
+use taquba::object_store::prefix::PrefixStore;
 
 /// The name of the routing hash a cluster record stores
 /// ([`shard_of`]'s): the first 8 bytes of the SHA-256 of the id, as a
@@ -33,6 +37,14 @@ pub fn shard_prefix(root: &str, shard: u32) -> String {
     } else {
         format!("{root}/shards/{shard}")
     }
+}
+
+/// Shard `shard` of the cluster at `root` in `store`, as a store of its
+/// own: every path under [`shard_prefix`]. Open the shard's queue on it and
+/// give it to the shard's runtime as its object store, exactly as a single
+/// store is opened; its queue and memo prefix then live under the prefix.
+pub fn shard_store(store: Arc<dyn ObjectStore>, root: &str, shard: u32) -> Arc<dyn ObjectStore> {
+    Arc::new(PrefixStore::new(store, shard_prefix(root, shard)))
 }
 
 #[cfg(test)]
@@ -69,6 +81,71 @@ mod tests {
         for count in counts {
             assert!((800..1200).contains(&count), "{counts:?}");
         }
+    }
+
+    /// A shard is an ordinary store under its prefix: a runtime over it
+    /// runs a run to its end, and everything it wrote is under
+    /// `{root}/shards/{k}/`.
+    #[tokio::test]
+    async fn a_shard_is_a_whole_store_under_its_prefix() {
+        use futures_util::TryStreamExt;
+        use taquba::object_store::memory::InMemory;
+
+        use crate::{NoopTerminalHook, RunSpec, Step, StepError, StepOutcome, StepRunner};
+
+        struct Done;
+        impl StepRunner for Done {
+            async fn run_step(&self, step: &Step) -> Result<StepOutcome, StepError> {
+                step.memo.put("seen", b"yes").await?;
+                Ok(StepOutcome::Succeed {
+                    result: step.payload.clone(),
+                })
+            }
+        }
+
+        let bucket: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let shard = shard_store(bucket.clone(), "prod", 3);
+        let queue = Arc::new(
+            taquba::Queue::open(shard.clone(), "db")
+                .await
+                .expect("open the shard's queue"),
+        );
+        let runtime =
+            crate::WorkflowRuntime::builder(queue.clone(), shard, Done, NoopTerminalHook).build();
+        let worker = runtime.spawn(std::future::pending::<()>());
+        let submitted = runtime
+            .submit(RunSpec {
+                input: b"in".to_vec(),
+                ..Default::default()
+            })
+            .await
+            .expect("submit");
+        let end = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            runtime.wait(&submitted.run_id),
+        )
+        .await
+        .expect("ends in time")
+        .expect("wait");
+        assert_eq!(end.termination.status, crate::TerminalStatus::Succeeded);
+        worker.shutdown().await.expect("shutdown");
+        let paths: Vec<String> = bucket
+            .list(None)
+            .map_ok(|meta| meta.location.to_string())
+            .try_collect()
+            .await
+            .expect("list");
+        assert!(!paths.is_empty());
+        assert!(
+            paths.iter().all(|path| path.starts_with("prod/shards/3/")),
+            "{paths:?}"
+        );
+        assert!(
+            paths
+                .iter()
+                .any(|path| path.starts_with("prod/shards/3/workflow-steps-memo/")),
+            "the memo prefix is in the shard: {paths:?}"
+        );
     }
 
     #[test]
