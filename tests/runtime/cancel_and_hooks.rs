@@ -993,18 +993,12 @@ async fn a_notification_has_the_priority_of_its_run() {
     within(60, runtime.wait(&rid("urgent")))
         .await
         .expect("urgent ends");
-    within(60, async {
-        loop {
-            if order
-                .lock()
-                .expect("order lock")
-                .iter()
-                .any(|e| e == "hook:urgent")
-            {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+    eventually("the urgent run's hook ran", || async {
+        order
+            .lock()
+            .expect("order lock")
+            .iter()
+            .any(|e| e == "hook:urgent")
     })
     .await;
     let order = order.lock().expect("order lock").clone();

@@ -34,11 +34,12 @@ pub(crate) struct RunScope {
 
 impl RunScope {
     /// The run `run_id`; `key` is the job's idempotency key or the group
-    /// member's key, when the run has one.
+    /// member's key, when the run has one (cut only when an error names
+    /// it: a runner call that fails nothing pays one copy).
     pub(crate) fn new(run_id: RunId, key: Option<&str>) -> Self {
         Self {
             run_id,
-            key: key.map(|key| crate::history::cut_to(key, MAX_KEY_IN_ERROR)),
+            key: key.map(str::to_string),
         }
     }
 
@@ -61,7 +62,11 @@ impl RunScope {
     /// ``run `{id}` (key "{key}"): {message}``.
     pub(crate) fn name(&self, message: impl Display) -> String {
         match &self.key {
-            Some(key) => format!("run `{}` (key {key:?}): {message}", self.run_id),
+            Some(key) => format!(
+                "run `{}` (key {:?}): {message}",
+                self.run_id,
+                crate::history::cut_cow(key, MAX_KEY_IN_ERROR)
+            ),
             None => format!("run `{}`: {message}", self.run_id),
         }
     }
