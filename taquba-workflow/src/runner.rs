@@ -67,6 +67,23 @@ pub trait StepRunner: Send + Sync {
     }
 }
 
+/// A shared runner runs steps as the runner it points to: hand one runner
+/// to several runtimes (the shards of a
+/// [`ClusterRuntime`](crate::cluster::ClusterRuntime)) as an `Arc`.
+impl<T: StepRunner + ?Sized> StepRunner for std::sync::Arc<T> {
+    fn run_step(&self, step: &Step) -> impl Future<Output = Result<StepOutcome, StepError>> + Send {
+        (**self).run_step(step)
+    }
+
+    fn step_name(&self, step_number: u32, payload: &[u8]) -> Option<String> {
+        (**self).step_name(step_number, payload)
+    }
+
+    fn hosted(&self) -> Hosted {
+        (**self).hosted()
+    }
+}
+
 /// What a [`StepRunner`] can run, by name ([`StepRunner::hosted`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]

@@ -106,6 +106,23 @@ impl WorkflowView {
         self.recorded_outcome(run_id).await
     }
 
+    /// How `run_id` ended, as [`WorkflowRuntime::wait`](crate::WorkflowRuntime::wait)
+    /// reports it; `None` while it is active or when it is unknown (a
+    /// cluster's wait on a shard another process owns polls this).
+    pub(crate) async fn ended(&self, run_id: &RunId) -> Result<Option<crate::model::RunEnd>> {
+        if self.current_step_if_active(run_id).await?.is_some() {
+            return Ok(None);
+        }
+        let Some(termination) = self.terminal_record(run_id).await? else {
+            return Ok(None);
+        };
+        let outcome = self.run_result_of(run_id, &termination).await?;
+        Ok(Some(crate::model::RunEnd {
+            termination: termination.into(),
+            outcome,
+        }))
+    }
+
     pub(crate) async fn run_record(&self, run_id: &RunId) -> Result<Option<DurableRunRecord>> {
         durable::kv_record(&self.queue, &run_kv_key(run_id)).await
     }

@@ -24,13 +24,28 @@
 //! offered: the runtime over several shards, bucket leases and failover,
 //! and the CLI and dashboard over a cluster root.
 
+mod builder;
+mod host;
+mod lease;
+mod members;
 mod ownership;
 mod record;
+mod remote;
 mod route;
+mod runtime;
+mod supervisor;
 
+pub use builder::{
+    ClusterBuilder, DEFAULT_CHECK_INTERVAL, DEFAULT_DRAIN, DEFAULT_LEASE, DEFAULT_READER_POLL,
+    LeaseOptions, Ownership,
+};
+pub use host::SHARD_QUEUE_PATH;
+pub use lease::{LeaseRecord, LeaseState, lease_dir, read_lease};
+pub use members::{MemberRecord, members_prefix, preferred_member, read_members};
 pub use ownership::StaticOwnership;
 pub use record::{CLUSTER_FORMAT, ClusterRecord, MAX_SHARDS, cluster_record_path};
 pub use route::{HASH_NAME, shard_of, shard_prefix, shard_store};
+pub use runtime::{ClusterRuntime, Routed, SentCommand};
 
 /// What went wrong reading or creating a cluster's layout.
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +97,43 @@ pub enum ClusterError {
     /// replica count, a host name without an ordinal.
     #[error("invalid shard ownership: {0}")]
     InvalidOwnership(String),
+    /// A shard's lease could not be read or written (a version that does
+    /// not decode, an object in its directory that is not a version).
+    #[error("the lease of shard {shard}: {reason}")]
+    Lease {
+        /// The shard.
+        shard: u32,
+        /// What went wrong.
+        reason: String,
+    },
+    /// No cluster record at the root, and no shard count to create one.
+    #[error(
+        "no cluster at `{root}`: no cluster record there (give a shard count to create one)"
+    )]
+    NoCluster {
+        /// The cluster's root prefix.
+        root: String,
+    },
+    /// A shard number past the cluster's shard count.
+    #[error("shard {shard} is not a shard of this cluster of {shards}")]
+    NoSuchShard {
+        /// The shard asked for.
+        shard: u32,
+        /// The cluster's shard count.
+        shards: u32,
+    },
+    /// A call that only the shard's owner can carry out, on a shard this
+    /// process does not host.
+    #[error("shard {shard} is hosted by another process; {what} cannot go through its inbox")]
+    NotHosted {
+        /// The shard.
+        shard: u32,
+        /// What could not be sent.
+        what: String,
+    },
+    /// A shard's runtime (or its inbox, or its reader) failed.
+    #[error(transparent)]
+    Runtime(#[from] crate::Error),
     /// The object store failed.
     #[error("cluster store error: {0}")]
     Store(#[from] taquba::object_store::Error),

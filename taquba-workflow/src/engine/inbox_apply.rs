@@ -468,7 +468,7 @@ impl RuntimeCore {
                 payload,
             } => {
                 let (outcome, run_id) = self
-                    .signal_recorded(&correlation_key, payload, |outcome, run_id| {
+                    .signal_recorded(&correlation_key, payload, None, |outcome, run_id| {
                         self.command_record(
                             envelope,
                             applied(&CommandAnswer::Signalled {
@@ -478,6 +478,35 @@ impl RuntimeCore {
                         )
                     })
                     .await?;
+                Ok(Some(CommandAnswer::Signalled { outcome, run_id }))
+            }
+            Command::SignalRun {
+                run_id,
+                correlation_key,
+                payload,
+            } => {
+                let (outcome, run_id) = self
+                    .signal_recorded(
+                        &correlation_key,
+                        payload,
+                        Some(&run_id),
+                        |outcome, run_id| {
+                            self.command_record(
+                                envelope,
+                                applied(&CommandAnswer::Signalled {
+                                    outcome,
+                                    run_id: run_id.cloned(),
+                                }),
+                            )
+                        },
+                    )
+                    .await
+                    // Not waiting is final for a command: a retry in a later
+                    // round could wake a later wait the sender never meant.
+                    .map_err(|err| match err {
+                        Error::NotWaitingForSignal { .. } => Error::CommandRefused(err.to_string()),
+                        err => err,
+                    })?;
                 Ok(Some(CommandAnswer::Signalled { outcome, run_id }))
             }
             Command::Requeue { run_id } => {

@@ -33,16 +33,22 @@ const SIGNAL_RACE_RETRIES: usize = 8;
 impl RuntimeCore {
     /// Deliver `payload` under `correlation_key` to the waiting run, or
     /// buffer it, committing `record(outcome, woken run)` in the same
-    /// transaction. Returns what it did.
+    /// transaction. Returns what it did. With `only` (a
+    /// [`Command::SignalRun`](crate::inbox::Command::SignalRun)), the
+    /// signal goes to that run's current wait or nowhere: nothing is
+    /// buffered.
     ///
     /// # Errors
     /// `KvValueTooLarge` for a payload over the KV value cap; storage
     /// errors; [`Error::CommandRefused`] after [`SIGNAL_RACE_RETRIES`]
-    /// lost races (a retry applies it).
+    /// lost races (a retry applies it); with `only`,
+    /// [`Error::NotWaitingForSignal`] when that run is not waiting on the
+    /// key and [`Error::RunNotFound`] for a run never submitted.
     pub(super) async fn signal_recorded(
         &self,
         correlation_key: &str,
         payload: Vec<u8>,
+        only: Option<&RunId>,
         record: impl Fn(SignalOutcome, Option<&RunId>) -> SettlementEffects,
     ) -> Result<(SignalOutcome, Option<RunId>)> {
         crate::coordination::signal::check_correlation_key(correlation_key)?;
@@ -70,6 +76,17 @@ impl RuntimeCore {
                     .is_some_and(|job| job.status == JobStatus::Scheduled && job.attempts == 0),
                 None => false,
             };
+            if let Some(run_id) = only {
+                let its_wait = match &waiter {
+                    Some(waiter) if waiting && waiter.run_id == *run_id => {
+                        self.waits_at(run_id, waiter).await?
+                    }
+                    _ => false,
+                };
+                if !its_wait {
+                    return Err(self.not_waiting(run_id, correlation_key).await?);
+                }
+            }
             let (outcome, woken, mut effects) = match waiter {
                 Some(waiter) if waiting => {
                     let effects = SettlementEffects::default()
@@ -218,7 +235,9 @@ mod tests {
         );
         // And a delivery now buffers for the next waiter.
         let (outcome, woken) = core
-            .signal_recorded("k", b"late".to_vec(), |_, _| SettlementEffects::default())
+            .signal_recorded("k", b"late".to_vec(), None, |_, _| {
+                SettlementEffects::default()
+            })
             .await
             .unwrap();
         assert_eq!((outcome, woken), (SignalOutcome::Buffered, None));

@@ -72,7 +72,7 @@ impl RuntimeCore {
 
     /// Whether `waiter` (of `run_id`) is the run's current step, scheduled
     /// and never run (a step that ran observed its timeout).
-    async fn waits_at(&self, run_id: &RunId, waiter: &DurableWaiter) -> Result<bool> {
+    pub(super) async fn waits_at(&self, run_id: &RunId, waiter: &DurableWaiter) -> Result<bool> {
         let Some(pointer) = self.view.current_step_if_active(run_id).await? else {
             return Ok(false);
         };
@@ -89,7 +89,7 @@ impl RuntimeCore {
 
     /// The refusal of a signal to `run_id`, which is not waiting on
     /// `correlation_key`.
-    async fn not_waiting(&self, run_id: &RunId, correlation_key: &str) -> Result<Error> {
+    pub(super) async fn not_waiting(&self, run_id: &RunId, correlation_key: &str) -> Result<Error> {
         if self.view.run_record(run_id).await?.is_none()
             && self.view.terminal_record(run_id).await?.is_none()
         {

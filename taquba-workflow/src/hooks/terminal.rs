@@ -62,6 +62,23 @@ pub trait TerminalHook: Send + Sync {
     }
 }
 
+/// A shared hook handles terminations as the hook it points to: hand one
+/// hook to several runtimes (the shards of a
+/// [`ClusterRuntime`](crate::cluster::ClusterRuntime)) as an `Arc`.
+impl<T: TerminalHook + ?Sized> TerminalHook for std::sync::Arc<T> {
+    fn on_termination(
+        &self,
+        outcome: &RunOutcome,
+        effects: &TerminalEffects,
+    ) -> impl Future<Output = Result<(), StepError>> + Send {
+        (**self).on_termination(outcome, effects)
+    }
+
+    fn observes(&self, outcome: &RunOutcome) -> bool {
+        (**self).observes(outcome)
+    }
+}
+
 /// A hook that observes nothing: runs terminate without notification jobs.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoopTerminalHook;

@@ -131,6 +131,19 @@ pub enum Command {
         /// The run.
         run_id: RunId,
     },
+    /// Deliver a signal to one run's current wait, as
+    /// [`WorkflowRuntime::signal_run`](crate::WorkflowRuntime::signal_run)
+    /// does: rejected (nothing buffered) when the run is not waiting on
+    /// the key. A cluster sends it to the shard of a run another process
+    /// owns; an addition to the 0.13 inbox.
+    SignalRun {
+        /// The run.
+        run_id: RunId,
+        /// The correlation key its current step waits on.
+        correlation_key: String,
+        /// The signal's payload (at most [`taquba::MAX_KV_VALUE_SIZE`]).
+        payload: Vec<u8>,
+    },
 }
 
 impl Command {
@@ -152,13 +165,23 @@ impl Command {
         Self::Requeue { run_id }
     }
 
-    /// `"submit"`, `"cancel"`, `"signal"` or `"requeue"`.
+    /// [`Command::SignalRun`].
+    pub fn signal_run(run_id: RunId, correlation_key: impl Into<String>, payload: Vec<u8>) -> Self {
+        Self::SignalRun {
+            run_id,
+            correlation_key: correlation_key.into(),
+            payload,
+        }
+    }
+
+    /// `"submit"`, `"cancel"`, `"signal"`, `"requeue"` or `"signal-run"`.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Submit(_) => "submit",
             Self::Cancel { .. } => "cancel",
             Self::Signal { .. } => "signal",
             Self::Requeue { .. } => "requeue",
+            Self::SignalRun { .. } => "signal-run",
         }
     }
 }

@@ -75,6 +75,12 @@ enum WireKind {
     Requeue {
         run_id: String,
     },
+    SignalRun {
+        run_id: String,
+        correlation_key: String,
+        #[serde(with = "serde_bytes")]
+        payload: Vec<u8>,
+    },
 }
 
 /// A decoded, validated command with what its envelope says.
@@ -118,6 +124,15 @@ pub(crate) fn encode(
         },
         Command::Requeue { run_id } => WireKind::Requeue {
             run_id: run_id.to_string(),
+        },
+        Command::SignalRun {
+            run_id,
+            correlation_key,
+            payload,
+        } => WireKind::SignalRun {
+            run_id: run_id.to_string(),
+            correlation_key: correlation_key.clone(),
+            payload: payload.clone(),
         },
     };
     let bytes = rmp_serde::to_vec_named(&WireCommand {
@@ -197,6 +212,15 @@ pub(crate) fn decode(id: &CommandId, bytes: &[u8]) -> Result<Received> {
         WireKind::Requeue { run_id } => Command::Requeue {
             run_id: RunId::new(run_id)?,
         },
+        WireKind::SignalRun {
+            run_id,
+            correlation_key,
+            payload,
+        } => Command::SignalRun {
+            run_id: RunId::new(run_id)?,
+            correlation_key,
+            payload,
+        },
     };
     validate(&command)?;
     Ok(Received {
@@ -239,6 +263,11 @@ pub(crate) fn validate(command: &Command) -> Result<()> {
         Command::Signal {
             correlation_key,
             payload,
+        }
+        | Command::SignalRun {
+            correlation_key,
+            payload,
+            ..
         } => {
             check_text("correlation key", correlation_key)?;
             if payload.len() > MAX_KV_VALUE_SIZE {
@@ -287,6 +316,7 @@ mod tests {
             Command::cancel(rid("r2"), Some("stop".into())),
             Command::signal("key", b"p".to_vec()),
             Command::requeue(rid("r3")),
+            Command::signal_run(rid("r4"), "key", b"p".to_vec()),
         ] {
             let bytes = encode(&id, &command, 5, Some("cli")).unwrap();
             let back = decode(&id, &bytes).unwrap();

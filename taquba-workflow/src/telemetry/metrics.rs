@@ -16,6 +16,8 @@
 //! | `taquba_workflow_run_duration_seconds` | histogram | `queue`, `workflow`, `status` | submission to end of a run, on the runtime's clock |
 //! | `taquba_workflow_steps_in_flight` | gauge | `queue` | step (and notification) jobs claimed by this process's worker and not yet settled |
 //! | `taquba_workflow_steps_due` | gauge | `queue` | jobs of the runtime's queue due and waiting for a worker, sampled at each maintenance round |
+//! | `taquba_workflow_cluster_shards_hosted` | gauge | `node` | shards of a cluster this process hosts |
+//! | `taquba_workflow_cluster_shard_changes_total` | counter | `node`, `change` | shards this process `opened`, `handed_over` or was `fenced` out of |
 //!
 //! `workflow` is the workflow (or job) name the run's input names, empty
 //! for a hand-written runner's payload.
@@ -46,6 +48,21 @@ pub(crate) const RUN_DURATION: &str = "taquba_workflow_run_duration_seconds";
 pub(crate) const STEPS_IN_FLIGHT: &str = "taquba_workflow_steps_in_flight";
 /// `taquba_workflow_steps_due`.
 pub(crate) const STEPS_DUE: &str = "taquba_workflow_steps_due";
+
+/// `taquba_workflow_cluster_shards_hosted`.
+pub(crate) const CLUSTER_SHARDS_HOSTED: &str = "taquba_workflow_cluster_shards_hosted";
+/// `taquba_workflow_cluster_shard_changes_total`.
+pub(crate) const CLUSTER_SHARD_CHANGES: &str = "taquba_workflow_cluster_shard_changes_total";
+
+/// The shards node `node` hosts, and one change (`opened`, `handed_over`,
+/// `fenced`) when there was one.
+pub(crate) fn cluster_shards(node: &str, hosted: usize, change: Option<&'static str>) {
+    gauge!(CLUSTER_SHARDS_HOSTED, "node" => node.to_string()).set(hosted as f64);
+    if let Some(change) = change {
+        counter!(CLUSTER_SHARD_CHANGES, "node" => node.to_string(), "change" => change)
+            .increment(1);
+    }
+}
 
 /// The label value of an unnamed workflow.
 fn workflow_label(workflow: Option<&str>) -> String {
