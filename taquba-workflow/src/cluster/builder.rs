@@ -148,7 +148,10 @@ where
 
     /// The options each shard's queue opens with (`OpenOptions` is not
     /// `Clone`, so a function of the shard).
-    pub fn open_options(mut self, options: impl Fn(u32) -> OpenOptions + Send + Sync + 'static) -> Self {
+    pub fn open_options(
+        mut self,
+        options: impl Fn(u32) -> OpenOptions + Send + Sync + 'static,
+    ) -> Self {
         self.open_options = Arc::new(options);
         self
     }

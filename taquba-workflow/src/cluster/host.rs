@@ -78,20 +78,13 @@ where
         epoch: Option<u64>,
     ) -> Result<LocalShard<R, H>, ClusterError> {
         let store = shard_store(self.store.clone(), &self.root, shard);
-        let queue = Queue::open_with_options(
-            store.clone(),
-            SHARD_QUEUE_PATH,
-            (self.open_options)(shard),
-        )
-        .await
-        .map_err(|err| ClusterError::Runtime(crate::Error::Queue(err)))?;
+        let queue =
+            Queue::open_with_options(store.clone(), SHARD_QUEUE_PATH, (self.open_options)(shard))
+                .await
+                .map_err(|err| ClusterError::Runtime(crate::Error::Queue(err)))?;
         let queue = Arc::new(queue);
-        let builder = WorkflowRuntime::builder(
-            queue.clone(),
-            store,
-            self.runner.clone(),
-            self.hook.clone(),
-        );
+        let builder =
+            WorkflowRuntime::builder(queue.clone(), store, self.runner.clone(), self.hook.clone());
         let runtime = (self.configure)(builder).build();
         let stop = CancellationToken::new();
         let worker = {
@@ -169,7 +162,11 @@ impl<R, H> Hosted<R, H> {
 pub(crate) async fn hand_over<R, H>(local: Arc<LocalShard<R, H>>, drain: Duration) {
     let shard = local.shard;
     local.stop.cancel();
-    let worker = local.worker.lock().ok().and_then(|mut worker| worker.take());
+    let worker = local
+        .worker
+        .lock()
+        .ok()
+        .and_then(|mut worker| worker.take());
     if let Some(mut worker) = worker {
         match tokio::time::timeout(drain, &mut worker).await {
             Ok(Ok(Ok(()))) => {}
@@ -192,7 +189,12 @@ pub(crate) async fn hand_over<R, H>(local: Arc<LocalShard<R, H>>, drain: Duratio
 /// process owns the shard), so nothing it would commit could land.
 pub(crate) async fn drop_fenced<R, H>(local: Arc<LocalShard<R, H>>) {
     local.stop.cancel();
-    if let Some(worker) = local.worker.lock().ok().and_then(|mut worker| worker.take()) {
+    if let Some(worker) = local
+        .worker
+        .lock()
+        .ok()
+        .and_then(|mut worker| worker.take())
+    {
         worker.abort();
     }
     close(local, Duration::from_secs(1)).await;
@@ -206,7 +208,10 @@ async fn close<R, H>(local: Arc<LocalShard<R, H>>, bound: Duration) {
     let shard = local.shard;
     let deadline = tokio::time::Instant::now() + bound;
     let Some(owned) = sole(local, deadline).await else {
-        warn!(shard, "the shard's runtime is still in use; its queue is dropped unclosed");
+        warn!(
+            shard,
+            "the shard's runtime is still in use; its queue is dropped unclosed"
+        );
         return;
     };
     let LocalShard { runtime, queue, .. } = owned;

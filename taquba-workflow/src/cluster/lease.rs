@@ -63,7 +63,9 @@ pub struct LeaseRecord {
 impl LeaseRecord {
     /// Whether `node` holds the shard at `epoch`.
     pub fn is_held_by(&self, node: &str, epoch: u64) -> bool {
-        self.state == LeaseState::Held && self.epoch == epoch && self.holder.as_deref() == Some(node)
+        self.state == LeaseState::Held
+            && self.epoch == epoch
+            && self.holder.as_deref() == Some(node)
     }
 }
 

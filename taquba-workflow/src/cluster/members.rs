@@ -150,6 +150,14 @@ pub(crate) struct Liveness {
     prefix: Path,
     lease: Duration,
     seen: BTreeMap<String, Seen>,
+    /// Members whose record was seen and then deleted (a clean leave).
+    left: BTreeSet<String>,
+    /// The first listing.
+    started: Option<Instant>,
+    /// The last listing. Deaths are judged up to it, not up to now: an
+    /// observer that could not look for a while (its store down, its task
+    /// late) learns nothing about the others meanwhile.
+    observed: Option<Instant>,
 }
 
 struct Seen {
@@ -166,6 +174,9 @@ impl Liveness {
             prefix: Path::from(members_prefix(root)),
             lease,
             seen: BTreeMap::new(),
+            left: BTreeSet::new(),
+            started: None,
+            observed: None,
         }
     }
 
@@ -178,6 +189,7 @@ impl Liveness {
     pub(crate) async fn observe(&mut self) -> Result<BTreeSet<String>, ClusterError> {
         let metas: Vec<_> = self.store.list(Some(&self.prefix)).try_collect().await?;
         let now = Instant::now();
+        self.started.get_or_insert(now);
         let mut present = BTreeSet::new();
         for meta in metas {
             let Some(node) = meta.location.filename().map(str::to_string) else {
@@ -209,24 +221,42 @@ impl Liveness {
             present.insert(node);
         }
         // A deleted record: the member left.
-        self.seen.retain(|node, _| present.contains(node));
-        Ok(self.live(now))
+        let left: Vec<String> = self
+            .seen
+            .keys()
+            .filter(|node| !present.contains(*node))
+            .cloned()
+            .collect();
+        for node in left {
+            self.seen.remove(&node);
+            self.left.insert(node);
+        }
+        self.left.retain(|node| !present.contains(node));
+        self.observed = Some(now);
+        Ok(self
+            .seen
+            .keys()
+            .filter(|node| !self.is_dead(node))
+            .cloned()
+            .collect())
     }
 
-    fn live(&self, now: Instant) -> BTreeSet<String> {
-        self.seen
-            .iter()
-            .filter(|(_, seen)| now.saturating_duration_since(seen.changed_at) <= self.lease)
-            .map(|(node, _)| node.clone())
-            .collect()
-    }
-
-    /// Whether `node` is dead: its record is absent, or has not changed for
-    /// longer than the lease time on this observer's clock.
+    /// Whether `node` is dead: its record stayed the same over this
+    /// observer's listings for longer than the lease time (on this
+    /// observer's monotonic clock, up to its last listing), was deleted
+    /// (it left), or was absent from a lease time of listings (a member
+    /// that never beat, or whose record this observer has not listed yet,
+    /// is given that long). Before any listing nobody is dead.
     pub(crate) fn is_dead(&self, node: &str) -> bool {
+        let Some(observed) = self.observed else {
+            return false;
+        };
         match self.seen.get(node) {
-            None => true,
-            Some(seen) => Instant::now().saturating_duration_since(seen.changed_at) > self.lease,
+            Some(seen) => observed.saturating_duration_since(seen.changed_at) > self.lease,
+            None if self.left.contains(node) => true,
+            None => self
+                .started
+                .is_some_and(|started| observed.saturating_duration_since(started) > self.lease),
         }
     }
 }
@@ -295,12 +325,23 @@ mod tests {
         let live = watch.observe().await.unwrap();
         assert_eq!(live, ["a"].map(String::from).into());
         assert!(watch.is_dead("b") && !watch.is_dead("a"));
+        // An observer that stops looking judges nobody dead meanwhile.
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert!(!watch.is_dead("a"), "not observed since");
+        // A member never seen is given a lease time.
+        assert!(watch.is_dead("never"), "watched for over a lease already");
+        let mut fresh = Liveness::new(store.clone(), "c", lease);
+        fresh.observe().await.unwrap();
+        assert!(!fresh.is_dead("unseen-yet"));
         // `a` leaves cleanly: gone at once.
         a.leave().await.unwrap();
         assert!(watch.observe().await.unwrap().is_empty());
         assert!(watch.is_dead("a"));
         let records = read_members(&store, "c").await.unwrap();
         assert_eq!(records.len(), 1);
-        assert_eq!((records[0].node.as_str(), records[0].shards.as_slice()), ("b", &[1][..]));
+        assert_eq!(
+            (records[0].node.as_str(), records[0].shards.as_slice()),
+            ("b", &[1][..])
+        );
     }
 }

@@ -107,9 +107,7 @@ pub enum ClusterError {
         reason: String,
     },
     /// No cluster record at the root, and no shard count to create one.
-    #[error(
-        "no cluster at `{root}`: no cluster record there (give a shard count to create one)"
-    )]
+    #[error("no cluster at `{root}`: no cluster record there (give a shard count to create one)")]
     NoCluster {
         /// The cluster's root prefix.
         root: String,

@@ -67,7 +67,11 @@ impl Remote {
     ///
     /// # Errors
     /// As [`Inbox::send`].
-    pub(crate) async fn send(&self, shard: u32, command: Command) -> Result<CommandId, ClusterError> {
+    pub(crate) async fn send(
+        &self,
+        shard: u32,
+        command: Command,
+    ) -> Result<CommandId, ClusterError> {
         let mut inbox = Inbox::new(
             shard_store(self.store.clone(), &self.root, shard),
             self.memo_prefix.clone(),

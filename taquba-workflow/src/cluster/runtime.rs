@@ -78,6 +78,27 @@ pub(crate) struct ClusterInner<R, H> {
     pub(crate) next_local: AtomicUsize,
 }
 
+impl<R, H> ClusterInner<R, H>
+where
+    R: 'static,
+    H: 'static,
+{
+    /// A function listing the hosted shards, for the beat task (which must
+    /// not keep the cluster alive).
+    pub(crate) fn hosted_list_fn(self: &Arc<Self>) -> impl Fn() -> Vec<u32> + Send + 'static
+    where
+        R: Send + Sync,
+        H: Send + Sync,
+    {
+        let weak = Arc::downgrade(self);
+        move || {
+            weak.upgrade()
+                .map(|inner| inner.hosted.list())
+                .unwrap_or_default()
+        }
+    }
+}
+
 /// This process's part of a cluster: the shards it hosts (each an
 /// ordinary [`WorkflowRuntime`](crate::WorkflowRuntime) with its worker
 /// loop running), and the 0.13 calls over every shard. Build it with
@@ -304,7 +325,12 @@ where
         let shard = self.shard_of(run_id);
         if let Some(local) = self.local(shard) {
             let cancelled = match &reason {
-                Some(reason) => local.runtime.cancel_with_reason(run_id, reason.clone()).await,
+                Some(reason) => {
+                    local
+                        .runtime
+                        .cancel_with_reason(run_id, reason.clone())
+                        .await
+                }
                 None => local.runtime.cancel(run_id).await,
             };
             match cancelled {
@@ -339,8 +365,12 @@ where
                 requeued => return Ok(Routed::Applied(requeued?)),
             }
         }
-        self.send(shard, Command::requeue(run_id.clone()), Some(run_id.clone()))
-            .await
+        self.send(
+            shard,
+            Command::requeue(run_id.clone()),
+            Some(run_id.clone()),
+        )
+        .await
     }
 
     /// Deliver a signal to `run_id`'s current wait on `correlation_key`,
@@ -551,8 +581,13 @@ where
                 {
                     return Ok(Some(end));
                 }
-                tokio::time::sleep(self.inner.remote.poll().min(deadline.saturating_duration_since(now)))
-                    .await;
+                tokio::time::sleep(
+                    self.inner
+                        .remote
+                        .poll()
+                        .min(deadline.saturating_duration_since(now)),
+                )
+                .await;
             }
             if tokio::time::Instant::now() >= deadline {
                 return Ok(None);
@@ -617,7 +652,12 @@ where
     /// shard is taken over after the lease time).
     pub async fn shutdown(&self) -> Result<(), ClusterError> {
         self.inner.stop.cancel();
-        let supervisor = self.inner.supervisor.lock().ok().and_then(|mut slot| slot.take());
+        let supervisor = self
+            .inner
+            .supervisor
+            .lock()
+            .ok()
+            .and_then(|mut slot| slot.take());
         if let Some(supervisor) = supervisor
             && let Err(err) = supervisor.await
         {

@@ -5,14 +5,17 @@
 //! ended (another process opened its queue, fencing this one) is dropped
 //! and not opened again.
 //!
-//! Bucket leases, each round:
-//! 1. beat (rewrite this process's member record) and list the members;
+//! Bucket leases: a task of its own beats (rewrites this process's member
+//! record) every check interval, whatever the rounds are doing; and each
+//! round:
+//! 1. lists the members;
 //! 2. check each hosted shard's lease: a lease no longer this process's at
 //!    its epoch means another process took the shard, which is dropped at
 //!    once (it was fenced: nothing it would commit can land);
 //! 3. hand over the hosted shards another live member should hold
 //!    (rendezvous hashing): stop claiming, drain within the bound, close
-//!    the queue, release the lease;
+//!    the queue, release the lease (on a task of its own, so the rounds go
+//!    on meanwhile);
 //! 4. take the shards this process should hold that are free or held by a
 //!    dead member: bump the epoch, then open the queue (which fences the
 //!    old writer in SlateDB); and, as a fallback, any shard left free or
@@ -21,6 +24,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
@@ -41,7 +45,7 @@ where
     match inner.ownership.clone() {
         Ownership::Static(_) => watch_static(&inner).await,
         Ownership::Leases(options) => {
-            let mut leases = Leases::new(&inner, options);
+            let mut leases = Leases::new(inner.clone(), options);
             leases.run().await;
         }
         Ownership::Client => inner.stop.cancelled().await,
@@ -84,11 +88,12 @@ where
 }
 
 /// The state of the lease-mode task.
-struct Leases<'a, R, H> {
-    inner: &'a ClusterInner<R, H>,
+struct Leases<R, H> {
+    inner: Arc<ClusterInner<R, H>>,
     options: LeaseOptions,
-    beat: Beat,
     liveness: Liveness,
+    /// Handovers and fenced drops in progress.
+    pending: JoinSet<()>,
     /// Lease handles by shard, opened on first use.
     handles: BTreeMap<u32, ShardLease>,
     /// Since when (this clock) each shard not hosted here was seen free
@@ -98,22 +103,18 @@ struct Leases<'a, R, H> {
     rounds: u64,
 }
 
-impl<'a, R, H> Leases<'a, R, H>
+impl<R, H> Leases<R, H>
 where
     R: StepRunner + Clone + 'static,
     H: TerminalHook + Clone + 'static,
 {
-    fn new(inner: &'a ClusterInner<R, H>, options: LeaseOptions) -> Self {
+    fn new(inner: Arc<ClusterInner<R, H>>, options: LeaseOptions) -> Self {
+        let liveness = Liveness::new(inner.store.clone(), &inner.root, options.lease);
         Self {
             inner,
             options,
-            beat: Beat::new(
-                inner.store.clone(),
-                &inner.root,
-                &inner.node,
-                options.check_interval,
-            ),
-            liveness: Liveness::new(inner.store.clone(), &inner.root, options.lease),
+            pending: JoinSet::new(),
+            liveness,
             handles: BTreeMap::new(),
             orphaned_since: BTreeMap::new(),
             last_sweep: None,
@@ -122,7 +123,20 @@ where
     }
 
     async fn run(&mut self) {
+        let beats = self.inner.stop.child_token();
+        let beating = tokio::spawn(beat(
+            Beat::new(
+                self.inner.store.clone(),
+                &self.inner.root,
+                &self.inner.node,
+                self.options.check_interval,
+            ),
+            self.inner.hosted_list_fn(),
+            self.options.check_interval,
+            beats.clone(),
+        ));
         loop {
+            while self.pending.try_join_next().is_some() {}
             if let Err(err) = self.round().await {
                 warn!(node = %self.inner.node, "cluster ownership round: {err}");
             }
@@ -132,6 +146,15 @@ where
             }
         }
         self.leave().await;
+        beats.cancel();
+        match beating.await {
+            Ok(beat) => {
+                if let Err(err) = beat.leave().await {
+                    warn!(node = %self.inner.node, "leaving the members failed: {err}");
+                }
+            }
+            Err(err) => warn!(node = %self.inner.node, "the beat task failed: {err}"),
+        }
     }
 
     async fn lease(&mut self, shard: u32) -> Result<&mut ShardLease, super::ClusterError> {
@@ -151,7 +174,6 @@ where
     async fn round(&mut self) -> Result<(), super::ClusterError> {
         self.rounds += 1;
         let node = self.inner.node.clone();
-        self.beat.beat(self.inner.hosted.list()).await?;
         let mut live = self.liveness.observe().await?;
         live.insert(node.clone());
 
@@ -172,8 +194,8 @@ where
                         lease_epoch = record.epoch,
                         "fenced out of the shard: another process took it; nothing more is committed here"
                     );
-                    drop_fenced(local).await;
                     note(&node, self.inner.hosted.list().len(), Some("fenced"));
+                    self.pending.spawn(drop_fenced(local));
                 }
                 if ours {
                     // The worker ended under a lease still ours: let the
@@ -194,13 +216,15 @@ where
                 continue;
             }
             if let Some(local) = self.inner.hosted.remove(shard) {
-                let epoch = local.epoch.unwrap_or_default();
                 info!(shard, node = %node, "handing the shard over to the member that should hold it");
-                hand_over(local, self.options.drain).await;
-                let lease = self.lease(shard).await?;
-                lease.refresh().await?;
-                lease.release(&node, epoch).await?;
                 note(&node, self.inner.hosted.list().len(), Some("handed_over"));
+                self.pending.spawn(release(
+                    self.inner.store.clone(),
+                    self.inner.root.clone(),
+                    node.clone(),
+                    local,
+                    self.options.drain,
+                ));
             }
         }
 
@@ -281,30 +305,63 @@ where
         Ok(())
     }
 
-    /// A clean stop: hand every hosted shard over, release its lease,
-    /// leave the members.
+    /// A clean stop: hand every hosted shard over and release its lease,
+    /// all at once, and wait for the handovers in progress.
     async fn leave(&mut self) {
         let node = self.inner.node.clone();
         for shard in self.inner.hosted.list() {
-            let Some(local) = self.inner.hosted.remove(shard) else {
-                continue;
-            };
-            let epoch = local.epoch.unwrap_or_default();
-            hand_over(local, self.options.drain).await;
-            let released = match self.lease(shard).await {
-                Ok(lease) => match lease.refresh().await {
-                    Ok(_) => lease.release(&node, epoch).await,
-                    Err(err) => Err(err),
-                },
-                Err(err) => Err(err),
-            };
-            if let Err(err) = released {
-                warn!(shard, node = %node, "releasing the shard's lease failed; it is taken over after the lease time: {err}");
+            if let Some(local) = self.inner.hosted.remove(shard) {
+                note(&node, self.inner.hosted.list().len(), Some("handed_over"));
+                self.pending.spawn(release(
+                    self.inner.store.clone(),
+                    self.inner.root.clone(),
+                    node.clone(),
+                    local,
+                    self.options.drain,
+                ));
             }
-            note(&node, self.inner.hosted.list().len(), Some("handed_over"));
         }
-        if let Err(err) = self.beat.leave().await {
-            warn!(node = %node, "leaving the members failed: {err}");
+        while self.pending.join_next().await.is_some() {}
+    }
+}
+
+/// Beat every `interval` until `stop`; returns the beat, to leave with.
+async fn beat(
+    mut beat: Beat,
+    hosted: impl Fn() -> Vec<u32>,
+    interval: std::time::Duration,
+    stop: tokio_util::sync::CancellationToken,
+) -> Beat {
+    loop {
+        if let Err(err) = beat.beat(hosted()).await {
+            warn!("cluster member beat failed: {err}");
+        }
+        tokio::select! {
+            () = stop.cancelled() => return beat,
+            () = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+/// Hand `local` over, then release its lease (read afresh: the handle of
+/// the rounds stays theirs).
+async fn release<R, H>(
+    store: Arc<dyn taquba::object_store::ObjectStore>,
+    root: String,
+    node: String,
+    local: Arc<super::host::LocalShard<R, H>>,
+    drain: std::time::Duration,
+) {
+    let (shard, epoch) = (local.shard, local.epoch.unwrap_or_default());
+    hand_over(local, drain).await;
+    let released = match ShardLease::open(store, &root, shard).await {
+        Ok(mut lease) => lease.release(&node, epoch).await,
+        Err(err) => Err(err),
+    };
+    match released {
+        Ok(_) => info!(shard, node = %node, "released the shard"),
+        Err(err) => {
+            warn!(shard, node = %node, "releasing the shard's lease failed; it is taken over after the lease time: {err}")
         }
     }
 }
