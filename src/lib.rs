@@ -8,9 +8,13 @@
 //!   injects faults and latency, and a clock that follows tokio's (possibly
 //!   paused) time.
 //! * [`wordcount`]: the word count of the `word_report` examples.
+//! * [`cluster_demo`]: worker processes sharing a cluster's shards, a
+//!   worker killed mid-way, and the summary (the `cluster` example and the
+//!   multi-process test).
 
 #![warn(missing_docs)]
 
+pub mod cluster_demo;
 pub mod store;
 pub mod testing;
 pub mod wordcount;

@@ -586,3 +586,53 @@ async fn wait_for_waiter(node: &Node, run_id: &RunId) {
     }
     panic!("run {run_id} never waited for its signal");
 }
+
+/// Worker processes over one local directory on bucket leases (whose
+/// create-if-absent is atomic across processes), one killed with SIGKILL
+/// at a random moment: every run succeeds once with the right counts, no
+/// committed step runs again, and the killed worker's shards are held by
+/// another within the lease time (plus slack for a loaded machine).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_processes_survive_a_sigkill() {
+    use taquba_workflow_suite::cluster_demo::{DemoOptions, files_under, run_demo};
+
+    let dir = tempfile::tempdir().unwrap();
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    let kill_at = 0.1 + f64::from(seed % 60) / 100.0;
+    let files = files_under(std::path::Path::new(env!("CARGO_MANIFEST_DIR")), 60).unwrap();
+    let options = DemoOptions {
+        store: dir.path().join("cluster"),
+        shards: SHARDS,
+        workers: 3,
+        files,
+        lease_ms: 1500,
+        check_ms: 200,
+        step_ms: 10,
+        kill_at,
+        deadline: Duration::from_secs(120),
+    };
+    let summary = run_demo(options, |worker| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_cluster_worker"));
+        command.args(worker.to_args());
+        command
+    })
+    .await
+    .unwrap();
+    let context = format!("kill at {kill_at:.2}: {summary:?}");
+    assert_eq!(summary.succeeded, summary.submitted, "{context}");
+    assert_eq!(
+        (summary.lost, summary.failed, summary.wrong_results),
+        (0, 0, 0),
+        "{context}"
+    );
+    assert_eq!(summary.duplicate_settlements, 0, "{context}");
+    assert!(
+        summary.killed.is_some() && !summary.killed_shards.is_empty(),
+        "{context}"
+    );
+    let takeover = summary.takeover_ms.expect("taken over");
+    assert!(takeover <= 1500 + 4000, "{context}");
+}

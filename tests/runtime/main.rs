@@ -9,7 +9,7 @@
 //! * `common` (`tests/common/mod.rs`): set-up: queues, stores, clocks, small runners and hooks.
 //! * `fixtures`: shared set-up: the input-scripted runner, counting hooks, failing stores.
 //! * `cancel_and_hooks`: runner verdicts, external cancels racing every ending, terminal hooks.
-//! * `cluster`: a cluster of processes over one store: routing, commands to other processes' shards, the key-only signal, static ownership, lease takeover and handover.
+//! * `cluster`: a cluster of processes over one store: routing, commands to other processes' shards, the key-only signal, static ownership, lease takeover and handover; worker processes with one killed by SIGKILL.
 //! * `cancel_lease`: a cancelled step that outlives its lease still ends its run `Cancelled`.
 //! * `durability`: durable timers, run options, restarts and crashes, reconciled dead letters.
 //! * `durable_paths`: cancel safety of every call that commits; dead letters racing cancels.
