@@ -4,6 +4,7 @@
 # missing, starts it on a fresh data directory with a pre-created bucket,
 # waits until it answers, runs `tests/s3.rs` (submit, multi-step run,
 # signal wait, group, restart from a second process, wrong credentials,
+# a cluster of two worker processes with one killed by SIGKILL,
 # the benchmark against a local directory, and the kill -9 torture on the
 # bucket) and the CLI's bucket test (taquba-workflow-cli/tests/cli/s3.rs),
 # and stops the server by its PID whatever happens.

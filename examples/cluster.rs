@@ -119,7 +119,7 @@ async fn main() -> ExitCode {
         }
     };
     let options = DemoOptions {
-        store,
+        store: store.display().to_string(),
         shards: args.shards,
         workers: args.workers,
         files,

@@ -11,7 +11,7 @@
 //! result as a duplicate settlement.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -24,7 +24,7 @@ use taquba_workflow::{
     NoopTerminalHook, RunId, RunSpec, Step, StepError, StepOutcome, StepRunner, TerminalStatus,
 };
 
-use crate::store::dir_store;
+use crate::store::store_from_env_or_url;
 use crate::wordcount::Counts;
 
 /// The cluster's root prefix in the directory.
@@ -102,8 +102,9 @@ impl StepRunner for CountFile {
 /// How a worker process runs.
 #[derive(Debug, Clone)]
 pub struct WorkerArgs {
-    /// The directory holding the cluster.
-    pub store: PathBuf,
+    /// The store holding the cluster: a directory, `file:///dir` or
+    /// `s3://bucket/prefix`.
+    pub store: String,
     /// The worker's node id.
     pub node: String,
     /// The lease time, ms.
@@ -119,7 +120,7 @@ impl WorkerArgs {
     pub fn to_args(&self) -> Vec<String> {
         vec![
             "--store".into(),
-            self.store.display().to_string(),
+            self.store.clone(),
             "--node".into(),
             self.node.clone(),
             "--lease-ms".into(),
@@ -147,7 +148,7 @@ impl WorkerArgs {
             value(flag)?.parse().map_err(|err| format!("{flag}: {err}"))
         };
         Ok(Self {
-            store: PathBuf::from(value("--store")?),
+            store: value("--store")?,
             node: value("--node")?,
             lease_ms: number("--lease-ms")?,
             check_ms: number("--check-ms")?,
@@ -162,7 +163,7 @@ impl WorkerArgs {
 /// # Errors
 /// The cluster's, as a message.
 pub async fn worker(args: WorkerArgs) -> Result<(), String> {
-    let store = dir_store(&args.store).map_err(|err| err.to_string())?;
+    let store = open_store(&args.store)?;
     let cluster =
         ClusterRuntime::builder(store, ROOT, CountFile::new(args.step_ms), NoopTerminalHook)
             .node_id(args.node.clone())
@@ -207,8 +208,9 @@ async fn terminated() {
 /// What the demo runs.
 #[derive(Debug, Clone)]
 pub struct DemoOptions {
-    /// The directory holding the cluster (created, and expected empty).
-    pub store: PathBuf,
+    /// The store holding the cluster (a directory, created if missing, a
+    /// `file:///dir` or an `s3://bucket/prefix` URL), expected empty.
+    pub store: String,
     /// Shards.
     pub shards: u32,
     /// Worker processes.
@@ -271,7 +273,7 @@ pub async fn run_demo(
     options: DemoOptions,
     spawn_worker: impl Fn(&WorkerArgs) -> Command,
 ) -> Result<Summary, String> {
-    let store = dir_store(&options.store).map_err(|err| err.to_string())?;
+    let store = open_store(&options.store)?;
     let client = ClusterRuntime::builder(
         store.clone(),
         ROOT,
@@ -484,6 +486,11 @@ where
         }
     }
     Ok(twice)
+}
+
+/// The store at `location`.
+fn open_store(location: &str) -> Result<Arc<dyn ObjectStore>, String> {
+    store_from_env_or_url(Some(location), Path::new(location)).map_err(|err| err.to_string())
 }
 
 /// The holder of each held shard.

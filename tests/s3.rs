@@ -339,3 +339,47 @@ fn s3_kill9_torture() {
     );
     assert_eq!(report.violations, 0);
 }
+
+/// The cluster on the bucket, as a smoke test: two worker processes on
+/// bucket leases, the one holding the most shards killed with SIGKILL, the
+/// other takes its shards over and every run succeeds with the right
+/// counts. No race winner is asserted: this server's conditional create
+/// checks, then writes, so two racing creates can both succeed there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_cluster_takes_over_a_killed_worker() {
+    use taquba_workflow_suite::cluster_demo::{DemoOptions, files_under, run_demo};
+
+    let Some(bucket) = s3_bucket("s3_cluster_takes_over_a_killed_worker") else {
+        return;
+    };
+    let files = files_under(Path::new(env!("CARGO_MANIFEST_DIR")), 24).expect("files");
+    let options = DemoOptions {
+        store: location(&bucket, "cluster"),
+        shards: 4,
+        workers: 2,
+        files,
+        lease_ms: 3000,
+        check_ms: 500,
+        step_ms: 10,
+        kill_at: 0.3,
+        deadline: Duration::from_secs(90),
+    };
+    let summary = bounded(
+        "the cluster on the bucket",
+        run_demo(options, |worker| {
+            let mut command = Command::new(env!("CARGO_BIN_EXE_cluster_worker"));
+            command.args(worker.to_args());
+            command
+        }),
+    )
+    .await
+    .expect("the cluster demo");
+    println!("s3 cluster: {summary:?}");
+    assert_eq!(summary.succeeded, summary.submitted, "{summary:?}");
+    assert_eq!(
+        (summary.lost, summary.failed, summary.wrong_results),
+        (0, 0, 0),
+        "{summary:?}"
+    );
+    assert!(summary.takeover_ms.is_some(), "{summary:?}");
+}

@@ -604,7 +604,7 @@ async fn worker_processes_survive_a_sigkill() {
     let kill_at = 0.1 + f64::from(seed % 60) / 100.0;
     let files = files_under(std::path::Path::new(env!("CARGO_MANIFEST_DIR")), 60).unwrap();
     let options = DemoOptions {
-        store: dir.path().join("cluster"),
+        store: dir.path().join("cluster").display().to_string(),
         shards: SHARDS,
         workers: 3,
         files,
