@@ -23,6 +23,7 @@ use taquba::object_store::memory::InMemory;
 use taquba::object_store::{ObjectStore, ObjectStoreExt};
 use taquba::{EnqueueOptions, EnqueueRequest, OpenOptions, Queue, SettlementEffects};
 use taquba_workflow::jobs::{Job, JobContext, JobRunner};
+use taquba_workflow_suite::measure::{cpu_micros, rss_kib};
 use taquba_workflow::{
     GroupMember, NoopTerminalHook, RunOptions, RunSpec, Step, StepError, StepOutcome, StepRunner,
     WorkflowRuntime,
@@ -76,35 +77,6 @@ struct Args {
     /// The WAL flush interval every store is opened with, in ms.
     #[arg(long, default_value_t = 1.0)]
     flush_ms: f64,
-}
-
-/// Process CPU time (user + system, every thread), from `getrusage`, in µs.
-fn cpu_micros() -> u64 {
-    // SAFETY: `getrusage` writes the whole struct it is given and reads
-    // nothing else; a zeroed `rusage` is a valid value of it.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        if libc::getrusage(libc::RUSAGE_SELF, &mut usage) != 0 {
-            return 0;
-        }
-        usage
-    };
-    let micros = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
-    micros(usage.ru_utime) + micros(usage.ru_stime)
-}
-
-/// Resident set size, from /proc/self/status, in KiB.
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find(|line| line.starts_with("VmRSS:"))
-                .and_then(|line| line.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 #[derive(Clone, Copy)]

@@ -11,10 +11,13 @@
 //! * [`cluster_demo`]: worker processes sharing a cluster's shards, a
 //!   worker killed mid-way, and the summary (the `cluster` example and the
 //!   multi-process test).
+//! * [`measure`]: CPU time and resident memory of the process, for the
+//!   benchmarks.
 
 #![warn(missing_docs)]
 
 pub mod cluster_demo;
+pub mod measure;
 pub mod store;
 pub mod testing;
 pub mod wordcount;
