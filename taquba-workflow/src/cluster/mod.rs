@@ -20,17 +20,23 @@
 //! Which process opens which shard is decided by an ownership backend; the
 //! one here is static ([`StaticOwnership`]: a StatefulSet ordinal or an
 //! explicit list), with SlateDB's writer fencing covering two processes
-//! that both believe they own a shard. What is not built yet, and so not
-//! offered: the runtime over several shards, bucket leases and failover,
-//! and the CLI and dashboard over a cluster root.
+//! that both believe they own a shard. [`ClusterView`] reads every shard at once: listings merged in id order
+//! behind one cursor, a run's or group's reads routed to its shard. What
+//! is not built yet, and so not offered: the runtime over several shards,
+//! and bucket leases and failover.
 
 mod ownership;
 mod record;
 mod route;
+mod view;
 
 pub use ownership::StaticOwnership;
 pub use record::{CLUSTER_FORMAT, ClusterRecord, MAX_SHARDS, cluster_record_path};
 pub use route::{HASH_NAME, shard_of, shard_prefix, shard_store};
+pub use view::{
+    ClusterView, ClusterViewError, ClusterViewOptions, DEFAULT_SHARD_CONCURRENCY,
+    DEFAULT_SHARD_QUEUE_PATH,
+};
 
 /// What went wrong reading or creating a cluster's layout.
 #[derive(Debug, thiserror::Error)]
