@@ -10,6 +10,7 @@
 
 mod bounded;
 mod cli;
+mod cluster;
 mod commands;
 mod error;
 mod location;

@@ -292,12 +292,14 @@ impl ClusterView {
                 path: cluster_record_path(root).to_string(),
             })?;
         let concurrency = options.concurrency.max(1);
-        let opens = (0..record.shards).map(|k| {
-            let shard = shard_store(store.clone(), root, k);
-            let path = format!("{}/{}", shard_prefix(root, k), options.queue_path);
-            let options = options.clone();
-            async move { (k, open_shard(shard, k, path, &options).await) }
-        });
+        let opens = (0..record.shards)
+            .map(|k| {
+                let shard = shard_store(store.clone(), root, k);
+                let path = format!("{}/{}", shard_prefix(root, k), options.queue_path);
+                let options = options.clone();
+                async move { (k, open_shard(shard, k, path, &options).await) }
+            })
+            .collect::<Vec<_>>();
         let opened: Vec<(u32, Result<Shard>)> =
             stream::iter(opens).buffered(concurrency).collect().await;
         let mut shards = Vec::with_capacity(opened.len());
@@ -413,7 +415,11 @@ impl ClusterView {
         let searches = (0..self.record.shards)
             .filter(|&k| k != home)
             .filter_map(|k| self.shard(k).map(|view| (k, view)))
-            .map(|(k, view)| async move { (k, view.status(run_id).await) });
+            .map(|(k, view)| async move { (k, view.status(run_id).await) })
+            // Collected first: a lazily mapped iterator would put a closure
+            // with a higher-ranked lifetime into the future's type, which
+            // then is not `Send` for callers (an axum handler).
+            .collect::<Vec<_>>();
         let mut searches = std::pin::pin!(stream::iter(searches).buffered(self.concurrency));
         while let Some((k, status)) = searches.next().await {
             if status.map_err(read_error(k))?.is_some() {
