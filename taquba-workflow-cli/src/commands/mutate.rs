@@ -246,7 +246,13 @@ pub async fn describe_cluster_command(
         .parse()
         .map_err(|e: taquba_workflow::Error| CliError::Usage(e.to_string()))?;
     match find_command(cluster, &command).await? {
-        Some((shard, _)) => describe_command(&shard.session, &shard.runtime, id, out).await,
+        Some((shard, _)) => {
+            say(&format!(
+                "Command {command} is in shard {} of the cluster at {} ({}); its object path is inside the shard.",
+                shard.shard, cluster.location, shard.session.target.location
+            ))?;
+            describe_command(&shard.session, &shard.runtime, id, out).await
+        }
         None => {
             let json = CommandJson::new(
                 &command,
