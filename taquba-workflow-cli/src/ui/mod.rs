@@ -3,7 +3,9 @@
 //! long-lived read-only [`taquba::QueueReader`] (so it works on a live
 //! store and on a copied prefix alike), and sends cancel, signal and
 //! requeue to the owning process as inbox commands, never by opening the
-//! store as a writer.
+//! store as a writer. On a cluster root it shows every shard: listings
+//! merged, a run's page and actions in the run's shard, the store page a
+//! row per shard ([`app::Scope`]).
 //!
 //! Pages are rendered on the server ([`maud`] templates, every value
 //! escaped) and refreshed in place by htmx while what they show can still

@@ -806,9 +806,10 @@ mod tests {
     }
 
     /// Every page of a merge over `shards` (each a sorted id list) with
-    /// `limit`, and how many shard reads it took.
-    async fn pages(shards: &[Vec<RunId>], limit: usize) -> (Vec<Vec<RunId>>, usize) {
+    /// `limit`, and how many shard reads and items read it took.
+    async fn pages(shards: &[Vec<RunId>], limit: usize) -> (Vec<Vec<RunId>>, (usize, usize)) {
         let reads = AtomicUsize::new(0);
+        let items = AtomicUsize::new(0);
         let fetch = |k: u32, after: Option<RunId>, limit: usize| {
             reads.fetch_add(1, Ordering::SeqCst);
             let ids: Vec<RunId> = shards[k as usize]
@@ -818,6 +819,7 @@ mod tests {
                 .collect();
             let more = ids.len() > limit;
             let page: Vec<RunId> = ids.into_iter().take(limit).collect();
+            items.fetch_add(page.len(), Ordering::SeqCst);
             let next = more.then(|| page.last().cloned()).flatten();
             async move { Ok((page, next)) }
         };
@@ -840,7 +842,10 @@ mod tests {
             }
             assert!(all.len() < 1000, "the pages end");
         }
-        (all, reads.load(Ordering::SeqCst))
+        (
+            all,
+            (reads.load(Ordering::SeqCst), items.load(Ordering::SeqCst)),
+        )
     }
 
     #[tokio::test]
@@ -887,12 +892,30 @@ mod tests {
         let shards: Vec<Vec<RunId>> = (0..8)
             .map(|k| ids.iter().skip(k).step_by(8).cloned().collect())
             .collect();
-        let (pages, reads) = pages(&shards, 100).await;
-        assert_eq!(pages.len(), 4);
-        // One read per shard per page; a refill now and then.
+        let (even, (reads, items)) = pages(&shards, 100).await;
+        assert_eq!(even.len(), 4);
+        // One read per shard per page; a refill now and then. Each page
+        // reads its 100 items and a little slack from each shard, not 100
+        // from every shard (800).
         assert!(
             reads <= 4 * 8 + 8,
             "{reads} shard reads for 4 pages of 8 shards"
+        );
+        assert!(
+            items <= 4 * (100 + 2 * 8),
+            "{items} items read for 400 listed"
+        );
+        println!("8 shards, 400 ids, pages of 100: {reads} shard reads, {items} items read");
+        // Everything on one shard of eight: that shard is read again where
+        // its share ran out, the others once per page.
+        let skewed: Vec<Vec<RunId>> = std::iter::once(ids.clone())
+            .chain((1..8).map(|_| Vec::new()))
+            .collect();
+        let (skewed, (reads, items)) = pages(&skewed, 100).await;
+        assert_eq!(skewed.len(), 4);
+        assert!(items <= 4 * (100 + 14), "{items} items read for 400 listed");
+        println!(
+            "1 of 8 shards holding 400 ids, pages of 100: {reads} shard reads, {items} items read"
         );
     }
 
