@@ -32,13 +32,41 @@ use crate::session::{Runtime, Session, Target};
 /// Shards opened (and read, for `store info`) at once.
 pub const SHARD_CONCURRENCY: usize = 8;
 
-/// The cluster record at the top level of `store`, `None` when there is
-/// none (a single store).
+/// The cluster record at the top level of `store` (at `location`), `None`
+/// when there is none (a single store). In a local directory the record
+/// is read only when `cluster` is a regular file: a directory of that name
+/// is a queue's (no cluster), and anything else (a link, a FIFO that
+/// would block its reader) is refused without being opened.
 ///
 /// # Errors
 /// [`CliError::Cluster`] for a record this build cannot use (a later
-/// format, another hash, bytes that do not decode) or a store that fails.
-pub async fn detect(store: &Arc<dyn ObjectStore>) -> CliResult<Option<ClusterRecord>> {
+/// format, another hash, bytes that do not decode) or a store that fails;
+/// [`CliError::Refused`] for a local `cluster` that is not a regular file
+/// or a directory.
+pub async fn detect(
+    location: &Location,
+    store: &Arc<dyn ObjectStore>,
+) -> CliResult<Option<ClusterRecord>> {
+    if let Location::Dir(dir) = location {
+        let path = dir.join("cluster");
+        match std::fs::symlink_metadata(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => {
+                return Err(CliError::Refused(format!(
+                    "cannot examine {}: {e}",
+                    path.display()
+                )));
+            }
+            Ok(meta) if meta.is_dir() => return Ok(None),
+            Ok(meta) if !meta.file_type().is_file() => {
+                return Err(CliError::Refused(format!(
+                    "{} is not a regular file (a link, a FIFO or another special file): it is not read as a cluster record",
+                    path.display()
+                )));
+            }
+            Ok(_) => {}
+        }
+    }
     ClusterRecord::open(store.clone(), "")
         .await
         .map_err(|e| CliError::Cluster(e.into()))

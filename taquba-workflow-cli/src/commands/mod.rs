@@ -42,7 +42,7 @@ pub async fn run(cli: Cli) -> CliResult<()> {
         _ => None,
     };
     let (location, store) = session::open_location(global).await?;
-    if let Some(record) = cluster::detect(&store).await? {
+    if let Some(record) = cluster::detect(&location, &store).await? {
         let cluster = ClusterSession::open(global, location, record).await?;
         let result = dispatch_cluster(&cli, &cluster, payload, &out).await;
         cluster.close().await;

@@ -47,7 +47,7 @@ use crate::ui::security::Guard;
 pub async fn run(global: &Global, args: &UiArgs) -> CliResult<()> {
     security::check_listen(args.listen, args.allow_remote)?;
     let (location, store) = session::open_location(global).await?;
-    let opened = match cluster::detect(&store).await? {
+    let opened = match cluster::detect(&location, &store).await? {
         Some(record) => Opened::Cluster(ClusterSession::open(global, location, record).await?),
         None => {
             let session = Session::open_in(global, location, store).await?;

@@ -267,6 +267,30 @@ async fn the_cli_reads_and_steers_every_shard_of_a_cluster() {
             "shard {k} has a row:\n{text}"
         );
     }
+
+    // What a command costs on a cluster of 4 against one store (printed,
+    // for the record; not asserted).
+    let single = tempfile::tempdir().unwrap();
+    let one = Owner::open(single.path()).await;
+    for id in &expected {
+        one.start(id, 1, "ok", &[]).await;
+    }
+    for (what, at) in [("cluster of 4", root), ("one store", single.path())] {
+        let started = std::time::Instant::now();
+        for _ in 0..3 {
+            run(cli(
+                at,
+                &["runs", "list", "--status", "all", "--limit", "5"],
+            ))
+            .await
+            .success();
+        }
+        println!(
+            "runs list --limit 5 on {what}: {:?} per command",
+            started.elapsed() / 3
+        );
+    }
+    one.stop().await;
     for owner in owners {
         owner.stop().await;
     }
@@ -404,4 +428,37 @@ async fn the_dashboard_lists_and_steers_a_cluster() {
     for owner in owners {
         owner.stop().await;
     }
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_or_link_in_place_of_the_record_or_a_shard_is_refused_unopened() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let made = std::process::Command::new("mkfifo")
+        .arg(root.join("cluster"))
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success());
+    let started = std::time::Instant::now();
+    let refused = run(cli(root, &["runs", "list"])).await.code(1);
+    assert!(
+        stderr(&refused).contains("is not a regular file"),
+        "{}",
+        stderr(&refused)
+    );
+    assert!(started.elapsed() < Duration::from_secs(20), "not opened");
+
+    // A shard directory that is a link is not followed.
+    let cluster = tempfile::tempdir().unwrap();
+    create_cluster(cluster.path(), 2).await;
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(cluster.path().join("shards")).unwrap();
+    std::os::unix::fs::symlink(elsewhere.path(), cluster.path().join("shards/1")).unwrap();
+    let refused = run(cli(cluster.path(), &["runs", "list"])).await.code(1);
+    assert!(
+        stderr(&refused).contains("is a symbolic link"),
+        "{}",
+        stderr(&refused)
+    );
 }
