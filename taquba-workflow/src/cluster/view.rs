@@ -206,7 +206,9 @@ struct Shard {
 }
 
 /// Read-only queries over every shard of a cluster: merged listings and
-/// routed reads (see the [module documentation](self)). Build it with
+/// routed reads. A plain run (or keyed job) lives in its home shard, a
+/// group and its members in the group id's shard
+/// ([`locate_run`](Self::locate_run) finds either). Build it with
 /// [`open`](Self::open) (a `QueueReader` per shard, from any process) or
 /// [`new`](Self::new) (views the caller already has, such as a runtime's
 /// own). A shard whose queue no process has created yet holds nothing: a
