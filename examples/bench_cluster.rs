@@ -24,9 +24,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use taquba_workflow::cluster::{ClusterRuntime, Ownership, StaticOwnership};
-use taquba_workflow::{
-    NoopTerminalHook, RunSpec, Step, StepError, StepOutcome, StepRunner,
-};
+use taquba_workflow::{NoopTerminalHook, RunSpec, Step, StepError, StepOutcome, StepRunner};
 use taquba_workflow_suite::cluster_demo::{DemoOptions, WorkerArgs, files_under, run_demo, worker};
 use taquba_workflow_suite::measure::{cpu_micros, rss_kib};
 use taquba_workflow_suite::store::dir_store;
@@ -156,7 +154,9 @@ async fn idle_worker(store: &Path, hold: u32, secs: u64) -> Result<(), String> {
     let bucket = dir_store(store).map_err(|err| err.to_string())?;
     let cluster = ClusterRuntime::builder(bucket, "idle", Steps, NoopTerminalHook)
         .shards(16)
-        .ownership(Ownership::Static(StaticOwnership::Shards((0..hold).collect())))
+        .ownership(Ownership::Static(StaticOwnership::Shards(
+            (0..hold).collect(),
+        )))
         .start()
         .await
         .map_err(|err| err.to_string())?;

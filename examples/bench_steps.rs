@@ -23,11 +23,11 @@ use taquba::object_store::memory::InMemory;
 use taquba::object_store::{ObjectStore, ObjectStoreExt};
 use taquba::{EnqueueOptions, EnqueueRequest, OpenOptions, Queue, SettlementEffects};
 use taquba_workflow::jobs::{Job, JobContext, JobRunner};
-use taquba_workflow_suite::measure::{cpu_micros, rss_kib};
 use taquba_workflow::{
     GroupMember, NoopTerminalHook, RunOptions, RunSpec, Step, StepError, StepOutcome, StepRunner,
     WorkflowRuntime,
 };
+use taquba_workflow_suite::measure::{cpu_micros, rss_kib};
 
 #[derive(Parser, Debug, Clone)]
 struct Args {

@@ -35,7 +35,8 @@ pub struct Cli {
 pub struct Global {
     /// The store: a directory, `file:///dir` or `s3://bucket/prefix`
     /// (`s3://` needs a build with `--features aws` and takes the
-    /// standard AWS_* environment).
+    /// standard AWS_* environment). A cluster's root (a location holding
+    /// a `cluster` record) works across every shard.
     #[arg(
         long,
         global = true,
@@ -44,7 +45,7 @@ pub struct Global {
     )]
     pub store: Option<String>,
     /// The queue's path inside the store (default: the only top-level
-    /// prefix holding a queue).
+    /// prefix holding a queue; in each shard of a cluster, `db`).
     #[arg(long, global = true, value_name = "PATH")]
     pub db: Option<String>,
     /// The runtime's queue name (default: the only runtime recorded in the

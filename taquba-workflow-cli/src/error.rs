@@ -44,6 +44,22 @@ pub enum CliError {
         "run {0} not found in this store (never submitted here, or its records were removed by retention)"
     )]
     RunNotFound(RunId),
+    /// No shard of the cluster holds the run.
+    #[error(
+        "run {run_id} not found in the cluster ({shards} shards): not in its home shard {home}{}; never submitted here, or its records were removed by retention",
+        if crate::error::member_shaped(run_id) { " nor, as its id has a group member's form, in any other shard" } else { "" }
+    )]
+    RunNotInCluster {
+        /// The run.
+        run_id: RunId,
+        /// The cluster's shard count.
+        shards: u32,
+        /// The run id's home shard.
+        home: u32,
+    },
+    /// A cluster's record or one of its shards could not be read.
+    #[error("{0}")]
+    Cluster(#[from] taquba_workflow::cluster::ClusterViewError),
     /// The run exists but the command cannot apply to it (a result of a run
     /// that is still active, ...).
     #[error("{0}")]
@@ -79,6 +95,15 @@ impl CliError {
             _ => ExitCode::FAILURE,
         }
     }
+}
+
+/// Whether `id` has a group member's run id form (64 lowercase hex
+/// digits), which a cluster looks for beyond the id's home shard.
+pub fn member_shaped(id: &RunId) -> bool {
+    id.len() == 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// The result of a command.

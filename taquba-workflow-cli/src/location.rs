@@ -176,6 +176,38 @@ impl Location {
         Ok(Location::Dir(PathBuf::from(location)))
     }
 
+    /// The location `prefix` (slash-separated object path parts) below
+    /// this one: a subdirectory, or a longer bucket prefix.
+    pub fn below(&self, prefix: &str) -> Location {
+        let prefix = prefix.trim_matches('/');
+        match self {
+            Location::Dir(root) => Location::Dir(
+                prefix
+                    .split('/')
+                    .filter(|part| !part.is_empty())
+                    .fold(root.clone(), |dir, part| dir.join(part)),
+            ),
+            Location::S3 {
+                bucket,
+                prefix: None,
+            } => Location::S3 {
+                bucket: bucket.clone(),
+                prefix: (!prefix.is_empty()).then(|| prefix.to_string()),
+            },
+            Location::S3 {
+                bucket,
+                prefix: Some(above),
+            } => Location::S3 {
+                bucket: bucket.clone(),
+                prefix: Some(if prefix.is_empty() {
+                    above.clone()
+                } else {
+                    format!("{above}/{prefix}")
+                }),
+            },
+        }
+    }
+
     /// The object store of this location, every call to it bounded by
     /// [`STORE_CALL_TIMEOUT`] ([`BoundedStore`]). Nothing is sent to it
     /// yet: [`probe`] checks that it answers.
@@ -317,6 +349,22 @@ pub fn chain(err: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_location_below_another_nests_under_it() {
+        assert_eq!(
+            Location::Dir("/c".into()).below("shards/3"),
+            Location::Dir("/c/shards/3".into())
+        );
+        assert_eq!(
+            Location::parse("s3://b").unwrap().below("/shards/0/"),
+            Location::parse("s3://b/shards/0").unwrap()
+        );
+        assert_eq!(
+            Location::parse("s3://b/prod").unwrap().below("shards/7"),
+            Location::parse("s3://b/prod/shards/7").unwrap()
+        );
+    }
 
     #[test]
     fn locations_parse_into_their_forms() {

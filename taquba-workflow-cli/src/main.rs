@@ -4,12 +4,15 @@
 //! through a read-only `taquba::QueueReader`, changes go to the owning
 //! process as commands in the store's inbox (or, `--offline`, are applied
 //! directly to a store no process owns). `taquba-workflow ui` serves the
-//! same reads and commands as a web dashboard.
+//! same reads and commands as a web dashboard. On a cluster root (a
+//! location holding a cluster record) every command works across the
+//! shards ([`cluster`]).
 //!
 //! Exit codes: 0 success, 1 the command failed, 2 usage error.
 
 mod bounded;
 mod cli;
+mod cluster;
 mod commands;
 mod error;
 mod location;

@@ -48,22 +48,18 @@ pub struct Target {
 }
 
 impl Target {
-    /// Resolve `--store` and `--db`: parse and probe the location, then
-    /// take `--db` or discover the one queue in the store.
+    /// Resolve `--db` in the store `location` already opened and probed
+    /// ([`open_location`]): take `--db` or discover the one queue in the
+    /// store.
     ///
     /// # Errors
-    /// [`CliError::Usage`] without `--store`, or when the store holds no
-    /// queue or several and no `--db` picks one; the location's errors.
-    pub async fn resolve(global: &Global) -> CliResult<Self> {
-        let Some(given) = global.store.as_deref() else {
-            return Err(CliError::Usage(
-                "no store given: pass --store DIR|file:///DIR|s3://BUCKET/PREFIX (or set TAQUBA_WORKFLOW_STORE)"
-                    .to_string(),
-            ));
-        };
-        let location = Location::parse(given)?;
-        let store = location.object_store()?;
-        location::probe(store.as_ref(), &location).await?;
+    /// [`CliError::Usage`] when the store holds no queue or several and no
+    /// `--db` picks one; the listing's errors.
+    pub async fn resolve_in(
+        global: &Global,
+        location: Location,
+        store: Arc<dyn ObjectStore>,
+    ) -> CliResult<Self> {
         let db_path = match &global.db {
             Some(path) => path.trim_matches('/').to_string(),
             None => {
@@ -122,6 +118,23 @@ impl Target {
             .into()),
         }
     }
+}
+
+/// Parse `--store`, build its object store and probe it (one listing).
+///
+/// # Errors
+/// [`CliError::Usage`] without `--store`; the location's errors.
+pub async fn open_location(global: &Global) -> CliResult<(Location, Arc<dyn ObjectStore>)> {
+    let Some(given) = global.store.as_deref() else {
+        return Err(CliError::Usage(
+            "no store given: pass --store DIR|file:///DIR|s3://BUCKET/PREFIX (or set TAQUBA_WORKFLOW_STORE)"
+                .to_string(),
+        ));
+    };
+    let location = Location::parse(given)?;
+    let store = location.object_store()?;
+    location::probe(store.as_ref(), &location).await?;
+    Ok((location, store))
 }
 
 /// The top-level prefixes of `store` that hold a SlateDB manifest
@@ -238,12 +251,17 @@ pub struct Session {
 }
 
 impl Session {
-    /// Resolve the target and open its reader.
+    /// Resolve the target in the store `location` already opened and
+    /// probed ([`open_location`]) and open its reader.
     ///
     /// # Errors
-    /// As [`Target::resolve`] and [`Target::open_reader`].
-    pub async fn open(global: &Global) -> CliResult<Self> {
-        let target = Target::resolve(global).await?;
+    /// As [`Target::resolve_in`] and [`Target::open_reader`].
+    pub async fn open_in(
+        global: &Global,
+        location: Location,
+        store: Arc<dyn ObjectStore>,
+    ) -> CliResult<Self> {
+        let target = Target::resolve_in(global, location, store).await?;
         let reader = target.open_reader().await?;
         Ok(Self { target, reader })
     }

@@ -19,7 +19,8 @@ use taquba_workflow::cluster::{
 };
 use taquba_workflow::inbox::{CommandAnswer, CommandState};
 use taquba_workflow::{
-    NoopTerminalHook, RunId, RunSpec, RunState, SignalOutcome, TerminalStatus, WorkflowView,
+    GroupMember, NoopTerminalHook, RunId, RunSpec, RunState, SignalOutcome, TerminalStatus,
+    WorkflowView,
 };
 use taquba_workflow_suite::testing::{FaultConfig, FaultyStore, TokioClock};
 
@@ -192,6 +193,70 @@ async fn static_processes_route_every_call_to_the_runs_shard() {
     for node in &nodes {
         node.shutdown().await.unwrap();
     }
+}
+
+/// A group lives in its group id's shard with all its members: its owner
+/// submits and joins it, another process refuses to, and reads a member's
+/// run (whose id routes elsewhere) from the group's shard.
+#[tokio::test(start_paused = true)]
+async fn a_group_and_its_members_live_in_the_groups_shard() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let runner = Scripted::default();
+    let a = node(
+        store.clone(),
+        "a",
+        Ownership::Static(StaticOwnership::ordinal(0, 2).unwrap()),
+        runner.clone(),
+    )
+    .await;
+    let b = node(
+        store.clone(),
+        "b",
+        Ownership::Static(StaticOwnership::ordinal(1, 2).unwrap()),
+        runner.clone(),
+    )
+    .await;
+    let group = a.new_group().unwrap();
+    let shards = std::num::NonZeroU32::new(SHARDS).unwrap();
+    let home = shard_of(group.id().as_str(), shards);
+    assert!(a.hosted_shards().contains(&home));
+    let err = b.group(group.id().clone()).unwrap_err();
+    assert!(err.to_string().contains(&format!("shard {home}")), "{err}");
+    let members: Vec<GroupMember> = (0..12)
+        .map(|i| GroupMember {
+            key: format!("m{i}"),
+            input: b"steps:1".to_vec(),
+        })
+        .collect();
+    group
+        .submit(members, &taquba_workflow::RunOptions::default())
+        .await
+        .unwrap();
+    let results = join_all(&group).await;
+    assert_eq!(results.len(), 12);
+    // Member run ids route elsewhere by their own hash; they are found in
+    // the group's shard, from either process.
+    let away = results
+        .iter()
+        .find(|member| shard_of(member.run_id.as_str(), shards) != home)
+        .expect("a member whose id hashes to another shard");
+    for node in [&a, &b] {
+        let status = node.status(&away.run_id).await.unwrap();
+        assert!(
+            matches!(status.map(|s| s.state), Some(RunState::Terminated { .. })),
+            "{}",
+            node.node_id()
+        );
+        let end = node
+            .wait_timeout(&away.run_id, Duration::from_secs(10))
+            .await
+            .unwrap()
+            .expect("ended");
+        assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+    }
+    drop(group);
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
 }
 
 /// Cancel, `signal_run` and the key-only signal from a process that does

@@ -3,6 +3,7 @@
 
 use taquba_workflow::{RunId, WorkflowView, view::RunFilter, view::StatusFilter};
 
+use crate::cluster::Reads;
 use crate::commands::runs::summary_table;
 use crate::error::{CliError, CliResult};
 use crate::output::{Card, Output, Table};
@@ -13,8 +14,8 @@ use crate::present::run::SummaryJson;
 ///
 /// # Errors
 /// Storage errors.
-pub async fn list(view: &WorkflowView, limit: usize, out: &Output) -> CliResult<()> {
-    let page = view.groups(None, limit).await?;
+pub async fn list(reads: Reads<'_>, limit: usize, out: &Output) -> CliResult<()> {
+    let page = reads.groups(None, limit).await?;
     let rows: Vec<GroupJson> = page.groups.iter().map(GroupJson::from).collect();
     let footer = match (&page.next, rows.len()) {
         (_, 0) => "No groups.".to_string(),

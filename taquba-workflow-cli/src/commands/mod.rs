@@ -4,6 +4,7 @@
 
 pub mod activity;
 pub mod answer;
+pub mod cluster_info;
 pub mod groups;
 pub mod mutate;
 pub mod offline;
@@ -14,10 +15,11 @@ use std::io::Read;
 use std::path::Path;
 
 use crate::cli::{Cli, Command, CommandsCommand, GroupsCommand, RunsCommand, StoreCommand};
+use crate::cluster::{self, ClusterSession, Reads, ShardSession};
 use crate::error::{CliError, CliResult};
 use crate::output::Output;
 use crate::payload::encode_json;
-use crate::session::Session;
+use crate::session::{self, Session};
 
 /// Run the parsed command line.
 ///
@@ -39,10 +41,104 @@ pub async fn run(cli: Cli) -> CliResult<()> {
         }) => Some(signal_payload(json.as_deref(), file.as_deref(), *raw)?),
         _ => None,
     };
-    let session = Session::open(global).await?;
+    let (location, store) = session::open_location(global).await?;
+    if let Some(record) = cluster::detect(&location, &store).await? {
+        let cluster = ClusterSession::open(global, location, record).await?;
+        let result = dispatch_cluster(&cli, &cluster, payload, &out).await;
+        cluster.close().await;
+        return result;
+    }
+    let session = Session::open_in(global, location, store).await?;
     let result = dispatch(&cli, &session, payload, &out).await;
     session.close().await;
     result
+}
+
+/// Run a command on a cluster root: listings over every shard, a run's
+/// reads and commands in the shard holding it, a key-only signal in the
+/// key's home shard.
+async fn dispatch_cluster(
+    cli: &Cli,
+    cluster: &ClusterSession,
+    payload: Option<Vec<u8>>,
+    out: &Output,
+) -> CliResult<()> {
+    let reads = Reads::Cluster(&cluster.view);
+    match &cli.command {
+        Command::Store(StoreCommand::Info) => cluster_info::info(cluster, out).await,
+        Command::Runs(RunsCommand::List(args)) => runs::list(reads, args, out).await,
+        Command::Runs(RunsCommand::Describe { id }) => {
+            let shard = cluster.run_shard(id).await?;
+            runs::describe(&shard.runtime.view, id, out).await
+        }
+        Command::Runs(RunsCommand::Steps { id }) => {
+            let shard = cluster.run_shard(id).await?;
+            runs::steps(&shard.runtime.view, id, out).await
+        }
+        Command::Runs(RunsCommand::Result { id, wait, timeout }) => {
+            let shard = cluster.run_shard(id).await?;
+            runs::result(&shard.runtime.view, id, *wait, *timeout, out).await
+        }
+        Command::Runs(RunsCommand::Cancel {
+            id,
+            reason,
+            yes,
+            send,
+        }) => {
+            let shard = cluster.run_shard(id).await?;
+            mutate::say(&in_shard(cluster, shard, &format!("Run {id}")))?;
+            mutate::cancel(
+                &shard.session,
+                &shard.runtime,
+                id,
+                reason.as_deref(),
+                *yes,
+                send,
+                out,
+            )
+            .await
+        }
+        Command::Runs(RunsCommand::Signal { key, send, .. }) => {
+            let shard = cluster.signal_shard(key).await?;
+            mutate::say(&in_shard(
+                cluster,
+                shard,
+                &format!("Signal {key:?} goes to its key's home shard: it"),
+            ))?;
+            let payload = payload.unwrap_or_default();
+            mutate::signal(&shard.session, &shard.runtime, key, payload, send, out).await
+        }
+        Command::Runs(RunsCommand::Requeue { id, send }) => {
+            let shard = cluster.run_shard(id).await?;
+            mutate::say(&in_shard(cluster, shard, &format!("Run {id}")))?;
+            mutate::requeue(&shard.session, &shard.runtime, id, send, out).await
+        }
+        Command::Groups(GroupsCommand::List { limit }) => groups::list(reads, *limit, out).await,
+        Command::Groups(GroupsCommand::Describe { id }) => {
+            let k = cluster.view.shard_of_group(id);
+            match cluster.shard(k) {
+                Some(shard) => groups::describe(&shard.runtime.view, id, out).await,
+                None => Err(CliError::Refused(format!(
+                    "group {id} not found in the cluster: its shard {k} has no queue yet"
+                ))),
+            }
+        }
+        Command::Commands(CommandsCommand::Describe { id }) => {
+            mutate::describe_cluster_command(cluster, id, out).await
+        }
+        // `run` serves the dashboard before opening a session here.
+        #[cfg(feature = "ui")]
+        Command::Ui(_) => unreachable!("`ui` is dispatched by `commands::run`"),
+    }
+}
+
+/// `{what} is in shard K of the cluster at LOCATION (DIR).`, the line a
+/// command on a cluster says first.
+fn in_shard(cluster: &ClusterSession, shard: &ShardSession, what: &str) -> String {
+    format!(
+        "{what} is in shard {} of the cluster at {} ({}).",
+        shard.shard, cluster.location, shard.session.target.location
+    )
 }
 
 async fn dispatch(
@@ -59,7 +155,7 @@ async fn dispatch(
     let view = &runtime.view;
     match &cli.command {
         Command::Store(StoreCommand::Info) => store_info::info(session, out).await,
-        Command::Runs(RunsCommand::List(args)) => runs::list(view, args, out).await,
+        Command::Runs(RunsCommand::List(args)) => runs::list(Reads::Store(view), args, out).await,
         Command::Runs(RunsCommand::Describe { id }) => runs::describe(view, id, out).await,
         Command::Runs(RunsCommand::Steps { id }) => runs::steps(view, id, out).await,
         Command::Runs(RunsCommand::Result { id, wait, timeout }) => {
@@ -78,7 +174,9 @@ async fn dispatch(
         Command::Runs(RunsCommand::Requeue { id, send }) => {
             mutate::requeue(session, &runtime, id, send, out).await
         }
-        Command::Groups(GroupsCommand::List { limit }) => groups::list(view, *limit, out).await,
+        Command::Groups(GroupsCommand::List { limit }) => {
+            groups::list(Reads::Store(view), *limit, out).await
+        }
         Command::Groups(GroupsCommand::Describe { id }) => groups::describe(view, id, out).await,
         Command::Commands(CommandsCommand::Describe { id }) => {
             mutate::describe_command(session, &runtime, id, out).await

@@ -16,6 +16,7 @@ use taquba_workflow::{
 };
 
 use crate::cli::SendArgs;
+use crate::cluster::{ClusterSession, ShardSession};
 use crate::commands::activity;
 use crate::commands::answer::{Change, answer, command_card};
 use crate::commands::offline;
@@ -228,6 +229,74 @@ pub async fn describe_command(
     out.one(&json, |times| command_card(&json, times))
 }
 
+/// `commands describe ID` on a cluster: the command is looked for in
+/// every open shard (its record, or its object in the shard's inbox); the
+/// first shard that knows it answers. A command no shard knows is shown
+/// as unknown.
+///
+/// # Errors
+/// [`CliError::Usage`] for an id that is not a ULID; storage errors
+/// (naming the shard).
+pub async fn describe_cluster_command(
+    cluster: &ClusterSession,
+    id: &str,
+    out: &Output,
+) -> CliResult<()> {
+    let command: CommandId = id
+        .parse()
+        .map_err(|e: taquba_workflow::Error| CliError::Usage(e.to_string()))?;
+    match find_command(cluster, &command).await? {
+        Some((shard, _)) => {
+            say(&format!(
+                "Command {command} is in shard {} of the cluster at {} ({}); its object path is inside the shard.",
+                shard.shard, cluster.location, shard.session.target.location
+            ))?;
+            describe_command(&shard.session, &shard.runtime, id, out).await
+        }
+        None => {
+            let json = CommandJson::new(
+                &command,
+                &CommandState::Unknown,
+                format!(
+                    "(in no shard's inbox: the {} open shards of {} were searched)",
+                    cluster.open_shards().count(),
+                    cluster.location
+                ),
+            );
+            out.one(&json, |times| command_card(&json, times))
+        }
+    }
+}
+
+/// The open shard that knows command `id` (its record, or its object in the
+/// shard's inbox) with the command's state there; `None` when none does.
+///
+/// # Errors
+/// Storage errors, naming the shard.
+pub async fn find_command<'a>(
+    cluster: &'a ClusterSession,
+    id: &CommandId,
+) -> CliResult<Option<(&'a ShardSession, CommandState)>> {
+    use futures_util::StreamExt;
+    let reads = cluster
+        .open_shards()
+        .map(|shard| async move {
+            let state = cluster.view.command(shard.shard, id).await;
+            (shard, state)
+        })
+        .collect::<Vec<_>>();
+    let mut reads = std::pin::pin!(
+        futures_util::stream::iter(reads).buffered(crate::cluster::SHARD_CONCURRENCY)
+    );
+    while let Some((shard, state)) = reads.next().await {
+        match state? {
+            CommandState::Unknown => {}
+            state => return Ok(Some((shard, state))),
+        }
+    }
+    Ok(None)
+}
+
 fn via(send: &SendArgs) -> String {
     if send.offline {
         "Via: --offline, applied directly after checking that no process owns the store."
@@ -239,7 +308,7 @@ fn via(send: &SendArgs) -> String {
 }
 
 /// A line of the plan: on stderr, so stdout holds only the answer.
-fn say(line: &str) -> CliResult<()> {
+pub fn say(line: &str) -> CliResult<()> {
     let mut err = std::io::stderr().lock();
     match writeln!(err, "{line}") {
         Ok(()) => Ok(()),

@@ -10,6 +10,7 @@ use taquba_workflow::{
 };
 
 use crate::cli::{ListArgs, StatusFilter};
+use crate::cluster::Reads;
 use crate::error::{CliError, CliResult};
 use crate::output::{Card, Output, Table, Times, short_duration};
 use crate::present::run::{
@@ -48,9 +49,13 @@ pub fn filter(args: &ListArgs, now_ms: u64) -> RunFilter {
 ///
 /// # Errors
 /// Storage errors.
-pub async fn list(view: &WorkflowView, args: &ListArgs, out: &Output) -> CliResult<()> {
-    let page = view.runs(&filter(args, out.times().now_ms())).await?;
-    let rows: Vec<SummaryJson> = page.runs.iter().map(SummaryJson::from).collect();
+pub async fn list(reads: Reads<'_>, args: &ListArgs, out: &Output) -> CliResult<()> {
+    let page = reads.runs(&filter(args, out.times().now_ms())).await?;
+    let rows: Vec<SummaryJson> = page
+        .runs
+        .iter()
+        .map(|run| SummaryJson::in_shard(run, reads.shard_of(run)))
+        .collect();
     let which = match args.status {
         StatusFilter::Active => "active runs",
         StatusFilter::Terminated => "terminated runs",
@@ -72,9 +77,11 @@ pub async fn list(view: &WorkflowView, args: &ListArgs, out: &Output) -> CliResu
     out.list(&rows, |times| summary_table(&rows, times), Some(footer))
 }
 
-/// The table of listed runs.
+/// The table of listed runs (with a `shard` column when the rows are a
+/// cluster's).
 pub fn summary_table(rows: &[SummaryJson], times: &Times) -> Table {
-    let mut table = Table::new(&[
+    let sharded = rows.iter().any(|run| run.shard.is_some());
+    let mut header = vec![
         "status",
         "run id",
         "workflow",
@@ -82,9 +89,13 @@ pub fn summary_table(rows: &[SummaryJson], times: &Times) -> Table {
         "attempts",
         "submitted",
         "ended",
-    ]);
+    ];
+    if sharded {
+        header.push("shard");
+    }
+    let mut table = Table::new(&header);
     for run in rows {
-        table.row(vec![
+        let mut row = vec![
             run.state.to_string(),
             run.run_id.clone(),
             run.workflow.clone().unwrap_or_else(|| "-".to_string()),
@@ -92,7 +103,11 @@ pub fn summary_table(rows: &[SummaryJson], times: &Times) -> Table {
             run.attempts.to_string(),
             times.maybe_at(run.submitted_at_ms),
             times.maybe_at(run.ended_at_ms),
-        ]);
+        ];
+        if sharded {
+            row.push(run.shard.map_or_else(|| "-".to_string(), |k| k.to_string()));
+        }
+        table.row(row);
     }
     table
 }

@@ -37,6 +37,31 @@ pub async fn info(session: &Session, out: &Output) -> CliResult<()> {
 /// # Errors
 /// Storage and listing errors.
 pub async fn gather(target: &Target, reader: &QueueReader) -> CliResult<StoreInfoJson> {
+    let writer = writer(target, reader).await?;
+    let runtimes = runtimes(reader).await?;
+    let (queues, dead_letters) = queues(reader).await?;
+    let (prefixes, passed_over) = sizes(target).await?;
+    Ok(StoreInfoJson {
+        store: target.location.to_string(),
+        db: target.db_path.clone(),
+        writer,
+        runtimes,
+        queues,
+        dead_letters,
+        total_objects: prefixes.iter().map(|p| p.objects).sum(),
+        total_bytes: prefixes.iter().map(|p| p.bytes).sum(),
+        prefixes,
+        passed_over,
+    })
+}
+
+/// What `reader` sees of the writer of `target`'s queue: its epoch, last
+/// flush, durable sequence number, newest write-ahead log object and
+/// heartbeat.
+///
+/// # Errors
+/// The heartbeat's and the listing's errors.
+pub async fn writer(target: &Target, reader: &QueueReader) -> CliResult<WriterJson> {
     let activity = reader.last_store_activity();
     let heartbeat = reader.writer_heartbeat().await?.map(|beat| HeartbeatJson {
         at_ms: beat.at_ms,
@@ -45,8 +70,21 @@ pub async fn gather(target: &Target, reader: &QueueReader) -> CliResult<StoreInf
         writer_epoch: beat.writer_epoch,
         closed: beat.closed,
     });
-    let view = reader.view();
-    let runtimes = WorkflowView::runtimes(view)
+    Ok(WriterJson {
+        epoch: activity.writer_epoch,
+        last_flush_at_ms: activity.last_flush_at_ms,
+        durable_seq: activity.durable_seq,
+        newest_wal: newest_wal(target).await?,
+        heartbeat,
+    })
+}
+
+/// The runtimes recorded in the store `reader` reads.
+///
+/// # Errors
+/// Storage errors.
+pub async fn runtimes(reader: &QueueReader) -> CliResult<Vec<RuntimeJson>> {
+    Ok(WorkflowView::runtimes(reader.view())
         .await?
         .into_iter()
         .map(|r| RuntimeJson {
@@ -56,7 +94,16 @@ pub async fn gather(target: &Target, reader: &QueueReader) -> CliResult<StoreInf
             started_at_ms: r.started_at_ms,
             stopped_at_ms: r.stopped_at_ms,
         })
-        .collect();
+        .collect())
+}
+
+/// Job counts per queue of the store `reader` reads, and the first
+/// [`DEAD_LETTERS_SHOWN`] dead letters of each.
+///
+/// # Errors
+/// Storage errors.
+pub async fn queues(reader: &QueueReader) -> CliResult<(Vec<QueueJson>, Vec<DeadLetterJson>)> {
+    let view = reader.view();
     let mut queues = Vec::new();
     let mut dead_letters = Vec::new();
     for name in view.list_queues().await? {
@@ -82,26 +129,7 @@ pub async fn gather(target: &Target, reader: &QueueReader) -> CliResult<StoreInf
             dead: stats.dead,
         });
     }
-    let newest_wal = newest_wal(target).await?;
-    let (prefixes, passed_over) = sizes(target).await?;
-    Ok(StoreInfoJson {
-        store: target.location.to_string(),
-        db: target.db_path.clone(),
-        writer: WriterJson {
-            epoch: activity.writer_epoch,
-            last_flush_at_ms: activity.last_flush_at_ms,
-            durable_seq: activity.durable_seq,
-            newest_wal,
-            heartbeat,
-        },
-        runtimes,
-        queues,
-        dead_letters,
-        total_objects: prefixes.iter().map(|p| p.objects).sum(),
-        total_bytes: prefixes.iter().map(|p| p.bytes).sum(),
-        prefixes,
-        passed_over,
-    })
+    Ok((queues, dead_letters))
 }
 
 /// Objects and bytes per top-level prefix, and the entries passed over:

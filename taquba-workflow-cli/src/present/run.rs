@@ -51,6 +51,20 @@ pub struct SummaryJson {
     pub ended_at_ms: Option<u64>,
     /// The termination's error.
     pub error: Option<String>,
+    /// The cluster shard holding the run (listings of a cluster root only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard: Option<u32>,
+}
+
+impl SummaryJson {
+    /// `run` as listed from shard `shard` of a cluster (`None`: a single
+    /// store).
+    pub fn in_shard(run: &RunSummary, shard: Option<u32>) -> Self {
+        Self {
+            shard,
+            ..Self::from(run)
+        }
+    }
 }
 
 impl From<&RunSummary> for SummaryJson {
@@ -70,6 +84,7 @@ impl From<&RunSummary> for SummaryJson {
             submitted_at_ms: run.submitted_at_ms,
             ended_at_ms: run.ended_at_ms,
             error,
+            shard: None,
         }
     }
 }

@@ -134,3 +134,45 @@ pub struct WalObject {
     /// When the store says it was written (ms since the Unix epoch).
     pub at_ms: u64,
 }
+
+/// `store info` of a cluster root, as printed.
+#[derive(Debug, Serialize)]
+pub struct ClusterInfoJson {
+    /// The cluster root, as given.
+    pub store: String,
+    /// The cluster record's format.
+    pub format: u32,
+    /// The routing hash the record names.
+    pub hash: String,
+    /// The number of shards (fixed at creation).
+    pub shard_count: u32,
+    /// When the cluster was created (ms since the Unix epoch, the creating
+    /// process's clock).
+    pub created_at_ms: u64,
+    /// Each shard, in order.
+    pub shards: Vec<ShardInfoJson>,
+}
+
+/// One shard of a cluster in `store info`.
+#[derive(Debug, Serialize)]
+pub struct ShardInfoJson {
+    /// The shard.
+    pub shard: u32,
+    /// Its location (`{root}/shards/{k}`).
+    pub location: String,
+    /// The queue's path in it.
+    pub db: String,
+    /// Whether its queue exists (a process has opened it).
+    pub open: bool,
+    /// Its owner and lease epoch, when the cluster records leases (`—`
+    /// until then).
+    pub owner: String,
+    /// What the reader sees of its writer (absent for a shard not open).
+    pub writer: Option<WriterJson>,
+    /// The runtimes it records.
+    pub runtimes: Vec<RuntimeJson>,
+    /// Job counts per queue.
+    pub queues: Vec<QueueJson>,
+    /// The first dead letters of each queue.
+    pub dead_letters: Vec<DeadLetterJson>,
+}

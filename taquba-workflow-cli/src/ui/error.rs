@@ -53,7 +53,7 @@ impl From<CliError> for UiError {
     fn from(e: CliError) -> Self {
         let message = e.to_string();
         match e {
-            CliError::RunNotFound(_) => Self::not_found(message),
+            CliError::RunNotFound(_) | CliError::RunNotInCluster { .. } => Self::not_found(message),
             CliError::Usage(_) => Self::bad_request(message),
             CliError::Refused(_) => Self::new(StatusCode::CONFLICT, "Does not apply", message),
             _ => Self::new(

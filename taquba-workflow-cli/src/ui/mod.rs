@@ -3,7 +3,9 @@
 //! long-lived read-only [`taquba::QueueReader`] (so it works on a live
 //! store and on a copied prefix alike), and sends cancel, signal and
 //! requeue to the owning process as inbox commands, never by opening the
-//! store as a writer.
+//! store as a writer. On a cluster root it shows every shard: listings
+//! merged, a run's page and actions in the run's shard, the store page a
+//! row per shard ([`app::Scope`]).
 //!
 //! Pages are rendered on the server ([`maud`] templates, every value
 //! escaped) and refreshed in place by htmx while what they show can still
@@ -29,9 +31,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::cli::{Global, UiArgs};
+use crate::cluster::{self, ClusterSession};
 use crate::error::{CliError, CliResult};
-use crate::session::Session;
-use crate::ui::app::App;
+use crate::session::{self, Runtime, Session};
+use crate::ui::app::{App, Scope};
 use crate::ui::security::Guard;
 
 /// Serve the dashboard until Ctrl-C (or SIGTERM): check the address,
@@ -43,38 +46,70 @@ use crate::ui::security::Guard;
 /// address cannot be bound or the server fails.
 pub async fn run(global: &Global, args: &UiArgs) -> CliResult<()> {
     security::check_listen(args.listen, args.allow_remote)?;
-    let session = Session::open(global).await?;
-    let runtime = match session.runtime(global).await {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            session.close().await;
-            return Err(e);
+    let (location, store) = session::open_location(global).await?;
+    let opened = match cluster::detect(&location, &store).await? {
+        Some(record) => Opened::Cluster(ClusterSession::open(global, location, record).await?),
+        None => {
+            let session = Session::open_in(global, location, store).await?;
+            match session.runtime(global).await {
+                Ok(runtime) => Opened::Store(session, runtime),
+                Err(e) => {
+                    session.close().await;
+                    return Err(e);
+                }
+            }
         }
     };
     let listener = match tokio::net::TcpListener::bind(args.listen).await {
         Ok(listener) => listener,
         Err(e) => {
-            session.close().await;
+            opened.close().await;
             return Err(CliError::Serve(format!(
                 "cannot listen on {}: {e}",
                 args.listen
             )));
         }
     };
-    let bound = listener
+    let guard = match listener
         .local_addr()
-        .map_err(|e| CliError::Serve(format!("cannot read the bound address: {e}")))?;
-    let guard = Guard::new(bound, args.allow_remote)?;
-    let app = Arc::new(App::new(session, runtime, guard, args.read_only));
+        .map_err(|e| CliError::Serve(format!("cannot read the bound address: {e}")))
+    {
+        Ok(bound) => Guard::new(bound, args.allow_remote).map(|guard| (bound, guard)),
+        Err(e) => Err(e),
+    };
+    let (bound, guard) = match guard {
+        Ok(bound_guard) => bound_guard,
+        Err(e) => {
+            opened.close().await;
+            return Err(e);
+        }
+    };
+    let app = Arc::new(match opened {
+        Opened::Store(session, runtime) => App::new(session, runtime, guard, args.read_only),
+        Opened::Cluster(cluster) => App::cluster(cluster, guard, args.read_only),
+    });
     announce(&app, bound, args.read_only);
     let served = axum::serve(listener, routes::router(app.clone()))
         .with_graceful_shutdown(stopped())
         .await
         .map_err(|e| CliError::Serve(format!("the dashboard's server failed: {e}")));
-    if let Err(e) = app.session.reader.close().await {
-        eprintln!("taquba-workflow: closing the reader failed: {e}");
-    }
+    app.close_readers().await;
     served
+}
+
+/// What the dashboard opened before it binds.
+enum Opened {
+    Store(Session, Runtime),
+    Cluster(ClusterSession),
+}
+
+impl Opened {
+    async fn close(self) {
+        match self {
+            Opened::Store(session, _) => session.close().await,
+            Opened::Cluster(cluster) => cluster.close().await,
+        }
+    }
 }
 
 /// Print the URL (the first line on stdout, for scripts), what the
@@ -89,11 +124,21 @@ fn announce(app: &App, bound: SocketAddr, read_only: bool) {
     } else {
         "on a non-loopback address (--allow-remote): whoever reaches it reads every run and can cancel, signal and requeue runs; there is no login"
     };
-    let _ = writeln!(
-        out,
-        "Serving store {} (queue path {:?}, runtime {:?}) {exposure}.",
-        app.session.target.location, app.session.target.db_path, app.runtime.queue_name
-    );
+    let serving = match &app.scope {
+        Scope::Store {
+            session, runtime, ..
+        } => format!(
+            "store {} (queue path {:?}, runtime {:?})",
+            session.target.location, session.target.db_path, runtime.queue_name
+        ),
+        Scope::Cluster { cluster, .. } => format!(
+            "the cluster at {} ({} shards, {} with a queue)",
+            cluster.location,
+            cluster.record.shards,
+            cluster.open_shards().count()
+        ),
+    };
+    let _ = writeln!(out, "Serving {serving} {exposure}.");
     let _ = writeln!(
         out,
         "Reads follow what the owner flushed; {}. Ctrl-C stops.",

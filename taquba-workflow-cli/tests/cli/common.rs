@@ -164,6 +164,28 @@ impl Owner {
 
     /// Own the queue at [`DB`] in `store` and start the worker.
     pub async fn open_on(store: Arc<dyn ObjectStore>, heartbeat: Option<Duration>) -> Self {
+        Self::open_on_db(store, DB, heartbeat).await
+    }
+
+    /// Own shard `shard` of the cluster whose root is the directory
+    /// `cluster` (its record written there first: [`create_cluster`]): the
+    /// shard's store is `{cluster}/shards/{shard}/` as the cluster runtime
+    /// opens it (`cluster::shard_store` over the root's store), its queue at
+    /// `db`.
+    pub async fn open_shard(cluster: &Path, shard: u32) -> Self {
+        let root: Arc<dyn ObjectStore> =
+            Arc::new(LocalFileSystem::new_with_prefix(cluster).expect("local store"));
+        let store =
+            taquba_workflow::cluster::shard_store(root, "", shard).expect("the shard's store");
+        Self::open_on_db(store, taquba_workflow::cluster::SHARD_QUEUE_PATH, None).await
+    }
+
+    /// Own the queue at `db` in `store` and start the worker.
+    pub async fn open_on_db(
+        store: Arc<dyn ObjectStore>,
+        db: &str,
+        heartbeat: Option<Duration>,
+    ) -> Self {
         let options = OpenOptions::default()
             .flush_interval(Duration::from_millis(5))
             .default_queue_config(
@@ -173,7 +195,7 @@ impl Owner {
             )
             .liveness_heartbeat(heartbeat);
         let queue = Arc::new(
-            Queue::open_with_options(store.clone(), DB, options)
+            Queue::open_with_options(store.clone(), db, options)
                 .await
                 .expect("open the queue"),
         );
@@ -241,11 +263,35 @@ impl Owner {
             worker.shutdown().await.expect("worker shutdown");
         }
         drop(self.runtime);
-        match Arc::try_unwrap(self.queue) {
+        // Tasks the runtime spawned (a settlement, a detached call) let go
+        // of the queue shortly after the worker stops; on a loaded machine
+        // that takes a moment.
+        let mut queue = self.queue;
+        for _ in 0..1000 {
+            match Arc::try_unwrap(queue) {
+                Ok(owned) => return owned.close().await.expect("close the queue"),
+                Err(shared) => {
+                    queue = shared;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+        match Arc::try_unwrap(queue) {
             Ok(queue) => queue.close().await.expect("close the queue"),
-            Err(_) => panic!("the queue is still shared"),
+            Err(_) => panic!("the queue is still shared after 10 s"),
         }
     }
+}
+
+/// Write the record of a cluster of `shards` shards at the directory
+/// `dir` (its root).
+pub async fn create_cluster(dir: &Path, shards: u32) -> taquba_workflow::cluster::ClusterRecord {
+    std::fs::create_dir_all(dir).expect("cluster dir");
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(LocalFileSystem::new_with_prefix(dir).expect("local store"));
+    taquba_workflow::cluster::ClusterRecord::create_or_open(store, "", shards)
+        .await
+        .expect("the cluster record")
 }
 
 /// `taquba-workflow --store DIR ARGS...`, with no store from the

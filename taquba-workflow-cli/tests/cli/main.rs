@@ -4,11 +4,14 @@
 //! copy of a store no process owns). One test binary: `read` (listing,
 //! describing, history, results, store info, discovery, exit codes) and
 //! `steer` (cancel, signal, requeue through the inbox and `--offline`),
-//! `ui` (the dashboard over HTTP, with `web` its client), `hostile`
+//! `ui` (the dashboard over HTTP, with `web` its client), `cluster`
+//! (a cluster root of four shards: merged listings, routed reads and
+//! commands, `store info`, the dashboard), `hostile`
 //! (hostile inbox entries, far-future times, `--offline` against a busy
 //! owner, the liveness hints), and with
 //! feature `aws` `s3` (a bucket store, run by `.ci/s3.sh`).
 
+mod cluster;
 mod common;
 #[cfg(all(feature = "ui", unix))]
 mod hostile;

@@ -77,7 +77,7 @@ where
         shard: u32,
         epoch: Option<u64>,
     ) -> Result<LocalShard<R, H>, ClusterError> {
-        let store = shard_store(self.store.clone(), &self.root, shard);
+        let store = shard_store(self.store.clone(), &self.root, shard)?;
         let queue =
             Queue::open_with_options(store.clone(), SHARD_QUEUE_PATH, (self.open_options)(shard))
                 .await

@@ -1,28 +1,39 @@
-//! A cluster of shards on one bucket (issue 24, in progress): the pieces
-//! every process of a cluster must agree on, built first so that the
-//! runtime, the CLI and the dashboard share them.
+//! A cluster: one namespace of runs on one bucket, served by many
+//! processes, each hosting some of its shards.
 //!
 //! A cluster is a root prefix in an object store holding a cluster record,
 //! written once with a create-if-absent put ([`ClusterRecord`]: the shard
 //! count, the hash that routes runs, the format), and `N` shards, each an
-//! ordinary store (a taquba queue and its memo prefix) under
-//! `{root}/shards/{k}/` ([`shard_prefix`], opened as a store of its own
-//! with [`shard_store`]). `N` never changes: a store
+//! ordinary store (a taquba queue at [`SHARD_QUEUE_PATH`] and the default
+//! memo prefix) under `{root}/shards/{k}/` ([`shard_prefix`], opened as a
+//! store of its own with [`shard_store`]). `N` never changes: a store
 //! whose keys do not lead with a run's shard cannot be split, so choose it
 //! at creation as the most processes you will ever run (8 to 64 is the
 //! usual range; at most [`MAX_SHARDS`]).
 //!
 //! Routing is one function ([`shard_of`]): a run lives in the shard its run
 //! id hashes to; a group and all its members live in the group id's shard
-//! ([`ClusterRecord::shard_of_group`]); a keyed job routes by its derived
-//! run id.
+//! ([`ClusterRecord::shard_of_group`]).
 //!
-//! Which process opens which shard is decided by an ownership backend; the
-//! one here is static ([`StaticOwnership`]: a StatefulSet ordinal or an
-//! explicit list), with SlateDB's writer fencing covering two processes
-//! that both believe they own a shard. What is not built yet, and so not
-//! offered: the runtime over several shards, bucket leases and failover,
-//! and the CLI and dashboard over a cluster root.
+//! [`ClusterRuntime`] is a process's part of the cluster: the shards it
+//! hosts, each an ordinary [`WorkflowRuntime`](crate::WorkflowRuntime),
+//! and the 0.13 calls over every shard, committed directly on a hosted
+//! shard and sent through the shard's inbox elsewhere ([`Routed`]). Which
+//! process hosts which shard is decided by its [`Ownership`]:
+//!
+//! * static ([`StaticOwnership`]: a StatefulSet ordinal or an explicit
+//!   list), with SlateDB's writer fencing covering two processes that both
+//!   believe they own a shard;
+//! * bucket leases: one compare-and-set object per shard on SlateDB's own
+//!   `slatedb-txn-obj` ([`LeaseRecord`], [`read_lease`]), member records
+//!   rewritten every round ([`MemberRecord`]) whose silence for a lease
+//!   time on the observer's monotonic clock makes a member dead, shares by
+//!   rendezvous hashing ([`preferred_member`]); a taker bumps the lease's
+//!   epoch, then opens the queue, which fences the old writer.
+//!
+//! [`ClusterView`] reads every shard from any process (the CLI's and the
+//! dashboard's view): listings merged in id order behind one cursor, a
+//! run's or group's reads routed to its shard.
 
 mod builder;
 mod host;
@@ -34,6 +45,7 @@ mod remote;
 mod route;
 mod runtime;
 mod supervisor;
+mod view;
 
 pub use builder::{
     ClusterBuilder, DEFAULT_CHECK_INTERVAL, DEFAULT_DRAIN, DEFAULT_LEASE, DEFAULT_READER_POLL,
@@ -46,6 +58,7 @@ pub use ownership::StaticOwnership;
 pub use record::{CLUSTER_FORMAT, ClusterRecord, MAX_SHARDS, cluster_record_path};
 pub use route::{HASH_NAME, shard_of, shard_prefix, shard_store};
 pub use runtime::{ClusterRuntime, Routed, SentCommand};
+pub use view::{ClusterView, ClusterViewError, ClusterViewOptions, DEFAULT_SHARD_CONCURRENCY};
 
 /// What went wrong reading or creating a cluster's layout.
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +118,17 @@ pub enum ClusterError {
         shard: u32,
         /// What went wrong.
         reason: String,
+    },
+    /// A directory on the way to a local shard is a symbolic link: it is
+    /// refused, never followed (the shard's inbox must stay in the store).
+    #[error(
+        "shard {shard}: `{path}` is a symbolic link; a shard's directory is never followed out of the store"
+    )]
+    LinkedShard {
+        /// The shard.
+        shard: u32,
+        /// The link's path.
+        path: String,
     },
     /// No cluster record at the root, and no shard count to create one.
     #[error("no cluster at `{root}`: no cluster record there (give a shard count to create one)")]

@@ -73,7 +73,7 @@ impl Remote {
         command: Command,
     ) -> Result<CommandId, ClusterError> {
         let mut inbox = Inbox::new(
-            shard_store(self.store.clone(), &self.root, shard),
+            shard_store(self.store.clone(), &self.root, shard)?,
             self.memo_prefix.clone(),
         );
         if let Some(sender) = &self.sender {
@@ -102,7 +102,7 @@ impl Remote {
         }
         let reader = cell
             .get_or_try_init(|| async {
-                let store = shard_store(self.store.clone(), &self.root, shard);
+                let store = shard_store(self.store.clone(), &self.root, shard)?;
                 let reader = QueueReader::open_with_options(
                     store.clone(),
                     SHARD_QUEUE_PATH,

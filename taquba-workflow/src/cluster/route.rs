@@ -6,7 +6,11 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 use taquba::object_store::ObjectStore;
+use taquba::object_store::local::LocalFileSystem;
 use taquba::object_store::prefix::PrefixStore;
+
+use super::ClusterError;
+use crate::store::local_dir::{BelowError, LocalDir};
 
 /// The name of the routing hash a cluster record stores
 /// ([`shard_of`]'s): the first 8 bytes of the SHA-256 of the id, as a
@@ -43,8 +47,37 @@ pub fn shard_prefix(root: &str, shard: u32) -> String {
 /// own: every path under [`shard_prefix`]. Open the shard's queue on it and
 /// give it to the shard's runtime as its object store, exactly as a single
 /// store is opened; its queue and memo prefix then live under the prefix.
-pub fn shard_store(store: Arc<dyn ObjectStore>, root: &str, shard: u32) -> Arc<dyn ObjectStore> {
-    Arc::new(PrefixStore::new(store, shard_prefix(root, shard)))
+///
+/// On a local directory (a `LocalFileSystem`) the shard is a
+/// `LocalFileSystem` rooted at the shard's own directory, created when
+/// missing, so the shard's owner still reads its inbox through directory
+/// handles that follow no link; elsewhere it is a `PrefixStore`.
+///
+/// # Errors
+/// [`ClusterError::LinkedShard`] when a directory on the way to a local
+/// shard is a symbolic link (it is never followed), and
+/// [`ClusterError::Store`] when the directory cannot be made.
+pub fn shard_store(
+    store: Arc<dyn ObjectStore>,
+    root: &str,
+    shard: u32,
+) -> Result<Arc<dyn ObjectStore>, ClusterError> {
+    let prefix = shard_prefix(root, shard);
+    if let Some(dir) = LocalDir::of(store.as_ref()) {
+        let path = dir.create_below(&prefix).map_err(|err| match err {
+            BelowError::Link(path) => ClusterError::LinkedShard {
+                shard,
+                path: path.display().to_string(),
+            },
+            BelowError::Io(err) => ClusterError::Store(taquba::object_store::Error::Generic {
+                store: "LocalFileSystem",
+                source: Box::new(err),
+            }),
+        })?;
+        let local = LocalFileSystem::new_with_prefix(&path).map_err(ClusterError::Store)?;
+        return Ok(Arc::new(local));
+    }
+    Ok(Arc::new(PrefixStore::new(store, prefix)))
 }
 
 #[cfg(test)]
@@ -104,7 +137,7 @@ mod tests {
         }
 
         let bucket: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-        let shard = shard_store(bucket.clone(), "prod", 3);
+        let shard = shard_store(bucket.clone(), "prod", 3).expect("a shard store");
         let queue = Arc::new(
             taquba::Queue::open(shard.clone(), "db")
                 .await
@@ -146,6 +179,40 @@ mod tests {
                 .any(|path| path.starts_with("prod/shards/3/workflow-steps-memo/")),
             "the memo prefix is in the shard: {paths:?}"
         );
+    }
+
+    /// On a local directory a shard is a local store of its own (so its
+    /// owner's inbox reads follow no link), and a link on the way to it is
+    /// refused, never followed.
+    #[cfg(unix)]
+    #[test]
+    fn a_local_shard_is_its_own_directory_and_links_are_refused() {
+        use taquba::object_store::local::LocalFileSystem;
+
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let root: Arc<dyn ObjectStore> =
+            Arc::new(LocalFileSystem::new_with_prefix(dir.path()).expect("a local store"));
+        let shard = shard_store(root.clone(), "c", 1).expect("a shard store");
+        assert!(dir.path().join("c/shards/1").is_dir());
+        assert!(
+            shard.to_string().starts_with("LocalFileSystem(file://")
+                && shard.to_string().contains("c/shards/1"),
+            "{shard}"
+        );
+        let outside = tempfile::tempdir().expect("another directory");
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("c/shards/2")).expect("a link");
+        let err = shard_store(root.clone(), "c", 2).expect_err("a linked shard");
+        assert!(
+            matches!(&err, ClusterError::LinkedShard { shard: 2, .. })
+                && err.to_string().contains("c/shards/2"),
+            "{err}"
+        );
+        // A link higher up is refused too.
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("d")).expect("a link");
+        assert!(matches!(
+            shard_store(root, "d", 0),
+            Err(ClusterError::LinkedShard { .. })
+        ));
     }
 
     #[test]

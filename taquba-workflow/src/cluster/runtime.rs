@@ -4,12 +4,10 @@
 //! shard's inbox, which its owner applies ([`Routed::Sent`]). Reads of a
 //! shard hosted elsewhere go through a reader of it.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, UNIX_EPOCH};
 
-use futures_util::StreamExt;
 use taquba::object_store::ObjectStore;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -26,7 +24,7 @@ use crate::hooks::terminal::TerminalHook;
 use crate::inbox::{Command, CommandId, CommandState, SubmitCommand};
 use crate::model::{RunEnd, RunOutcome, RunSpec, RunStatus, SubmitOutcome};
 use crate::runner::StepRunner;
-use crate::store::keys::{RunId, signal_waiter_kv_key};
+use crate::store::keys::RunId;
 use crate::view::WorkflowView;
 
 /// Where a call about a run was carried out.
@@ -254,14 +252,25 @@ where
     /// A fresh run id for a keyless submission: on a hosted shard (round
     /// robin), else any.
     fn new_run_id(&self) -> RunId {
+        match self.draw_id() {
+            Some((_, id)) => id,
+            // Always a valid id.
+            None => RunId::new(ulid::Ulid::new().to_string())
+                .unwrap_or_else(|_| unreachable!("a ULID is a valid run id")),
+        }
+    }
+
+    /// A fresh ULID (on the shard runtime's clock, so ordered with its
+    /// generated ids) that routes to a hosted shard picked round robin, as
+    /// a run id and as a group id alike (both route by the same hash);
+    /// `None` when no shard is hosted.
+    fn draw_id(&self) -> Option<(Arc<LocalShard<R, H>>, RunId)> {
         let hosted = self.inner.hosted.all();
         if hosted.is_empty() {
-            // Always a valid id.
-            return RunId::new(ulid::Ulid::new().to_string())
-                .unwrap_or_else(|_| unreachable!("a ULID is a valid run id"));
+            return None;
         }
         let pick = self.inner.next_local.fetch_add(1, Ordering::Relaxed) % hosted.len();
-        let local = &hosted[pick];
+        let local = hosted[pick].clone();
         let shards = self.inner.record.shard_count();
         // Each draw lands on the shard with probability 1/N; after 64 N
         // draws (a miss less likely than 1 in e^64) any id will do.
@@ -273,7 +282,7 @@ where
             }
             id = local.runtime.inner.core.new_run_id();
         }
-        id
+        Some((local, id))
     }
 
     async fn send<T>(
@@ -284,6 +293,43 @@ where
     ) -> Result<Routed<T>, ClusterError> {
         let id = self.inner.remote.send(shard, command).await?;
         Ok(Routed::Sent(SentCommand { shard, id, run_id }))
+    }
+
+    /// The run group `id`, on this process's runtime of the group's shard
+    /// ([`ClusterRecord::shard_of_group`]): a group and all its members
+    /// live there, so its owner submits, joins and forgets it. The group
+    /// holds that runtime: while it is kept, a handover of the shard drops
+    /// the shard's queue unclosed after the drain bound (nothing committed
+    /// is lost; the next owner replays the write-ahead log).
+    ///
+    /// # Errors
+    /// [`ClusterError::NotHosted`] when another process hosts the group's
+    /// shard.
+    pub fn group(&self, id: RunId) -> Result<crate::RunGroup, ClusterError> {
+        let shard = self.inner.record.shard_of_group(id.as_str());
+        match self.local(shard) {
+            Some(local) => Ok(local.runtime.group(id)),
+            None => Err(ClusterError::NotHosted {
+                shard,
+                what: format!("run group `{id}`"),
+            }),
+        }
+    }
+
+    /// A run group with a fresh ULID id whose shard this process hosts
+    /// (round robin over the hosted shards; ids drawn until one routes
+    /// there), as [`WorkflowRuntime::new_group`](crate::WorkflowRuntime::new_group).
+    ///
+    /// # Errors
+    /// [`ClusterError::NotHosted`] when this process hosts no shard.
+    pub fn new_group(&self) -> Result<crate::RunGroup, ClusterError> {
+        let Some((local, id)) = self.draw_id() else {
+            return Err(ClusterError::NotHosted {
+                shard: 0,
+                what: "a new run group (this process hosts no shard)".to_string(),
+            });
+        };
+        Ok(local.runtime.group(id))
     }
 
     /// Cancel `run_id`, as [`WorkflowRuntime::cancel`](crate::WorkflowRuntime::cancel).
@@ -322,7 +368,7 @@ where
         run_id: &RunId,
         reason: Option<String>,
     ) -> Result<Routed<bool>, ClusterError> {
-        let shard = self.shard_of(run_id);
+        let shard = self.holding(run_id).await?;
         if let Some(local) = self.local(shard) {
             let cancelled = match &reason {
                 Some(reason) => {
@@ -358,7 +404,7 @@ where
     /// [`ClusterError::Runtime`] with the runtime's (or the inbox's)
     /// errors.
     pub async fn requeue(&self, run_id: &RunId) -> Result<Routed<SubmitOutcome>, ClusterError> {
-        let shard = self.shard_of(run_id);
+        let shard = self.holding(run_id).await?;
         if let Some(local) = self.local(shard) {
             match local.runtime.requeue(run_id).await {
                 Err(err) if shard_left(&err) => {}
@@ -392,7 +438,7 @@ where
         correlation_key: &str,
         payload: Vec<u8>,
     ) -> Result<Routed<()>, ClusterError> {
-        let shard = self.shard_of(run_id);
+        let shard = self.holding(run_id).await?;
         if let Some(local) = self.local(shard) {
             match local
                 .runtime
@@ -458,33 +504,38 @@ where
             .await
     }
 
-    /// The lowest shard with a waiter registered on `correlation_key`.
-    async fn waiter_shard(&self, correlation_key: &str) -> Result<Option<u32>, ClusterError> {
-        let key = signal_waiter_kv_key(correlation_key);
-        let looks = futures_util::stream::iter(0..self.inner.record.shards)
-            .map(|shard| {
-                let key = key.clone();
-                async move {
-                    let Some(view) = self.view(shard).await? else {
-                        return Ok::<_, ClusterError>(None);
-                    };
-                    let waiter = view
-                        .queue()
-                        .kv_get(&key)
-                        .await
-                        .map_err(|err| ClusterError::Runtime(Error::Queue(err)))?;
-                    Ok(waiter.map(|_| shard))
-                }
-            })
-            .buffer_unordered(16);
-        let found: Vec<Result<Option<u32>, ClusterError>> = looks.collect().await;
-        let mut shards = BTreeSet::new();
-        for look in found {
-            if let Some(shard) = look? {
-                shards.insert(shard);
+    /// The views of every shard that has a queue (readers opened on first
+    /// use).
+    async fn views(&self) -> Result<Vec<(u32, WorkflowView)>, ClusterError> {
+        let mut views = Vec::new();
+        for shard in 0..self.inner.record.shards {
+            if let Some(view) = self.view(shard).await? {
+                views.push((shard, view));
             }
         }
-        Ok(shards.first().copied())
+        Ok(views)
+    }
+
+    /// The shard holding `run_id`: its home shard, but for a group member
+    /// (which lives in its group's shard) found by a search of the others
+    /// when its id has a member's form. The home shard when no shard
+    /// holds it (yet).
+    async fn holding(&self, run_id: &RunId) -> Result<u32, ClusterError> {
+        let home = self.shard_of(run_id);
+        if !super::view::is_member_run_id(run_id) {
+            return Ok(home);
+        }
+        let found = super::view::locate(self.views().await?, home, run_id, 16)
+            .await
+            .map_err(|(_, err)| ClusterError::Runtime(err))?;
+        Ok(found.unwrap_or(home))
+    }
+
+    /// The lowest shard with a waiter registered on `correlation_key`.
+    async fn waiter_shard(&self, correlation_key: &str) -> Result<Option<u32>, ClusterError> {
+        super::view::waiter_shard(self.views().await?, correlation_key, 16)
+            .await
+            .map_err(|(_, err)| ClusterError::Runtime(err))
     }
 
     /// The view of shard `shard`: the hosted runtime's, else a reader's
@@ -507,7 +558,7 @@ where
     /// # Errors
     /// The errors of [`WorkflowView::status`] and of opening a reader.
     pub async fn status(&self, run_id: &RunId) -> Result<Option<RunStatus>, ClusterError> {
-        match self.view(self.shard_of(run_id)).await? {
+        match self.view(self.holding(run_id).await?).await? {
             Some(view) => Ok(view.status(run_id).await?),
             None => Ok(None),
         }
@@ -519,7 +570,7 @@ where
     /// # Errors
     /// As [`status`](Self::status).
     pub async fn outcome(&self, run_id: &RunId) -> Result<Option<RunOutcome>, ClusterError> {
-        match self.view(self.shard_of(run_id)).await? {
+        match self.view(self.holding(run_id).await?).await? {
             Some(view) => Ok(view.outcome(run_id).await?),
             None => Ok(None),
         }
@@ -560,34 +611,40 @@ where
         timeout: Duration,
     ) -> Result<Option<RunEnd>, ClusterError> {
         let deadline = tokio::time::Instant::now() + timeout;
-        let shard = self.shard_of(run_id);
+        let poll = self.inner.remote.poll();
+        let mut shard = self.holding(run_id).await?;
         loop {
-            let now = tokio::time::Instant::now();
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let mut found = true;
             if let Some(local) = self.local(shard) {
-                // Looked at again each poll: the shard may leave.
-                let slice = (deadline - now).min(self.inner.remote.poll() * 10);
-                match local.runtime.wait_timeout(run_id, slice).await {
+                // Looked at again every few polls: the shard may leave.
+                match local
+                    .runtime
+                    .wait_timeout(run_id, left.min(poll * 10))
+                    .await
+                {
                     Ok(Some(end)) => return Ok(Some(end)),
                     Ok(None) => {}
                     Err(Error::RunNotFound(_)) => {
-                        tokio::time::sleep(self.inner.remote.poll().min(deadline - now)).await;
+                        found = false;
+                        tokio::time::sleep(poll.min(left)).await;
                     }
                     Err(err) if shard_left(&err) => {}
                     Err(err) => return Err(err.into()),
                 }
             } else {
-                if let Some(view) = self.inner.remote.view(shard).await?
-                    && let Some(end) = view.ended(run_id).await?
-                {
-                    return Ok(Some(end));
+                if let Some(view) = self.inner.remote.view(shard).await? {
+                    if let Some(end) = view.ended(run_id).await? {
+                        return Ok(Some(end));
+                    }
+                    found = view.status(run_id).await?.is_some();
                 }
-                tokio::time::sleep(
-                    self.inner
-                        .remote
-                        .poll()
-                        .min(deadline.saturating_duration_since(now)),
-                )
-                .await;
+                tokio::time::sleep(poll.min(left)).await;
+            }
+            if !found {
+                // Not there (yet): a group member's run appears in its
+                // group's shard.
+                shard = self.holding(run_id).await?;
             }
             if tokio::time::Instant::now() >= deadline {
                 return Ok(None);

@@ -103,6 +103,19 @@ impl LocalDir {
     pub(crate) fn delete(&self, _path: &Path) -> std::io::Result<()> {
         match *self {}
     }
+
+    pub(crate) fn create_below(&self, _prefix: &str) -> Result<std::path::PathBuf, BelowError> {
+        match *self {}
+    }
+}
+
+/// Why a directory below a local store's root could not be made ready.
+#[derive(Debug)]
+pub(crate) enum BelowError {
+    /// A component on the way is a symbolic link (never followed).
+    Link(std::path::PathBuf),
+    /// A component is not a directory, or the file system failed.
+    Io(std::io::Error),
 }
 
 #[cfg(unix)]
@@ -141,6 +154,45 @@ mod imp {
             }
             let root_path = root.to_file_path().ok()?;
             Some(Self { root, root_path })
+        }
+
+        /// The directory of object prefix `prefix` below the root, made one
+        /// component at a time (created when missing); a component that is a
+        /// link is refused, never followed.
+        pub(crate) fn create_below(&self, prefix: &str) -> Result<PathBuf, super::BelowError> {
+            let mut path = self.root_path.clone();
+            for part in prefix.split('/').filter(|part| !part.is_empty()) {
+                path.push(part);
+                match std::fs::symlink_metadata(&path) {
+                    Ok(meta) if meta.file_type().is_symlink() => {
+                        return Err(super::BelowError::Link(path));
+                    }
+                    Ok(meta) if meta.is_dir() => {}
+                    Ok(_) => {
+                        return Err(super::BelowError::Io(io::Error::new(
+                            io::ErrorKind::AlreadyExists,
+                            format!("{} is not a directory", path.display()),
+                        )));
+                    }
+                    Err(err) if err.kind() == io::ErrorKind::NotFound => {
+                        match std::fs::create_dir(&path) {
+                            Ok(()) => {}
+                            // Another process made it meanwhile: looked at
+                            // again below.
+                            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {
+                                let meta = std::fs::symlink_metadata(&path)
+                                    .map_err(super::BelowError::Io)?;
+                                if meta.file_type().is_symlink() {
+                                    return Err(super::BelowError::Link(path));
+                                }
+                            }
+                            Err(err) => return Err(super::BelowError::Io(err)),
+                        }
+                    }
+                    Err(err) => return Err(super::BelowError::Io(err)),
+                }
+            }
+            Ok(path)
         }
 
         /// The file-system components of object path `path` below the root, as

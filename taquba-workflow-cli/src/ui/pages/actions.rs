@@ -24,7 +24,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
 use serde::Deserialize;
-use taquba_workflow::{RunId, inbox::Command, inbox::CommandId, inbox::MAX_COMMAND_TEXT_LEN};
+use taquba_workflow::RunId;
+use taquba_workflow::inbox::{Command, CommandId, CommandState, Inbox, MAX_COMMAND_TEXT_LEN};
 
 use crate::commands::activity;
 use crate::commands::mutate::{cancel_effect, check_requeue, existing_run, where_it_is};
@@ -95,8 +96,8 @@ fn allowed(app: &App, token: &str) -> UiResult<()> {
 
 /// Send `command` to the owner's inbox. The send runs on its own task,
 /// so a request dropped halfway (a closed tab) still completes it.
-async fn send(app: &Arc<App>, command: Command) -> UiResult<CommandId> {
-    let inbox = app.inbox.clone();
+async fn send(inbox: &Inbox, command: Command) -> UiResult<CommandId> {
+    let inbox = inbox.clone();
     let sent = tokio::spawn(async move { inbox.send(command).await })
         .await
         .map_err(|e| {
@@ -133,7 +134,8 @@ pub async fn confirm_cancel(
         ));
     }
     let id = run_id(&id)?;
-    let run = existing_run(&app.runtime.view, &id).await?;
+    let place = app.run_place(&id).await?;
+    let run = existing_run(&place.runtime.view, &id).await?;
     let effect = cancel_effect(&run)?;
     let body = html! {
         section.confirm {
@@ -172,10 +174,11 @@ pub async fn cancel(
 ) -> UiResult<Response> {
     allowed(&app, &form.csrf)?;
     let id = run_id(&id)?;
-    let run = existing_run(&app.runtime.view, &id).await?;
+    let place = app.run_place(&id).await?;
+    let run = existing_run(&place.runtime.view, &id).await?;
     cancel_effect(&run)?;
     let reason = Some(form.reason.trim().to_string()).filter(|r| !r.is_empty());
-    let command = send(&app, Command::cancel(id.clone(), reason)).await?;
+    let command = send(place.inbox, Command::cancel(id.clone(), reason)).await?;
     Ok(to_command(&command, Some(&id)))
 }
 
@@ -191,9 +194,10 @@ pub async fn requeue(
 ) -> UiResult<Response> {
     allowed(&app, &form.csrf)?;
     let id = run_id(&id)?;
-    let run = existing_run(&app.runtime.view, &id).await?;
+    let place = app.run_place(&id).await?;
+    let run = existing_run(&place.runtime.view, &id).await?;
     check_requeue(&run)?;
-    let command = send(&app, Command::requeue(id.clone())).await?;
+    let command = send(place.inbox, Command::requeue(id.clone())).await?;
     Ok(to_command(&command, Some(&id)))
 }
 
@@ -277,7 +281,8 @@ pub async fn signal(
         Err(e) => return again(e.to_string()),
     };
     let run = RunId::new(form.run.as_str()).ok();
-    let command = send(&app, Command::signal(key, payload)).await?;
+    let place = app.signal_place(key).await?;
+    let command = send(place.inbox, Command::signal(key, payload)).await?;
     Ok(to_command(&command, run.as_ref()))
 }
 
@@ -293,16 +298,25 @@ pub async fn command_page(
     let id: CommandId = id
         .parse()
         .map_err(|e: taquba_workflow::Error| UiError::bad_request(e.to_string()))?;
-    let state = app.runtime.view.command(&id).await?;
-    let json = CommandJson::new(&id, &state, app.inbox.command_path(&id).to_string());
+    let found = app.command_place(&id).await?;
+    let json = match &found {
+        Some((place, state)) => {
+            CommandJson::new(&id, state, place.inbox.command_path(&id).to_string())
+        }
+        None => CommandJson::new(
+            &id,
+            &CommandState::Unknown,
+            "(in no shard's inbox and recorded by no shard)".to_string(),
+        ),
+    };
+    let place = found.as_ref().map(|(place, _)| *place);
     let settled = json.state.is_settled();
     let run = given(&query.run)
         .and_then(|r| RunId::new(r).ok())
         .or_else(|| json.answer.as_ref().and_then(answer_run));
     let run_state = match &run {
         Some(run) => app
-            .runtime
-            .view
+            .reads()
             .status(run)
             .await?
             .map(|s| RunStateJson::from(&s.state)),
@@ -310,10 +324,12 @@ pub async fn command_page(
     };
     let times = app.times();
     let age = times.now_ms().saturating_sub(id.timestamp_ms());
-    let hint = if !settled && age > PENDING_HINT_AFTER_MS {
-        Some(activity::last_commit_hint(&app.session.target, &app.session.reader, &times).await?)
-    } else {
-        None
+    let hint = match place {
+        Some(place) if !settled && age > PENDING_HINT_AFTER_MS => Some(
+            activity::last_commit_hint(&place.session.target, &place.session.reader, &times)
+                .await?,
+        ),
+        _ => None,
     };
     let here = url(
         &format!("/commands/{id}"),
@@ -339,6 +355,9 @@ pub async fn command_page(
                     dt { "Recorded" } dd { (layout::time(&times, at)) }
                 }
                 dt { "Object" } dd.id { (json.path) }
+                @if let Some(shard) = place.and_then(|p| p.shard) {
+                    dt { "Shard" } dd { (shard) }
+                }
                 @if let Some(note) = json.state.note() {
                     dt { "Note" } dd { (note) }
                 }

@@ -30,6 +30,8 @@ pub struct DeadQuery {
     pub queue: Option<String>,
     /// The page cursor in that queue: jobs after this id.
     pub after: Option<String>,
+    /// On a cluster: only this shard (the cursor's shard).
+    pub shard: Option<String>,
 }
 
 /// A dead letter with what the page shows of its run.
@@ -51,49 +53,69 @@ pub async fn page(State(app): State<Arc<App>>, Query(query): Query<DeadQuery>) -
             "after needs the queue it pages through (queue=NAME)",
         ));
     }
-    let queues = app.runtime.view.queue();
+    let only_shard =
+        match given(&query.shard) {
+            Some(text) => Some(text.parse::<u32>().map_err(|_| {
+                UiError::bad_request(format!("shard {text:?} is not a shard number"))
+            })?),
+            None => None,
+        };
+    if after.is_some() && app.cluster_session().is_some() && only_shard.is_none() {
+        return Err(UiError::bad_request(
+            "after needs the shard it pages through on a cluster (shard=K)",
+        ));
+    }
     let mut sections = Vec::new();
-    for name in queues.list_queues().await? {
-        if only.is_some_and(|q| q != name) {
+    for place in app.places() {
+        if only_shard.is_some() && place.shard != only_shard {
             continue;
         }
-        let stats = queues.stats(&name).await?;
-        if stats.dead == 0 {
-            continue;
+        let view = &place.runtime.view;
+        let queues = view.queue();
+        for name in queues.list_queues().await? {
+            if only.is_some_and(|q| q != name) {
+                continue;
+            }
+            let stats = queues.stats(&name).await?;
+            if stats.dead == 0 {
+                continue;
+            }
+            let jobs = queues.dead_jobs(&name, after, DEAD_SHOWN + 1).await?;
+            let more = jobs.len() > DEAD_SHOWN;
+            let mut rows = Vec::new();
+            for job in jobs.into_iter().take(DEAD_SHOWN) {
+                let run = job
+                    .headers
+                    .get(HEADER_RUN_ID)
+                    .and_then(|id| RunId::new(id.as_str()).ok());
+                let state = match &run {
+                    Some(run) => view
+                        .status(run)
+                        .await?
+                        .map(|s| RunStateJson::from(&s.state)),
+                    None => None,
+                };
+                rows.push(Row { job, run, state });
+            }
+            sections.push((place.shard, name, stats.dead, rows, more));
         }
-        let jobs = queues.dead_jobs(&name, after, DEAD_SHOWN + 1).await?;
-        let more = jobs.len() > DEAD_SHOWN;
-        let mut rows = Vec::new();
-        for job in jobs.into_iter().take(DEAD_SHOWN) {
-            let run = job
-                .headers
-                .get(HEADER_RUN_ID)
-                .and_then(|id| RunId::new(id.as_str()).ok());
-            let state = match &run {
-                Some(run) => app
-                    .runtime
-                    .view
-                    .status(run)
-                    .await?
-                    .map(|s| RunStateJson::from(&s.state)),
-                None => None,
-            };
-            rows.push(Row { job, run, state });
-        }
-        sections.push((name, stats.dead, rows, more));
     }
     let times = app.times();
     let body = html! {
         @if sections.is_empty() {
             p.empty { "No dead letters." }
         }
-        @for (name, dead, rows, more) in &sections {
+        @for (shard, name, dead, rows, more) in &sections {
+            @let shard_text = shard.map(|k| k.to_string()).unwrap_or_default();
             section {
-                h2 { "Queue " code { (name) } " · " (dead) " dead" }
+                h2 {
+                    @if let Some(k) = shard { "Shard " (k) " · " }
+                    "Queue " code { (name) } " · " (dead) " dead"
+                }
                 (table(&app, rows, &times))
                 @if *more {
                     @if let Some(last) = rows.last() {
-                        p.pager { a.next href=(url("/dead-letters", &[("queue", name), ("after", &last.job.id)])) rel="next" { "Next page →" } }
+                        p.pager { a.next href=(url("/dead-letters", &[("shard", &shard_text), ("queue", name), ("after", &last.job.id)])) rel="next" { "Next page →" } }
                     }
                 }
             }

@@ -65,11 +65,7 @@ pub async fn list(
     Query(query): Query<GroupsQuery>,
 ) -> UiResult<Markup> {
     let after = given(&query.after).map(run_id).transpose()?;
-    let page = app
-        .runtime
-        .view
-        .groups(after.as_ref(), GROUPS_SHOWN)
-        .await?;
+    let page = app.reads().groups(after.as_ref(), GROUPS_SHOWN).await?;
     let rows: Vec<GroupJson> = page.groups.iter().map(GroupJson::from).collect();
     let poll = rows.iter().any(open).then(|| {
         url(
@@ -122,7 +118,13 @@ pub async fn list(
 /// store fails.
 pub async fn page(State(app): State<Arc<App>>, Path(id): Path<String>) -> UiResult<Markup> {
     let id: RunId = run_id(&id)?;
-    let view = &app.runtime.view;
+    let not_found = || {
+        UiError::not_found(format!(
+            "group {id} not found in this store (never submitted here, or forgotten)"
+        ))
+    };
+    let place = app.group_place(&id).ok_or_else(not_found)?;
+    let view = &place.runtime.view;
     let status = view.group(&id).await?.ok_or_else(|| {
         UiError::not_found(format!(
             "group {id} not found in this store (never submitted here, or forgotten)"

@@ -56,7 +56,8 @@ async fn job_payload(view: &WorkflowView, job_id: &str) -> Payload {
 /// store fails.
 pub async fn page(State(app): State<Arc<App>>, Path(id): Path<String>) -> UiResult<Markup> {
     let id = run_id(&id)?;
-    let view = &app.runtime.view;
+    let place = app.run_place(&id).await?;
+    let view = &place.runtime.view;
     let run = existing_run(view, &id).await?;
     let active = !matches!(run.state, RunState::Terminated(_));
     let outcome = match active {
@@ -81,6 +82,9 @@ pub async fn page(State(app): State<Arc<App>>, Path(id): Path<String>) -> UiResu
                 section.card {
                     h2 { "Status" }
                     (status_card(&app, &json, &times))
+                    @if let Some(shard) = place.shard {
+                        p.note #run-shard { "In shard " (shard) " of the cluster (" code { (place.session.target.location) } ")." }
+                    }
                 }
                 section.card {
                     h2 { @if active { "Now" } @else { "Outcome" } }

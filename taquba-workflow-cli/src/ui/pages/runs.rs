@@ -11,10 +11,9 @@ use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
 use serde::Deserialize;
-use taquba_workflow::{
-    RunId, WorkflowView, view::MAX_PAGE_LIMIT, view::RunFilter, view::StatusFilter,
-};
+use taquba_workflow::{RunId, view::MAX_PAGE_LIMIT, view::RunFilter, view::StatusFilter};
 
+use crate::cluster::Reads;
 use crate::error::CliResult;
 use crate::output::{Times, short_duration};
 use crate::present::run::{SummaryJson, step_text};
@@ -230,7 +229,7 @@ impl Counts {
 ///
 /// # Errors
 /// Storage errors.
-pub async fn count(view: &WorkflowView, workflow: Option<&str>) -> CliResult<Counts> {
+pub async fn count(reads: Reads<'_>, workflow: Option<&str>) -> CliResult<Counts> {
     let mut counts = Counts::default();
     let mut after: Option<RunId> = None;
     let mut read = 0;
@@ -241,7 +240,7 @@ pub async fn count(view: &WorkflowView, workflow: Option<&str>) -> CliResult<Cou
         if let Some(after) = after.take() {
             filter = filter.after(after);
         }
-        let page = view.runs(&filter).await?;
+        let page = reads.runs(&filter).await?;
         read += page.runs.len();
         for run in &page.runs {
             let json = SummaryJson::from(run);
@@ -267,7 +266,7 @@ pub async fn count(view: &WorkflowView, workflow: Option<&str>) -> CliResult<Cou
 /// One page of the listing: its runs, the cursor of the next page, and
 /// whether the search stopped at [`SCAN_LIMIT`] runs read.
 async fn list(
-    view: &WorkflowView,
+    reads: Reads<'_>,
     listing: &Listing<'_>,
 ) -> CliResult<(Vec<SummaryJson>, Option<String>, bool)> {
     let mut filter = RunFilter::new().status(listing.coarse());
@@ -279,8 +278,12 @@ async fn list(
         if let Some(after) = &listing.after {
             filter = filter.after(after.clone());
         }
-        let page = view.runs(&filter).await?;
-        let rows = page.runs.iter().map(SummaryJson::from).collect();
+        let page = reads.runs(&filter).await?;
+        let rows = page
+            .runs
+            .iter()
+            .map(|run| SummaryJson::in_shard(run, reads.shard_of(run)))
+            .collect();
         return Ok((rows, page.next.map(|id| id.to_string()), false));
     }
     // Narrower than the view's filters: read pages and keep the matches.
@@ -292,10 +295,10 @@ async fn list(
         if let Some(after) = after.take() {
             page_filter = page_filter.after(after);
         }
-        let page = view.runs(&page_filter).await?;
+        let page = reads.runs(&page_filter).await?;
         for (i, run) in page.runs.iter().enumerate() {
             read += 1;
-            let json = SummaryJson::from(run);
+            let json = SummaryJson::in_shard(run, reads.shard_of(run));
             if listing.keeps(&json) {
                 if rows.len() == listing.limit {
                     let next = rows.last().map(|r| r.run_id.clone());
@@ -326,16 +329,16 @@ pub async fn page(
     Query(query): Query<RunsQuery>,
 ) -> UiResult<Response> {
     let listing = Listing::parse(&query)?;
-    let view = &app.runtime.view;
+    let reads = app.reads();
     // An exact run id opens the run.
     if let Some(text) = listing.search
         && let Ok(id) = RunId::new(text)
-        && view.status(&id).await?.is_some()
+        && reads.status(&id).await?.is_some()
     {
         return Ok(Redirect::to(&format!("/runs/{id}")).into_response());
     }
-    let counts = count(view, listing.workflow).await?;
-    let (rows, next, cut) = list(view, &listing).await?;
+    let counts = count(reads, listing.workflow).await?;
+    let (rows, next, cut) = list(reads, &listing).await?;
     let times = app.times();
     let any_active = counts.of(Shown::Active) > 0 || rows.iter().any(|r| r.ended_at_ms.is_none());
     let here = listing.url(listing.after.as_deref());
@@ -430,11 +433,13 @@ fn count_chips(listing: &Listing<'_>, counts: &Counts) -> Markup {
 
 /// The table of listed runs.
 pub fn table(rows: &[SummaryJson], times: &Times) -> Markup {
+    let sharded = rows.iter().any(|run| run.shard.is_some());
     html! {
         table.runs {
             thead { tr {
                 th { "Status" } th { "Run" } th { "Workflow" } th { "Step" }
                 th.num { "Attempts" } th { "Submitted" } th { "Took" } th { "Error" }
+                @if sharded { th.num { "Shard" } }
             } }
             tbody {
                 @for run in rows {
@@ -451,6 +456,7 @@ pub fn table(rows: &[SummaryJson], times: &Times) -> Markup {
                                 span title=(error) { (cut_text(error, 120)) }
                             }
                         }
+                        @if sharded { td.num { (run.shard.map_or_else(|| "-".to_string(), |k| k.to_string())) } }
                     }
                 }
             }

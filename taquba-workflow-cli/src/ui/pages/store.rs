@@ -9,18 +9,100 @@ use std::sync::Arc;
 use axum::extract::State;
 use maud::{Markup, html};
 
+use crate::cluster::ClusterSession;
+use crate::commands::cluster_info;
 use crate::commands::store_info::{bytes, gather};
 use crate::output::short_duration;
-use crate::ui::app::App;
+use crate::present::store::{QueueJson, ShardInfoJson};
+use crate::session::{Runtime, Session};
+use crate::ui::app::{App, Scope};
 use crate::ui::error::UiResult;
 use crate::ui::layout::{self, Section};
+use crate::ui::pages::url;
 
 /// `GET /store`.
 ///
 /// # Errors
 /// 500 when the store or its listing fails.
 pub async fn page(State(app): State<Arc<App>>) -> UiResult<Markup> {
-    let info = gather(&app.session.target, &app.session.reader).await?;
+    match &app.scope {
+        Scope::Store {
+            session, runtime, ..
+        } => store_page(&app, session, runtime).await,
+        Scope::Cluster { cluster, .. } => cluster_page(&app, cluster).await,
+    }
+}
+
+/// The page of a cluster: its record and a row per shard (owner, what its
+/// reader sees of the writer, job counts), as `store info` shows it.
+async fn cluster_page(app: &App, cluster: &ClusterSession) -> UiResult<Markup> {
+    let info = cluster_info::gather(cluster).await?;
+    let times = app.times();
+    let open = info.shards.iter().filter(|s| s.open).count();
+    let sum = |shard: &ShardInfoJson, f: fn(&QueueJson) -> i64| -> i64 {
+        shard.queues.iter().map(f).sum()
+    };
+    let body = html! {
+        section.card {
+            h2 { "Cluster" }
+            dl.card {
+                dt { "Location" } dd.id { (info.store) }
+                dt { "Shards" } dd { (info.shard_count) " (" (open) " with a queue)" }
+                dt { "Hash" } dd { code { (info.hash) } }
+                dt { "Format" } dd { (info.format) }
+                dt { "Created" } dd { (layout::time(&times, info.created_at_ms)) }
+            }
+        }
+        section {
+            h2 { "Shards" }
+            table.queues #shards {
+                thead { tr {
+                    th.num { "Shard" } th { "Owner" } th.num { "Epoch" } th.num { "Durable seq" }
+                    th { "Last commit" } th { "Heartbeat" }
+                    th.num { "Pending" } th.num { "Scheduled" } th.num { "Claimed" } th.num { "Dead" }
+                } }
+                tbody {
+                    @for shard in &info.shards {
+                        tr {
+                            td.num { (shard.shard) }
+                            td { (shard.owner) }
+                            @match &shard.writer {
+                                None => { td colspan="8" { "no queue yet (no process has opened this shard)" } }
+                                Some(w) => {
+                                    td.num { (w.epoch) }
+                                    td.num { (w.durable_seq) }
+                                    td { @match &w.newest_wal { Some(wal) => (layout::time(&times, wal.at_ms)), None => "none" } }
+                                    td {
+                                        @match &w.heartbeat {
+                                            None => "none",
+                                            Some(beat) => {
+                                                (layout::time(&times, beat.at_ms)) " (every " (short_duration(beat.interval_ms))
+                                                @if beat.closed { ", closed cleanly" }
+                                                ")"
+                                            }
+                                        }
+                                    }
+                                    td.num { (sum(shard, |q| q.pending)) }
+                                    td.num { (sum(shard, |q| q.scheduled)) }
+                                    td.num { (sum(shard, |q| q.claimed)) }
+                                    td.num {
+                                        @let dead = sum(shard, |q| q.dead);
+                                        @if dead > 0 { a href=(url("/dead-letters", &[("shard", &shard.shard.to_string())])) { (dead) } } @else { "0" }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            p.note { "The owner of a shard comes from its lease once the cluster runtime records leases; the times are what each shard's reader sees (the newest write-ahead log object is the last commit)." }
+        }
+    };
+    Ok(layout::page(app, Section::Store, "Cluster", body))
+}
+
+async fn store_page(app: &App, session: &Session, runtime: &Runtime) -> UiResult<Markup> {
+    let info = gather(&session.target, &session.reader).await?;
     let times = app.times();
     let w = &info.writer;
     let body = html! {
@@ -31,7 +113,7 @@ pub async fn page(State(app): State<Arc<App>>) -> UiResult<Markup> {
                     dt { "Location" } dd.id { (info.store) }
                     dt { "Queue path" } dd.id { (info.db) }
                     dt { "Size" } dd { (bytes(info.total_bytes)) " in " (info.total_objects) " objects" }
-                    dt { "Runtime shown" } dd { (app.runtime.queue_name) " (memo prefix " (app.runtime.memo_prefix) ")" }
+                    dt { "Runtime shown" } dd { (runtime.queue_name) " (memo prefix " (runtime.memo_prefix) ")" }
                 }
             }
             section.card {
@@ -115,5 +197,5 @@ pub async fn page(State(app): State<Arc<App>>) -> UiResult<Markup> {
             }
         }
     };
-    Ok(layout::page(&app, Section::Store, "Store", body))
+    Ok(layout::page(app, Section::Store, "Store", body))
 }
