@@ -270,14 +270,17 @@ async fn parent(args: Args) -> Result<(), String> {
         args.runs, args.steps
     );
     let base = throughput(&exe, &args, 1, 1)?;
-    println!("  1 process × 1 shard   {base:>9.0} steps/s  (baseline)");
+    println!(
+        "  {:<22}{base:>9.0} steps/s  (baseline)",
+        "1 process × 1 shard"
+    );
     for (replicas, shards) in [(1, 8), (2, 8)] {
         let rate = throughput(&exe, &args, shards, replicas)?;
-        println!(
-            "  {replicas} process{} × {shards} shards {rate:>9.0} steps/s  ×{:.2}",
-            if replicas == 1 { " " } else { "es" },
-            rate / base
+        let label = format!(
+            "{replicas} process{} × {shards} shards",
+            if replicas == 1 { "" } else { "es" }
         );
+        println!("  {label:<22}{rate:>9.0} steps/s  ×{:.2}", rate / base);
     }
 
     println!(

@@ -503,7 +503,7 @@ impl ClusterView {
     /// lowest shard where a run waits on the key, else the key's home
     /// shard ([`shard_of`] of the key). The rule of
     /// [`ClusterRuntime::signal`](super::ClusterRuntime::signal), written
-    /// once ([`waiter_shard`]); the CLI and the dashboard send by it.
+    /// once; the CLI and the dashboard send by it.
     ///
     /// # Errors
     /// [`ClusterViewError::Read`] when a shard's read fails.
