@@ -65,10 +65,17 @@ pub enum Error {
     EffectsSealed,
     /// The queue reported an error.
     #[error("queue error: {0}")]
-    Queue(#[from] taquba::Error),
+    Queue(#[source] taquba::Error),
     /// The object store reported an error.
     #[error("object store error: {0}")]
-    Store(#[from] object_store::Error),
+    Store(#[source] object_store::Error),
+    /// The object store failed every call for longer than the outage
+    /// budget of the [`OutageGuard`](crate::OutageGuard) the queue was
+    /// opened on: the queue stops writing (nothing committed is lost) and
+    /// the worker stops. Reopen the queue once the store is back; every run
+    /// resumes where it was.
+    #[error("store outage: {0}")]
+    StoreOutage(crate::store::outage::OutageExceeded),
     /// A value could not be encoded as MessagePack.
     #[error("serialization error: {0}")]
     Serialization(#[from] rmp_serde::encode::Error),
@@ -209,13 +216,36 @@ pub enum Error {
     CommandRefused(String),
 }
 
+impl From<taquba::Error> for Error {
+    /// [`Error::StoreOutage`] when an [`OutageGuard`](crate::OutageGuard)
+    /// ended the call, else [`Error::Queue`].
+    fn from(err: taquba::Error) -> Self {
+        match crate::store::outage::outage_in(&err) {
+            Some(outage) => Error::StoreOutage(outage),
+            None => Error::Queue(err),
+        }
+    }
+}
+
+impl From<object_store::Error> for Error {
+    /// [`Error::StoreOutage`] when an [`OutageGuard`](crate::OutageGuard)
+    /// ended the call, else [`Error::Store`].
+    fn from(err: object_store::Error) -> Self {
+        match crate::store::outage::outage_in(&err) {
+            Some(outage) => Error::StoreOutage(outage),
+            None => Error::Store(err),
+        }
+    }
+}
+
 impl Error {
     /// Whether the queue's store is closed to this process for good: it was
     /// closed, or another process opened the same store and fenced this one
     /// (a store has one writer). No retry can succeed; the worker loop stops
     /// with this error and waits fail with it.
     pub fn is_store_closed(&self) -> bool {
-        matches!(self, Error::Queue(err) if Self::is_queue_store_closed(err))
+        matches!(self, Error::StoreOutage(_))
+            || matches!(self, Error::Queue(err) if Self::is_queue_store_closed(err))
     }
 
     /// [`is_store_closed`](Self::is_store_closed) for an error of the queue.

@@ -153,6 +153,7 @@ pub use store::keys::{
 };
 pub use store::kv::KvReadHandle;
 pub use store::memo::{Memo, MemoStore};
+pub use store::outage::{OutageExceeded, OutageGuard};
 pub use view::WorkflowView;
 
 #[cfg(feature = "macros")]

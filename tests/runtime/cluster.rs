@@ -701,3 +701,74 @@ async fn worker_processes_survive_a_sigkill() {
     let takeover = summary.takeover_ms.expect("taken over");
     assert!(takeover <= 1500 + 4000, "{context}");
 }
+
+/// A static process with an outage budget: a store outage past it stops
+/// the shards' workers with `StoreOutage` instead of waiting; once the
+/// store answers the process opens its shards again and every run ends.
+#[tokio::test(start_paused = true)]
+async fn an_outage_past_its_budget_drops_the_shards_until_the_store_answers() {
+    let bucket: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let faulty = FaultyStore::new(bucket, FaultConfig::default());
+    faulty.set_enabled(false);
+    let runner = Scripted::default();
+    let node = ClusterRuntime::builder(
+        Arc::new(faulty.clone()),
+        "prod/wf",
+        runner.clone(),
+        NoopTerminalHook,
+    )
+    .shards(4)
+    .node_id("solo")
+    .ownership(Ownership::Static(StaticOwnership::ordinal(0, 1).unwrap()))
+    .open_options(|_| shard_options())
+    .configure(|builder| builder.poll_interval(Duration::from_millis(20)))
+    .outage_budget(Duration::from_secs(20))
+    .start()
+    .await
+    .unwrap();
+    let ids: Vec<RunId> = (0..4).map(|shard| id_on(shard, "o")).collect();
+    for id in &ids {
+        let _ = node.submit(spec(id.as_str(), "timer:60000")).await.unwrap();
+    }
+    eventually("every run to wait on its timer", || async {
+        ids.iter().all(|id| runner.calls_of(id.as_str()) == 1)
+    })
+    .await;
+    faulty.set_config(FaultConfig {
+        rates: [1.0, 0.0, 0.0, 0.0],
+        ..FaultConfig::default()
+    });
+    faulty.set_enabled(true);
+    let err = tokio::time::timeout(
+        Duration::from_secs(600),
+        node.submit(spec(id_on(0, "during").as_str(), "ok")),
+    )
+    .await
+    .expect("answers after the budget")
+    .expect_err("nothing commits");
+    assert!(
+        matches!(
+            &err,
+            taquba_workflow::cluster::ClusterError::Runtime(taquba_workflow::Error::StoreOutage(_))
+        ),
+        "{err:?}"
+    );
+    eventually("the shards to be dropped", || async {
+        node.hosted_shards().is_empty()
+    })
+    .await;
+    faulty.set_enabled(false);
+    eventually("the shards to be open again", || async {
+        node.hosted_shards().len() == 4
+    })
+    .await;
+    for id in &ids {
+        let end = node
+            .wait_timeout(id, Duration::from_secs(600))
+            .await
+            .unwrap()
+            .expect("ended");
+        assert_eq!(end.termination.status, TerminalStatus::Succeeded, "{id}");
+    }
+    node.shutdown().await.unwrap();
+}

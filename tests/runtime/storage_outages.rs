@@ -575,3 +575,76 @@ async fn a_group_forget_while_deletes_fail_errs_and_a_later_forget_completes() {
     join_all(&group).await;
     worker.shutdown().await.unwrap();
 }
+
+// ---------------------------------------------------------------------------
+// The outage budget.
+
+/// A queue opened on an `OutageGuard`: a whole-store write outage longer
+/// than the budget makes a submission and the worker's shutdown fail with
+/// `Error::StoreOutage` (naming its length and the budget) instead of
+/// waiting; everything committed before is still there, and a queue
+/// reopened once the store is back resumes every run to its end.
+#[tokio::test(start_paused = true)]
+async fn an_outage_past_its_budget_fails_calls_and_a_reopened_queue_resumes_every_run() {
+    use taquba_workflow::{Error, OutageGuard};
+
+    let (faulty, store) = switchable_store();
+    let guarded: Arc<dyn ObjectStore> =
+        Arc::new(OutageGuard::new(store.clone(), Duration::from_secs(30)));
+    let queue = queue_with(guarded.clone(), Duration::from_secs(5), Duration::ZERO).await;
+    let script = Scripted::default();
+    let runtime = workflow_builder(&queue, &guarded, &script).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime.submit(spec("done", "ok")).await.unwrap();
+    ends_within(&runtime, "done", 30, "a run before the outage").await;
+    runtime.submit(spec("timer", "timer:120000")).await.unwrap();
+    eventually("the timer run to wait", || async {
+        script.calls_of("timer") == 1
+    })
+    .await;
+
+    // Every write fails from now on.
+    faulty.set_config(FaultConfig {
+        rates: [1.0, 0.0, 0.0, 0.0],
+        ..FaultConfig::default()
+    });
+    faulty.set_enabled(true);
+    let submitted = tokio::time::timeout(
+        Duration::from_secs(600),
+        runtime.submit(spec("during", "ok")),
+    )
+    .await
+    .expect("the submission answers within the budget and a retry");
+    let err = submitted.expect_err("no write can commit");
+    assert!(matches!(err, Error::StoreOutage(_)), "{err:?}");
+    assert!(err.is_store_closed(), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("outage budget of 30000 ms"), "{text}");
+    let stopped = tokio::time::timeout(Duration::from_secs(600), worker.shutdown())
+        .await
+        .expect("the worker stops instead of waiting for the store");
+    assert!(
+        matches!(&stopped, Err(Error::StoreOutage(outage)) if outage.budget_ms == 30_000),
+        "{stopped:?}"
+    );
+    // Every call of the runtime now says so.
+    let again = runtime.submit(spec("later", "ok")).await.unwrap_err();
+    assert!(matches!(again, Error::StoreOutage(_)), "{again:?}");
+    drop(runtime);
+
+    // The store comes back: a queue reopened on it resumes every run.
+    faulty.set_enabled(false);
+    drop(queue);
+    let queue = queue_with(guarded.clone(), Duration::from_secs(5), Duration::ZERO).await;
+    let runtime = workflow_builder(&queue, &guarded, &script).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let end = ends_within(&runtime, "done", 30, "the run ended before").await;
+    assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+    let end = ends_within(&runtime, "timer", 300, "the timer run").await;
+    assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+    runtime.submit(spec("after", "ok")).await.unwrap();
+    let end = ends_within(&runtime, "after", 30, "a run after").await;
+    assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+    assert_eq!(script.calls_of("done"), 1);
+    worker.shutdown().await.unwrap();
+}

@@ -171,6 +171,18 @@ where
         self
     }
 
+    /// End a store outage after `budget`: every shard's queue, lease and
+    /// member record goes through one [`OutageGuard`](crate::OutageGuard)
+    /// over the cluster's store, so once every call has failed for longer
+    /// than `budget` the hosted shards' calls fail with
+    /// [`Error::StoreOutage`](crate::Error::StoreOutage) and their workers
+    /// stop; the shards are hosted again (queues reopened) once the store
+    /// answers. Off by default: calls wait out an outage.
+    pub fn outage_budget(mut self, budget: Duration) -> Self {
+        self.store = Arc::new(crate::store::outage::OutageGuard::new(self.store, budget));
+        self
+    }
+
     /// How often the readers of shards other processes host look for new
     /// state ([`DEFAULT_READER_POLL`]): the lag of a read and of a wait on
     /// a run there.

@@ -51,14 +51,37 @@ pub(crate) struct LocalShard<R, H> {
     worker: std::sync::Mutex<Option<JoinHandle<RuntimeResult<()>>>>,
 }
 
+/// How a hosted shard's worker loop ended on its own.
+pub(crate) enum Ended {
+    /// The store ran past its outage budget: host the shard again once the
+    /// store answers.
+    Outage(crate::OutageExceeded),
+    /// Another process opened the shard's queue, or the loop failed
+    /// otherwise: the shard is not this process's any more.
+    Fenced(String),
+}
+
 impl<R, H> LocalShard<R, H> {
-    /// Whether the worker loop ended on its own (fenced out, or the store
-    /// closed under it).
-    pub(crate) fn worker_ended(&self) -> bool {
-        self.worker
-            .lock()
-            .map(|worker| worker.as_ref().is_none_or(JoinHandle::is_finished))
-            .unwrap_or(true)
+    /// How the worker loop ended, once it has (`None` while it runs).
+    pub(crate) async fn ended(&self) -> Option<Ended> {
+        let worker = {
+            let Ok(mut worker) = self.worker.lock() else {
+                return Some(Ended::Fenced("the shard's worker slot is poisoned".into()));
+            };
+            match worker.as_ref() {
+                Some(handle) if !handle.is_finished() => return None,
+                _ => worker.take(),
+            }
+        };
+        let Some(worker) = worker else {
+            return Some(Ended::Fenced("the shard's worker loop is gone".into()));
+        };
+        Some(match worker.await {
+            Ok(Err(crate::Error::StoreOutage(outage))) => Ended::Outage(outage),
+            Ok(Err(err)) => Ended::Fenced(err.to_string()),
+            Ok(Ok(())) => Ended::Fenced("the worker loop returned".into()),
+            Err(err) => Ended::Fenced(format!("the worker task failed: {err}")),
+        })
     }
 }
 

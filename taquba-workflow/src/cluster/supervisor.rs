@@ -29,7 +29,7 @@ use tokio::time::Instant;
 use tracing::{error, info, warn};
 
 use super::builder::{LeaseOptions, Ownership};
-use super::host::{drop_fenced, hand_over};
+use super::host::{Ended, drop_fenced, hand_over};
 use super::lease::{LeaseState, ShardLease};
 use super::members::{Beat, Liveness, preferred_member};
 use super::runtime::ClusterInner;
@@ -65,6 +65,12 @@ where
     H: TerminalHook + Clone + 'static,
 {
     note(&inner.node, inner.hosted.list().len(), None);
+    let Ownership::Static(owned) = &inner.ownership else {
+        return;
+    };
+    let owned = owned.owned(inner.record.shards);
+    // Shards another process opened: never opened here again.
+    let mut fenced = BTreeSet::new();
     let interval = super::builder::DEFAULT_CHECK_INTERVAL;
     loop {
         tokio::select! {
@@ -72,16 +78,41 @@ where
             () = tokio::time::sleep(interval) => {}
         }
         for local in inner.hosted.all() {
-            if local.worker_ended()
-                && let Some(local) = inner.hosted.remove(local.shard)
-            {
-                error!(
-                    shard = local.shard,
-                    node = %inner.node,
-                    "fenced out of the shard: another process opened its queue; it is not opened again here (two processes are configured to own it)"
-                );
-                drop_fenced(local).await;
-                note(&inner.node, inner.hosted.list().len(), Some("fenced"));
+            let Some(ended) = local.ended().await else {
+                continue;
+            };
+            let shard = local.shard;
+            drop(local);
+            let Some(local) = inner.hosted.remove(shard) else {
+                continue;
+            };
+            match ended {
+                Ended::Outage(outage) => {
+                    warn!(shard, node = %inner.node, "the shard's store ran past its outage budget; the shard is opened again once the store answers: {outage}");
+                }
+                Ended::Fenced(reason) => {
+                    error!(
+                        shard,
+                        node = %inner.node,
+                        "fenced out of the shard: another process opened its queue; it is not opened again here (two processes are configured to own it): {reason}"
+                    );
+                    fenced.insert(shard);
+                }
+            }
+            drop_fenced(local).await;
+            note(&inner.node, inner.hosted.list().len(), Some("fenced"));
+        }
+        for &shard in &owned {
+            if fenced.contains(&shard) || inner.hosted.get(shard).is_some() {
+                continue;
+            }
+            match inner.factory.open(shard, None).await {
+                Ok(local) => {
+                    inner.hosted.insert(local);
+                    info!(shard, node = %inner.node, "the shard is open again");
+                    note(&inner.node, inner.hosted.list().len(), Some("opened"));
+                }
+                Err(err) => warn!(shard, node = %inner.node, "opening the shard again: {err}"),
             }
         }
     }
@@ -184,16 +215,25 @@ where
             let lease = self.lease(shard).await?;
             let record = lease.refresh().await?.clone();
             let ours = record.is_held_by(&node, epoch);
-            if !ours || local.worker_ended() {
+            let ended = local.ended().await;
+            drop(local);
+            if !ours || ended.is_some() {
                 if let Some(local) = self.inner.hosted.remove(shard) {
-                    error!(
-                        shard,
-                        node = %node,
-                        epoch,
-                        holder = ?record.holder,
-                        lease_epoch = record.epoch,
-                        "fenced out of the shard: another process took it; nothing more is committed here"
-                    );
+                    match (&ended, ours) {
+                        (Some(Ended::Outage(outage)), true) => warn!(
+                            shard,
+                            node = %node,
+                            "the shard's store ran past its outage budget; its lease is released and the shard hosted again: {outage}"
+                        ),
+                        _ => error!(
+                            shard,
+                            node = %node,
+                            epoch,
+                            holder = ?record.holder,
+                            lease_epoch = record.epoch,
+                            "fenced out of the shard: another process took it; nothing more is committed here"
+                        ),
+                    }
                     note(&node, self.inner.hosted.list().len(), Some("fenced"));
                     self.pending.spawn(drop_fenced(local));
                 }

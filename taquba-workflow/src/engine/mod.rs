@@ -263,7 +263,10 @@ impl RuntimeCore {
     /// Record an error of the queue: one that says the store is closed to
     /// this process fires [`Self::store_closed`].
     pub(crate) fn note_error(&self, err: &Error) {
-        self.note_closed(err.is_store_closed(), err);
+        match err {
+            Error::StoreOutage(outage) => self.commits.note_outage(outage),
+            err => self.note_closed(err.is_store_closed(), err),
+        }
     }
 
     /// Fire [`Self::store_closed`] when `closed`, logging `err`.
@@ -273,6 +276,9 @@ impl RuntimeCore {
 
     /// The error reported once the store is closed to this process.
     pub(crate) fn store_closed_error(&self) -> Error {
+        if let Some(outage) = self.commits.outage() {
+            return Error::StoreOutage(outage);
+        }
         Error::Queue(taquba::Error::Storage(slatedb::Error::closed(
             format!(
                 "the store of queue `{}` is closed to this process: another process opened it (a store has one writer) or it was closed",

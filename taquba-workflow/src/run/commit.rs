@@ -34,6 +34,7 @@ use crate::error::{Error, Result};
 use crate::model::RunEnd;
 use crate::run::watch::RunWatchers;
 use crate::store::keys::RunId;
+use crate::store::outage::{OutageExceeded, outage_in};
 
 /// Run `work` on a Tokio task of its own and return its result. The task
 /// is spawned at the call, so dropping the returned future (even before its
@@ -75,6 +76,8 @@ pub(crate) struct Committer {
     watchers: RunWatchers,
     store_closed: CancellationToken,
     queue_name: Arc<str>,
+    /// The outage that closed the store, when an outage guard did.
+    outage: Arc<std::sync::Mutex<Option<OutageExceeded>>>,
 }
 
 impl Committer {
@@ -89,7 +92,14 @@ impl Committer {
             watchers,
             store_closed,
             queue_name: queue_name.into(),
+            outage: Arc::default(),
         }
+    }
+
+    /// The outage that closed the store to this process, if an
+    /// [`OutageGuard`](crate::OutageGuard) did.
+    pub(crate) fn outage(&self) -> Option<OutageExceeded> {
+        self.outage.lock().ok().and_then(|outage| outage.clone())
     }
 
     /// The queue, for reads.
@@ -101,6 +111,20 @@ impl Committer {
     pub(crate) fn note_closed(&self, closed: bool, err: &dyn std::fmt::Display) {
         if closed && !self.store_closed.is_cancelled() {
             tracing::error!(queue = %self.queue_name, "the queue's store is closed to this process (another process opened it, or it was closed): {err}");
+            self.store_closed.cancel();
+        }
+    }
+
+    /// Note an outage past its budget: the store is closed to this process
+    /// until its queue is reopened.
+    pub(crate) fn note_outage(&self, outage: &OutageExceeded) {
+        if let Ok(mut noted) = self.outage.lock()
+            && noted.is_none()
+        {
+            *noted = Some(outage.clone());
+        }
+        if !self.store_closed.is_cancelled() {
+            tracing::error!(queue = %self.queue_name, "the queue's store is closed to this process until its queue is reopened: {outage}");
             self.store_closed.cancel();
         }
     }
@@ -154,7 +178,10 @@ impl Committer {
                     self.watchers.notify(run_id, end);
                 }
             }
-            Err(err) => self.note_closed(Error::is_queue_store_closed(err), err),
+            Err(err) => match outage_in(err) {
+                Some(outage) => self.note_outage(&outage),
+                None => self.note_closed(Error::is_queue_store_closed(err), err),
+            },
         }
         result
     }

@@ -14,3 +14,4 @@ pub(crate) mod kv;
 #[cfg(unix)]
 pub(crate) mod local_dir;
 pub(crate) mod memo;
+pub(crate) mod outage;
