@@ -24,8 +24,8 @@ use crate::view::WorkflowView;
 
 /// One shard's reader and the view over it.
 struct ShardReader {
-    // Kept open for the view, which reads through it.
-    _reader: QueueReader,
+    // Kept open for the view, which reads through it; closed at shutdown.
+    reader: QueueReader,
     view: WorkflowView,
 }
 
@@ -117,12 +117,21 @@ impl Remote {
                     MemoStore::new(store, self.memo_prefix.clone()),
                 );
                 Ok::<_, ClusterError>(Arc::new(ShardReader {
-                    _reader: reader,
+                    reader,
                     view,
                 }))
             })
             .await?;
         Ok(Some(reader.view.clone()))
+    }
+
+    /// Close the readers opened so far (their manifest polling stops).
+    pub(crate) async fn close(&self) {
+        for reader in self.readers.iter().filter_map(OnceCell::get) {
+            if let Err(err) = reader.reader.close().await {
+                tracing::warn!("closing a shard's reader: {err}");
+            }
+        }
     }
 
     /// Whether shard `shard` has a queue (a SlateDB manifest under its

@@ -695,8 +695,11 @@ where
 
     /// Stop: stop taking shards, hand every hosted shard over (stop
     /// claiming, drain the steps in flight within the drain bound, close
-    /// its queue, release its lease) and leave the members. Another
-    /// process takes the shards at its next round.
+    /// its queue, release its lease), leave the members and close the
+    /// readers of other shards. Another process takes the shards at its
+    /// next round. Until it is called the process keeps hosting its shards
+    /// (dropping every handle does not stop them, as a spawned worker loop
+    /// is not stopped by dropping its handle).
     ///
     /// # Cancel safety
     ///
@@ -722,6 +725,7 @@ where
         }
         // Static shards (and any left by a failed supervisor).
         self.stop_hosting().await;
+        self.inner.remote.close().await;
         Ok(())
     }
 
