@@ -91,6 +91,56 @@ mod v2 {
     }
 }
 
+/// A later release: `welcome` renamed `greet`, which takes the runs parked
+/// under its old name (`alias`); `register` kept.
+mod v3 {
+    use std::time::Duration;
+
+    use taquba_workflow::workflows::Transition;
+    use taquba_workflow::{StepError, workflow};
+
+    /// Signs a user up; the greeting step was renamed.
+    #[derive(Default)]
+    pub struct Signup;
+
+    #[workflow(name = "signup", output = String, vis = pub)]
+    impl Signup {
+        #[step(start)]
+        async fn register(email: String) -> Result<Transition<SignupStep>, StepError> {
+            let key = format!("confirm:{email}");
+            Ok(Transition::on_signal(
+                SignupStep::Greet { email },
+                key,
+                Duration::from_secs(60),
+            ))
+        }
+
+        #[step(alias = "welcome", alias = "hello")]
+        async fn greet(email: String) -> Result<Transition<SignupStep>, StepError> {
+            Ok(Transition::done(format!("greeted {email}")))
+        }
+    }
+}
+
+/// A release without the greeting step at all (no name or alias matches
+/// `welcome`).
+mod v4 {
+    use taquba_workflow::workflows::Transition;
+    use taquba_workflow::{StepError, workflow};
+
+    /// Signs a user up in one step.
+    #[derive(Default)]
+    pub struct Signup;
+
+    #[workflow(name = "signup", output = String, vis = pub)]
+    impl Signup {
+        #[step(start)]
+        async fn register(email: String) -> Result<Transition<SignupStep>, StepError> {
+            Ok(Transition::done(format!("registered {email}")))
+        }
+    }
+}
+
 fn process() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -218,6 +268,119 @@ fn a_step_added_between_two_process_runs_keeps_runs_in_flight() {
             ),
             other => panic!("expected a failure, got {other:?}"),
         }
+        worker.shutdown().await.expect("worker stops");
+    });
+}
+
+/// Runs of version 1 parked in `welcome`: version 3 renamed the step with
+/// `alias = "welcome"` and resumes them; version 4 removed it, and a run
+/// parked there fails once, with a permanent error naming the workflow,
+/// the step and the run, after one attempt (no retry, no loop), while the
+/// other runs go on.
+#[test]
+fn a_renamed_step_takes_its_parked_runs_and_a_removed_one_fails_them_once() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let first = process();
+    let (renamed, removed) = first.block_on(async {
+        let rt = runtime(&store, v1::Signup).await;
+        let worker = rt.spawn(std::future::pending::<()>());
+        let mut parked = Vec::new();
+        for email in ["ada@example.com", "bob@example.com"] {
+            let run = rt
+                .start(v1::SignupInput {
+                    email: email.into(),
+                })
+                .await
+                .expect("starts");
+            parked_at(&rt, run.id(), 1).await;
+            parked.push(run.id().clone());
+        }
+        // Ada confirmed: her `welcome` step is due, not yet run. Bob's
+        // stays parked until the last release.
+        worker.shutdown().await.expect("worker stops");
+        rt.signal_value("confirm:ada@example.com", &())
+            .await
+            .expect("signals");
+        (parked[0].clone(), parked[1].clone())
+    });
+    first.shutdown_timeout(Duration::from_millis(200));
+
+    let second = process();
+    second.block_on(async {
+        let rt = runtime(&store, v3::Signup).await;
+        // The step is hosted under its old name too: an inbox submission
+        // naming it is accepted.
+        assert!(
+            format!("{:?}", taquba_workflow::StepRunner::hosted(&v3::Signup))
+                .contains("\"welcome\""),
+            "the alias is hosted"
+        );
+        let worker = rt.spawn(std::future::pending::<()>());
+        let result = tokio::time::timeout(
+            Duration::from_secs(10),
+            rt.workflow_run::<v3::Signup>(renamed.clone()).wait(),
+        )
+        .await
+        .expect("the run ends")
+        .expect("the run is read");
+        assert_eq!(result.expect("succeeds"), "greeted ada@example.com");
+        let steps = rt
+            .view()
+            .steps(&renamed)
+            .await
+            .expect("reads")
+            .expect("a history");
+        assert_eq!(steps.steps.len(), 2, "{steps:?}");
+        worker.shutdown().await.expect("worker stops");
+    });
+    second.shutdown_timeout(Duration::from_millis(200));
+
+    let third = process();
+    third.block_on(async {
+        let rt = runtime(&store, v4::Signup).await;
+        rt.signal_value("confirm:bob@example.com", &())
+            .await
+            .expect("signals");
+        let worker = rt.spawn(std::future::pending::<()>());
+        let result = tokio::time::timeout(
+            Duration::from_secs(10),
+            rt.workflow_run::<v4::Signup>(removed.clone()).wait(),
+        )
+        .await
+        .expect("the run ends")
+        .expect("the run is read");
+        match result {
+            Err(WorkflowError {
+                status: TerminalStatus::Failed,
+                message: Some(message),
+                ..
+            }) => assert!(
+                message.contains("workflow `signup` has no step named `welcome`")
+                    && message.contains(&format!("run `{removed}`")),
+                "{message}"
+            ),
+            other => panic!("expected a failure, got {other:?}"),
+        }
+        let history = rt
+            .view()
+            .steps(&removed)
+            .await
+            .expect("reads")
+            .expect("a history");
+        let last = history.steps.last().expect("a step");
+        assert_eq!(last.attempts.len(), 1, "one attempt: {last:?}");
+        // Other runs go on.
+        let fresh = rt
+            .start(v4::SignupInput {
+                email: "cy@example.com".into(),
+            })
+            .await
+            .expect("starts");
+        let done = tokio::time::timeout(Duration::from_secs(10), fresh.wait())
+            .await
+            .expect("ends")
+            .expect("read");
+        assert_eq!(done.expect("succeeds"), "registered cy@example.com");
         worker.shutdown().await.expect("worker stops");
     });
 }

@@ -126,8 +126,14 @@ pub fn job(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// `{Type}Step`), `input = Ident` (default `{Type}Input`), `vis = ...`
 /// (the generated types' visibility, default private to the module, as an
 /// item without `pub` is), `derive(...)` and `crate = path`. Step options:
-/// `start` (exactly one step) and `name = "..."` (the step's stable name,
-/// default the fn name).
+/// `start` (exactly one step), `name = "..."` (the step's stable name,
+/// default the fn name) and `alias = "..."`, any number of times: a name
+/// the step was stored under by an earlier version, so runs parked under
+/// it resume in this step (`Workflow::ALIASES`). A stored name leads to one
+/// step: two steps with one name or alias, or an alias that is its own
+/// step's name, are refused at compile time. A run parked in a step no
+/// name or alias matches fails once, permanently, naming the workflow,
+/// the step and the run.
 ///
 /// A step takes `&self` (or `self: &Self`) or no receiver, an optional
 /// `StepContext<'_>` (or `StepContext<'a>`, by value or by reference), and
@@ -137,7 +143,7 @@ pub fn job(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// `StepError`, a type with `impl From<E> for StepError`, or any `Display`
 /// type (`anyhow::Error`, `Box<dyn Error + Send + Sync>`), which becomes a
 /// transient `StepError`. A `#[cfg]`'d-out step is absent from the enum,
-/// the dispatch and `Workflow::STEPS`. A step's `name` cannot contain `/`
+/// the dispatch and `Workflow::STEPS`. A step's `name` (or `alias`) cannot contain `/`
 /// (it separates the step from the key in its memo). The impl block can
 /// hold other items (consts, helper fns, macros) and a `where` clause, and
 /// can name its type through a path (`impl shop::Order`); it cannot be

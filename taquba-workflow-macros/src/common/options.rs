@@ -393,14 +393,19 @@ pub(crate) fn for_each_option(
     unread
 }
 
+/// Options that may be given more than once (`#[step(alias = "a", alias =
+/// "b")]`): each is handed to `apply` in turn.
+const REPEATABLE_OPTIONS: &[&str] = &["alias"];
+
 /// Tracks option names already seen, to report duplicates.
 #[derive(Default)]
 struct Seen(HashSet<String>);
 
 impl Seen {
-    /// Whether `arg` is new; reports it otherwise.
+    /// Whether `arg` is new (or may repeat); reports it otherwise.
     fn first(&mut self, arg: &OptionArg, errors: &mut Errors) -> bool {
-        if self.0.insert(arg.name()) {
+        let name = arg.name();
+        if REPEATABLE_OPTIONS.contains(&name.as_str()) || self.0.insert(name) {
             true
         } else {
             errors.spanned(

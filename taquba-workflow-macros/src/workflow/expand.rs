@@ -169,10 +169,11 @@ fn step_enum(model: &WorkflowModel, krate: &TokenStream) -> (TokenStream, TokenS
                     quote!(#doc #(#attrs)* #with #field: #ty)
                 })
                 .collect();
+            let aliases = &step.aliases;
             quote! {
                 #(#cfgs)*
                 #docs
-                #[serde(rename = #name)]
+                #[serde(rename = #name #(, alias = #aliases)*)]
                 #variant { #(#fields,)* },
             }
         })
@@ -307,6 +308,13 @@ fn workflow_impl(model: &WorkflowModel, krate: &TokenStream, fallback: bool) -> 
         let name = &s.name;
         quote!(#(#cfgs)* #name)
     });
+    let aliases = model.steps.iter().flat_map(|s| {
+        let cfgs = &s.cfgs;
+        let name = &s.name;
+        s.aliases
+            .iter()
+            .map(move |alias| quote!(#(#cfgs)* (#alias, #name)))
+    });
     let name_arms = model.steps.iter().map(|s| {
         let cfgs = &s.cfgs;
         let variant = &s.variant;
@@ -350,6 +358,7 @@ fn workflow_impl(model: &WorkflowModel, krate: &TokenStream, fallback: bool) -> 
             const NAME: &'static str = #name;
             const START: &'static str = #start_name;
             const STEPS: &'static [&'static str] = &[#(#names),*];
+            const ALIASES: &'static [(&'static str, &'static str)] = &[#(#aliases),*];
             #output_item
         }
 
@@ -558,6 +567,26 @@ mod tests {
             "{out}"
         );
         assert!(!out.contains("# [step"), "{out}");
+    }
+
+    #[test]
+    fn aliases_are_serde_aliases_and_listed() {
+        let source = ORDER.replace(
+            "#[step(start)]",
+            "#[step(start, alias = \"pay\", alias = \"bill\")]",
+        );
+        assert_ne!(source, ORDER, "the fixture has a start step");
+        let out = expand(quote!(), source.parse().unwrap());
+        assert!(
+            out.contains(
+                "# [serde (rename = \"charge\" , alias = \"pay\" , alias = \"bill\")] Charge"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains("const ALIASES : & 'static [(& 'static str , & 'static str)] = & [(\"pay\" , \"charge\") , (\"bill\" , \"charge\")]"),
+            "{out}"
+        );
     }
 
     #[test]

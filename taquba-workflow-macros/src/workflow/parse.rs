@@ -17,7 +17,7 @@ pub(crate) const OPTIONS: &[&str] = &[
 ];
 
 /// Every option `#[step]` accepts.
-pub(crate) const STEP_OPTIONS: &[&str] = &["start", "name"];
+pub(crate) const STEP_OPTIONS: &[&str] = &["start", "name", "alias"];
 
 /// `#[workflow(...)]` as written.
 #[derive(Default)]
@@ -86,6 +86,9 @@ pub(crate) struct StepOptions {
     pub(crate) start: Option<Ident>,
     /// `name = "charge"`: the step's stable name (default: the fn name).
     pub(crate) name: Option<LitStr>,
+    /// `alias = "charge"` (any number): names the step was stored under
+    /// before, so runs parked under an old name resume here.
+    pub(crate) aliases: Vec<LitStr>,
 }
 
 /// Whether an attribute is `#[step]` (or a path ending in `step`).
@@ -123,6 +126,7 @@ pub(crate) fn parse_step(attr: &Attribute, errors: &mut Errors) -> StepOptions {
         |name, arg, errors| match name {
             "start" if arg.flag(errors) => options.start = Some(arg.key.clone()),
             "name" => options.name = step_name(arg, errors),
+            "alias" => options.aliases.extend(step_name(arg, errors)),
             _ => {}
         },
     );
@@ -133,12 +137,17 @@ pub(crate) fn parse_step(attr: &Attribute, errors: &mut Errors) -> StepOptions {
 /// name from the key in its memo's namespace (`"{step}/{key}"`): step `a`
 /// with key `b/c` and step `a/b` with key `c` would share a memo entry.
 fn step_name(arg: &crate::common::OptionArg, errors: &mut Errors) -> Option<LitStr> {
-    let lit = arg.name_str("name = \"charge\"", errors)?;
+    let example = match arg.key.to_string().as_str() {
+        "alias" => "alias = \"charge\"",
+        _ => "name = \"charge\"",
+    };
+    let lit = arg.name_str(example, errors)?;
     if lit.value().contains('/') {
         errors.spanned(
             &lit,
             format!(
-                "a step's name cannot contain `/`: it separates the step's name from the key in the step's memo (`\"{{step}}/{{key}}\"`), so a memo of one step could be read by another; write `name = {:?}`",
+                "a step's name cannot contain `/`: it separates the step's name from the key in the step's memo (`\"{{step}}/{{key}}\"`), so a memo of one step could be read by another; write `{} = {:?}`",
+                arg.key,
                 lit.value().replace('/', "-")
             ),
         );

@@ -22,6 +22,8 @@ pub(crate) struct StepModel {
     pub(crate) fn_ident: Ident,
     /// The stable name the step is serialized under.
     pub(crate) name: String,
+    /// Earlier names runs may be parked under (`#[step(alias = "...")]`).
+    pub(crate) aliases: Vec<LitStr>,
     /// The step enum's variant.
     pub(crate) variant: Ident,
     /// Whether the fn takes `&self`.
@@ -240,11 +242,11 @@ pub(crate) fn validate(
     }
 
     // Stable names and variants must be unique; exactly one start step.
-    let mut names: HashMap<&str, &StepModel> = HashMap::new();
+    let mut names: HashMap<String, &StepModel> = HashMap::new();
     let mut variants: HashMap<String, &StepModel> = HashMap::new();
     let mut clashing = Vec::new();
     for (index, step) in steps.iter().enumerate() {
-        if let Some(first) = names.insert(&step.name, step) {
+        if let Some(first) = names.insert(step.name.clone(), step) {
             errors.spanned(
                 &step.fn_ident,
                 format!(
@@ -263,6 +265,36 @@ pub(crate) fn validate(
             );
             clashing.push(index);
         }
+    }
+    // Aliases, once every name is known: each stored name leads to one step.
+    // A refused alias is left out of the expansion beside the error (serde
+    // would report it again as an unreachable pattern).
+    let mut refused: Vec<(usize, String)> = Vec::new();
+    for (index, step) in steps.iter().enumerate() {
+        for alias in &step.aliases {
+            let value = alias.value();
+            if value == step.name {
+                errors.spanned(
+                    alias,
+                    format!(
+                        "`{value}` is the step's own name: an alias names where runs of an earlier version are parked; remove it"
+                    ),
+                );
+                refused.push((index, value));
+            } else if let Some(first) = names.insert(value.clone(), step) {
+                errors.spanned(
+                    alias,
+                    format!(
+                        "`{value}` already names step `{}`: a stored step name must lead to one step, so runs parked under it would have two; remove this alias or that name",
+                        first.fn_ident
+                    ),
+                );
+                refused.push((index, value));
+            }
+        }
+    }
+    for (index, value) in refused {
+        steps[index].aliases.retain(|alias| alias.value() != value);
     }
     // The later ones get a variant of their own in the stand-in enum beside
     // the error, so the enum is still one type and the user's
@@ -474,6 +506,7 @@ fn validate_step(
     StepModel {
         fn_ident: sig.ident.clone(),
         name,
+        aliases: options.aliases.clone(),
         variant,
         receiver: receiver.is_some(),
         params,

@@ -116,10 +116,7 @@ impl Remote {
                     reader.view().clone(),
                     MemoStore::new(store, self.memo_prefix.clone()),
                 );
-                Ok::<_, ClusterError>(Arc::new(ShardReader {
-                    reader,
-                    view,
-                }))
+                Ok::<_, ClusterError>(Arc::new(ShardReader { reader, view }))
             })
             .await?;
         Ok(Some(reader.view.clone()))

@@ -52,7 +52,10 @@
 //!   such as `&str` is stored owned and lent back), serialized as
 //!   MessagePack under the step's stable name (the fn name, or
 //!   `#[step(name = "...")]`), so adding, removing or reordering steps
-//!   never misreads a run in flight;
+//!   never misreads a run in flight; a renamed step takes the runs parked
+//!   under its old name with `#[step(alias = "old")]`, and a run parked in
+//!   a step that no longer exists fails once with a permanent error naming
+//!   the workflow, the step and the run;
 //! - the input struct (`OrderInput`, or `input = Name`): the parameters
 //!   of the `#[step(start)]` step, submitted with
 //!   [`WorkflowRuntime::start`];
@@ -120,6 +123,10 @@ pub trait Workflow: StepRunner + Sized + 'static {
     const START: &'static str;
     /// The names of every step, in declaration order.
     const STEPS: &'static [&'static str];
+    /// Earlier names of steps (`#[step(alias = "...")]`), as `(alias,
+    /// step name)`: a run parked under an alias resumes in the step. None
+    /// by default.
+    const ALIASES: &'static [(&'static str, &'static str)] = &[];
     /// What a run that succeeds returns ([`Transition::done`]): any
     /// `Serialize + DeserializeOwned + Send + 'static` type (see
     /// [`WorkflowOutput`]).
@@ -564,7 +571,9 @@ fn decode_step_of<W: Workflow, S: DeserializeOwned>(
         )));
     }
     let name = head.step.0;
-    if !W::STEPS.contains(&name.as_str()) {
+    let known = W::STEPS.contains(&name.as_str())
+        || W::ALIASES.iter().any(|(alias, _)| *alias == name.as_str());
+    if !known {
         return Err(failure(format_args!(
             "workflow `{}` has no step named `{name}` (its steps are {}): the run was written by another version of the workflow",
             W::NAME,

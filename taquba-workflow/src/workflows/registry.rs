@@ -39,7 +39,12 @@ pub(crate) fn workflow_registrations() -> Vec<&'static WorkflowRegistration> {
 /// What the `StepRunner` impl `#[workflow]` writes answers to
 /// `StepRunner::hosted`: the workflow `W` with its steps.
 pub fn hosted_workflow<W: Workflow>() -> crate::runner::Hosted {
-    crate::runner::Hosted::workflow(W::NAME, W::STEPS)
+    let names: Vec<&str> = W::STEPS
+        .iter()
+        .copied()
+        .chain(W::ALIASES.iter().map(|(alias, _)| *alias))
+        .collect();
+    crate::runner::Hosted::workflow(W::NAME, &names)
 }
 
 /// A boxed step future.
