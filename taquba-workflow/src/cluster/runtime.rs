@@ -507,13 +507,14 @@ where
     /// The views of every shard that has a queue (readers opened on first
     /// use).
     async fn views(&self) -> Result<Vec<(u32, WorkflowView)>, ClusterError> {
-        let mut views = Vec::new();
-        for shard in 0..self.inner.record.shards {
-            if let Some(view) = self.view(shard).await? {
-                views.push((shard, view));
-            }
-        }
-        Ok(views)
+        // All at once: the first call opens a reader per shard.
+        let looks = (0..self.inner.record.shards)
+            .map(|shard| async move { Ok::<_, ClusterError>((shard, self.view(shard).await?)) });
+        let views = futures_util::future::try_join_all(looks).await?;
+        Ok(views
+            .into_iter()
+            .filter_map(|(shard, view)| view.map(|view| (shard, view)))
+            .collect())
     }
 
     /// The shard holding `run_id`: its home shard, but for a group member
