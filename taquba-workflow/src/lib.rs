@@ -190,9 +190,11 @@ pub mod headers {
 
 /// Terminal notifications over HTTP (feature `webhooks`): the
 /// [`WebhookTerminalHook`], the header that
-/// names a run's destination, the [`DestinationPolicy`] that decides where
-/// callbacks may go, the [`WebhookDeliveryWorker`] that delivers them under
-/// it, and the delivery crate it enqueues for.
+/// names a run's destination, the
+/// [`DestinationPolicy`](crate::webhooks::DestinationPolicy) that decides
+/// where callbacks may go, the
+/// [`WebhookDeliveryWorker`](crate::webhooks::WebhookDeliveryWorker) that
+/// delivers them under it, and the delivery crate it enqueues for.
 #[cfg(feature = "webhooks")]
 pub mod webhooks {
     pub use crate::hooks::destination::{

@@ -649,7 +649,7 @@ impl DestinationPolicy {
             .no_proxy()
             .dns_resolver(Arc::new(PolicyResolver { policy }))
             .redirect(reqwest::redirect::Policy::custom(move |attempt| {
-                if attempt.previous().len() >= MAX_REDIRECTS {
+                if attempt.previous().len() > MAX_REDIRECTS {
                     let error = format!("more than {MAX_REDIRECTS} redirects");
                     return attempt.error(error);
                 }
