@@ -104,8 +104,9 @@
 //!   there, through `tracing`.)
 //! * `metrics`: counters, histograms and gauges through the `metrics`
 //!   facade (the README lists them).
-//! * `webhooks`: `WebhookTerminalHook`; `aws`, `gcp`, `azure`: `taquba`'s
-//!   object stores.
+//! * `webhooks`: `WebhookTerminalHook`, with a `DestinationPolicy` for
+//!   where callbacks may go; `aws`, `gcp`, `azure`: `taquba`'s object
+//!   stores.
 
 #![warn(missing_docs)]
 
@@ -190,12 +191,22 @@ pub mod headers {
 
 /// Terminal notifications over HTTP (feature `webhooks`): the
 /// [`WebhookTerminalHook`], the header that
-/// names a run's destination and the delivery crate it enqueues for.
+/// names a run's destination, the
+/// [`DestinationPolicy`](crate::webhooks::DestinationPolicy) that decides
+/// where callbacks may go, the
+/// [`WebhookDeliveryWorker`](crate::webhooks::WebhookDeliveryWorker) that
+/// delivers them under it, and the delivery crate it enqueues for.
 #[cfg(feature = "webhooks")]
 pub mod webhooks {
-    pub use crate::hooks::webhook::{
-        CALLBACK_URL_HEADER, DEFAULT_WEBHOOK_QUEUE, WebhookTerminalHook,
+    pub use crate::hooks::destination::{
+        AddressClass, DestinationError, DestinationPolicy, Refusal,
     };
+    pub use crate::hooks::webhook::{
+        CALLBACK_URL_HEADER, DEFAULT_WEBHOOK_QUEUE, WebhookDeliveryWorker, WebhookTerminalHook,
+    };
+    /// The HTTP client crate of [`taquba_webhooks`] (for
+    /// [`DestinationPolicy::http_client`]'s client and error).
+    pub use reqwest;
     /// The webhook delivery crate the [`WebhookTerminalHook`] enqueues for
     /// (run its `WebhookWorker` on the delivery queue).
     pub use taquba_webhooks;

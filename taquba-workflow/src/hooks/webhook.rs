@@ -4,8 +4,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use taquba_webhooks::{WebhookRequest, webhook_enqueue_request};
+use taquba::{JobRecord, LeaseHandle, PermanentFailure, Worker, WorkerError};
+use taquba_webhooks::{WebhookRequest, WebhookWorker, webhook_enqueue_request};
 
+use crate::hooks::destination::{DestinationError, DestinationPolicy};
 use crate::hooks::terminal::TerminalHook;
 use crate::model::RunOutcome;
 use crate::model::StepError;
@@ -42,6 +44,26 @@ pub const DEFAULT_WEBHOOK_QUEUE: &str = "workflow-webhooks";
 /// ([`TerminalEffects::enqueue`]), so each notification is dead-lettered
 /// with an error naming the queue.
 ///
+/// # Where callbacks may go
+///
+/// The callback URL is the submitter's, so the hook checks it with its
+/// [`DestinationPolicy`] before staging the delivery
+/// ([`with_policy`](Self::with_policy); [`DestinationPolicy::default()`]
+/// without it): `https` to public addresses, nothing on loopback or private
+/// networks, no cloud metadata endpoint, names checked by what they resolve
+/// to. A refused URL fails the notification with a permanent error (a
+/// [`DestinationError`] naming the URL and the rule), so it is
+/// dead-lettered at once and no delivery is enqueued; the run's outcome
+/// committed before and stays as it was. A name that does not resolve is a
+/// transient error (the notification is retried).
+///
+/// Deliver with [`delivery_worker`](Self::delivery_worker) (a
+/// [`WebhookDeliveryWorker`] under the same policy) rather than a plain
+/// [`WebhookWorker`]: it checks each delivery again when it is sent and
+/// connects only to the addresses its resolution checked, so a name whose
+/// DNS answer changes after the hook's check (DNS rebinding) cannot reach
+/// a refused address.
+///
 /// The request body is a JSON object:
 ///
 /// | field | value |
@@ -70,17 +92,20 @@ pub const DEFAULT_WEBHOOK_QUEUE: &str = "workflow-webhooks";
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// let store = Arc::new(InMemory::new());
 /// let queue = Arc::new(Queue::open(store.clone(), "app").await?);
-/// let hook = WebhookTerminalHook::new("webhooks").timeout(Duration::from_secs(10));
+/// let policy = taquba_workflow::webhooks::DestinationPolicy::default().allow_host("*.example.com");
+/// let hook = WebhookTerminalHook::new("webhooks")
+///     .timeout(Duration::from_secs(10))
+///     .with_policy(policy);
+/// let webhooks = hook.delivery_worker()?;
 /// let runtime = WorkflowRuntime::builder(queue.clone(), store, Done, hook).build();
 /// let worker = runtime.spawn(std::future::pending::<()>());
 /// let deliveries = tokio::spawn(async move {
-///     let webhooks = taquba_webhooks::WebhookWorker::new();
 ///     taquba::run_worker(&queue, "webhooks", &webhooks, Duration::from_millis(200), std::future::pending::<()>()).await
 /// });
 /// runtime
 ///     .submit(RunSpec {
 ///         options: RunOptions {
-///             headers: HashMap::from([("callback_url".into(), "https://example.com/done".into())]),
+///             headers: HashMap::from([("callback_url".into(), "https://hooks.example.com/done".into())]),
 ///             ..RunOptions::default()
 ///         },
 ///         ..RunSpec::default()
@@ -93,6 +118,7 @@ pub struct WebhookTerminalHook {
     queue: String,
     timeout: Option<Duration>,
     headers: BTreeMap<String, String>,
+    policy: DestinationPolicy,
 }
 
 impl Default for WebhookTerminalHook {
@@ -103,13 +129,38 @@ impl Default for WebhookTerminalHook {
 }
 
 impl WebhookTerminalHook {
-    /// A hook enqueueing its deliveries on `delivery_queue`.
+    /// A hook enqueueing its deliveries on `delivery_queue`, under the
+    /// default [`DestinationPolicy`] (`https` to public addresses only).
     pub fn new(delivery_queue: impl Into<String>) -> Self {
         Self {
             queue: delivery_queue.into(),
             timeout: None,
             headers: BTreeMap::new(),
+            policy: DestinationPolicy::default(),
         }
+    }
+
+    /// Check every callback URL with `policy` (in place of
+    /// [`DestinationPolicy::default()`]); a URL it refuses dead-letters
+    /// the run's notification with the refusal.
+    pub fn with_policy(mut self, policy: DestinationPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The policy callback URLs are checked with.
+    pub fn policy(&self) -> &DestinationPolicy {
+        &self.policy
+    }
+
+    /// A [`WebhookDeliveryWorker`] under this hook's policy, to run on the
+    /// [`delivery_queue`](Self::delivery_queue) with [`taquba::run_worker`].
+    ///
+    /// # Errors
+    /// When the HTTP client cannot be built
+    /// ([`DestinationPolicy::http_client`]).
+    pub fn delivery_worker(&self) -> Result<WebhookDeliveryWorker, reqwest::Error> {
+        WebhookDeliveryWorker::new(self.policy.clone())
     }
 
     /// Bound each delivery's HTTP request by `timeout` (without it the
@@ -185,9 +236,12 @@ impl TerminalHook for WebhookTerminalHook {
     /// Stage the delivery of `outcome` to its callback URL.
     ///
     /// # Errors
-    /// Permanent when the body cannot be encoded or the enqueue cannot be
-    /// staged (the handle is sealed); nothing is staged for a run without a
-    /// callback URL.
+    /// Permanent when the policy refuses the callback URL
+    /// ([`DestinationError::Refused`]: the URL and the rule), when the body
+    /// cannot be encoded or the enqueue cannot be staged (the handle is
+    /// sealed); transient when the URL's host does not resolve
+    /// ([`DestinationError::Lookup`]). Nothing is staged for a run without a
+    /// callback URL, nor for a refused one.
     async fn on_termination(
         &self,
         outcome: &RunOutcome,
@@ -196,6 +250,7 @@ impl TerminalHook for WebhookTerminalHook {
         let Some(url) = Self::callback_url(outcome) else {
             return Ok(());
         };
+        self.policy.check(url).await.map_err(destination_error)?;
         let body = serde_json::to_vec(&Self::body(outcome))
             .map_err(|e| StepError::permanent(format!("cannot encode the webhook body: {e}")))?;
         let mut request = WebhookRequest::new(url)
@@ -215,6 +270,115 @@ impl TerminalHook for WebhookTerminalHook {
     /// Whether the run has a non-empty `callback_url` header.
     fn observes(&self, outcome: &RunOutcome) -> bool {
         Self::callback_url(outcome).is_some()
+    }
+}
+
+/// A [`DestinationError`] as the notification's error: permanent for a
+/// refusal, transient for a failed lookup.
+fn destination_error(error: DestinationError) -> StepError {
+    if error.is_permanent() {
+        StepError::permanent(error.to_string())
+    } else {
+        StepError::transient(error.to_string())
+    }
+}
+
+/// A [`taquba::Worker`] delivering [`WebhookTerminalHook`]'s jobs (or any
+/// [`taquba_webhooks`] job) under a [`DestinationPolicy`].
+///
+/// Each delivery's URL (its `webhook.url` header) is checked with the
+/// policy first: a refused one is dead-lettered at once with the
+/// [`DestinationError`] (the URL and the rule) as its error, a name that
+/// does not resolve is retried. The delivery itself is a
+/// [`taquba_webhooks::WebhookWorker`]'s (retries, timeouts, the
+/// `Webhook-Id` header), on the policy's
+/// [`http_client`](DestinationPolicy::http_client): every connection
+/// resolves its host through the policy and goes only to the addresses
+/// that resolution passed, and every redirect is checked before it is
+/// followed. A refusal there (the name's DNS answer changed since the
+/// check) fails the attempt as a transport error, retried like one; the
+/// refused address is never connected to.
+///
+/// Build it with [`WebhookTerminalHook::delivery_worker`] to share the
+/// hook's policy.
+pub struct WebhookDeliveryWorker {
+    policy: DestinationPolicy,
+    inner: WebhookWorker,
+}
+
+impl std::fmt::Debug for WebhookDeliveryWorker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookDeliveryWorker")
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WebhookDeliveryWorker {
+    /// A worker delivering under `policy`, with
+    /// [`taquba_webhooks::WebhookWorker`]'s defaults otherwise.
+    ///
+    /// # Errors
+    /// When the HTTP client cannot be built
+    /// ([`DestinationPolicy::http_client`]).
+    pub fn new(policy: DestinationPolicy) -> Result<Self, reqwest::Error> {
+        let client = policy.http_client()?;
+        Ok(Self {
+            policy,
+            inner: WebhookWorker::with_client(client),
+        })
+    }
+
+    /// Bound deliveries that name no timeout by `timeout`
+    /// ([`WebhookWorker::with_default_timeout`]).
+    pub fn with_default_timeout(mut self, timeout: Duration) -> Self {
+        self.inner = self.inner.with_default_timeout(timeout);
+        self
+    }
+
+    /// Carry the job id in the header `name` instead of `Webhook-Id`
+    /// ([`WebhookWorker::with_delivery_id_header`]).
+    pub fn with_delivery_id_header(mut self, name: impl Into<String>) -> Self {
+        self.inner = self.inner.with_delivery_id_header(name);
+        self
+    }
+
+    /// Send no delivery-id header
+    /// ([`WebhookWorker::without_delivery_id_header`]).
+    pub fn without_delivery_id_header(mut self) -> Self {
+        self.inner = self.inner.without_delivery_id_header();
+        self
+    }
+
+    /// The policy deliveries are checked with.
+    pub fn policy(&self) -> &DestinationPolicy {
+        &self.policy
+    }
+}
+
+impl Worker for WebhookDeliveryWorker {
+    /// Check the job's URL with the policy, then deliver it.
+    ///
+    /// # Errors
+    /// A [`PermanentFailure`] with the [`DestinationError`] for a refused
+    /// URL; the [`DestinationError`] (transient) when its host does not
+    /// resolve; otherwise the delivery's own errors.
+    async fn process(&self, job: &JobRecord, lease: &LeaseHandle) -> Result<(), WorkerError> {
+        // A job without a URL is the inner worker's to refuse.
+        if let Some(url) = job
+            .headers
+            .get(taquba_webhooks::HEADER_URL)
+            .filter(|url| !url.is_empty())
+        {
+            match self.policy.check(url).await {
+                Ok(_) => {}
+                Err(refused) if refused.is_permanent() => {
+                    return Err(PermanentFailure::new(refused.to_string()).into());
+                }
+                Err(lookup) => return Err(lookup.into()),
+            }
+        }
+        self.inner.process(job, lease).await
     }
 }
 
@@ -242,7 +406,8 @@ mod tests {
     async fn a_run_with_a_callback_url_stages_one_delivery() {
         let hook = WebhookTerminalHook::new("hooks")
             .timeout(Duration::from_secs(3))
-            .header("Authorization", "Bearer t");
+            .header("Authorization", "Bearer t")
+            .with_policy(DestinationPolicy::default().allow_loopback());
         let outcome = outcome(
             &[
                 ("callback_url", "http://127.0.0.1:9/cb"),
@@ -284,6 +449,50 @@ mod tests {
         assert_eq!(body["headers"]["tenant"], "acme");
         assert!(body["headers"].get("callback_url").is_none());
         assert!(body.get("result_hex").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_refused_callback_url_is_a_permanent_error_and_stages_nothing() {
+        use crate::model::StepErrorKind;
+        let metadata = outcome(&[("callback_url", "http://169.254.169.254/latest")], None);
+        let loopback = outcome(&[("callback_url", "http://127.0.0.1:9/cb")], None);
+        let internal = outcome(&[("callback_url", "https://internal.test/cb")], None);
+        let policy = DestinationPolicy::default()
+            .allow_loopback()
+            .resolve_to("internal.test", ["10.0.0.7".parse().unwrap()]);
+        for (hook, outcome, rule) in [
+            (WebhookTerminalHook::default(), &metadata, "rule `metadata`"),
+            (WebhookTerminalHook::default(), &loopback, "rule `loopback`"),
+            (
+                WebhookTerminalHook::default().with_policy(policy.clone()),
+                &internal,
+                "rule `private`",
+            ),
+            (
+                WebhookTerminalHook::default().with_policy(policy.clone()),
+                &metadata,
+                "rule `metadata`",
+            ),
+        ] {
+            // Still observed: the refusal is the notification's error.
+            assert!(hook.observes(outcome));
+            let effects = TerminalEffects::detached();
+            let error = hook.on_termination(outcome, &effects).await.unwrap_err();
+            assert_eq!(error.kind, StepErrorKind::Permanent, "{}", error.message);
+            let url = &outcome.headers["callback_url"];
+            assert!(error.message.contains(url.as_str()), "{}", error.message);
+            assert!(error.message.contains(rule), "{}", error.message);
+            assert!(effects.seal_and_take().1.is_empty());
+        }
+        // A name that does not resolve is retried.
+        let hook = WebhookTerminalHook::default()
+            .with_policy(DestinationPolicy::default().resolve_to("gone.test", []));
+        let gone = outcome(&[("callback_url", "https://gone.test/cb")], None);
+        let error = hook
+            .on_termination(&gone, &TerminalEffects::detached())
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind, StepErrorKind::Transient, "{}", error.message);
     }
 
     #[test]
