@@ -4,7 +4,8 @@
 //! copy of a store no process owns). One test binary: `read` (listing,
 //! describing, history, results, store info, discovery, exit codes) and
 //! `steer` (cancel, signal, requeue through the inbox and `--offline`),
-//! `ui` (the dashboard over HTTP, with `web` its client), `cluster`
+//! `ui` (the dashboard over HTTP, with `web` its client), `login` (the
+//! dashboard's token, sessions and refusals), `cluster`
 //! (a cluster root of four shards: merged listings, routed reads and
 //! commands, `store info`, the dashboard), `hostile`
 //! (hostile inbox entries, far-future times, `--offline` against a busy
@@ -15,6 +16,8 @@ mod cluster;
 mod common;
 #[cfg(all(feature = "ui", unix))]
 mod hostile;
+#[cfg(feature = "ui")]
+mod login;
 mod read;
 #[cfg(feature = "aws")]
 mod s3;
