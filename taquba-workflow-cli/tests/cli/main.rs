@@ -7,7 +7,8 @@
 //! `ui` (the dashboard over HTTP, with `web` its client), `login` (the
 //! dashboard's token, sessions and refusals), `cluster`
 //! (a cluster root of four shards: merged listings, routed reads and
-//! commands, `store info`, the dashboard), `hostile`
+//! commands, `store info`, the dashboard), `privilege` (what the read
+//! and steering commands write: nothing, and only the inbox), `hostile`
 //! (hostile inbox entries, far-future times, `--offline` against a busy
 //! owner, the liveness hints), and with
 //! feature `aws` `s3` (a bucket store, run by `.ci/s3.sh`).
@@ -18,6 +19,7 @@ mod common;
 mod hostile;
 #[cfg(feature = "ui")]
 mod login;
+mod privilege;
 mod read;
 #[cfg(feature = "aws")]
 mod s3;
