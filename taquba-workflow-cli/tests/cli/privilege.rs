@@ -25,7 +25,7 @@ const MEMO: &str = "workflow-steps-memo";
 
 /// What is seen of one file or directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Entry {
+pub(crate) struct Entry {
     dir: bool,
     len: u64,
     modified: Option<SystemTime>,
@@ -35,7 +35,7 @@ struct Entry {
 
 /// Every file and directory under `root` (links not followed), by path
 /// relative to it.
-fn snapshot(root: &Path) -> BTreeMap<String, Entry> {
+pub(crate) fn snapshot(root: &Path) -> BTreeMap<String, Entry> {
     fn walk(root: &Path, dir: &Path, into: &mut BTreeMap<String, Entry>) {
         for entry in std::fs::read_dir(dir).expect("read a store directory") {
             let entry = entry.expect("a directory entry");
@@ -69,7 +69,7 @@ fn snapshot(root: &Path) -> BTreeMap<String, Entry> {
 /// The paths added, removed or changed from `before` to `after`; with
 /// `dirs_by_presence`, a directory counts only when added or removed (not
 /// for its modification time, which an entry made in it moves).
-fn changes(
+pub(crate) fn changes(
     before: &BTreeMap<String, Entry>,
     after: &BTreeMap<String, Entry>,
     dirs_by_presence: bool,
@@ -94,7 +94,7 @@ fn changes(
 /// Whether `change` (of [`changes`]) is an entry added under `inbox`, or
 /// a directory on the way to it (a local directory store makes the
 /// directories of an object's path; a bucket has none).
-fn only_added_in(change: &str, inbox: &str) -> bool {
+pub(crate) fn only_added_in(change: &str, inbox: &str) -> bool {
     change
         .strip_prefix("added ")
         .is_some_and(|path| path.starts_with(inbox) || inbox.starts_with(&format!("{path}/")))
@@ -106,7 +106,7 @@ async fn ok(dir: &Path, args: &[&str]) -> String {
 }
 
 /// Wait (at most 10 s) until run `id` of `owner` committed its first step.
-async fn parked(owner: &Owner, id: &RunId) {
+pub(crate) async fn parked(owner: &Owner, id: &RunId) {
     for _ in 0..500 {
         let status = owner.runtime.status(id).await.expect("a status");
         if status.is_some_and(|s| s.current_step == 1) {
