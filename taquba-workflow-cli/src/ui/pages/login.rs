@@ -72,8 +72,8 @@ pub struct LoginQuery {
     pub next: Option<String>,
 }
 
-/// The login form.
-#[derive(Debug, Default, Deserialize)]
+/// The login form (no `Debug`: it holds the token as typed).
+#[derive(Default, Deserialize)]
 pub struct LoginForm {
     /// The token typed in.
     #[serde(default)]
