@@ -4,7 +4,9 @@
 # test: taquba-workflow-cli/browser/tests/dashboard.rs). Installs Debian's
 # chromium and chromium-driver when missing, builds the CLI and the
 # example in the workspace, then runs the test package, which starts and
-# stops chromedriver, the example and the dashboard itself, on loopback.
+# stops chromedriver, the example and the dashboard itself, on loopback
+# with a login token (TAQUBA_WORKFLOW_UI_TOKEN) that the browser types
+# into the login form.
 #
 # The test is a package of its own (taquba-workflow-cli/browser, outside
 # the workspace): its WebDriver client's dependencies would change the

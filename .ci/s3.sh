@@ -6,7 +6,8 @@
 # signal wait, group, restart from a second process, wrong credentials,
 # a cluster of two worker processes with one killed by SIGKILL,
 # the benchmark against a local directory, and the kill -9 torture on the
-# bucket) and the CLI's bucket test (taquba-workflow-cli/tests/cli/s3.rs),
+# bucket) and the CLI's bucket tests (taquba-workflow-cli/tests/cli/s3.rs:
+# reading and steering, and what each writes to the bucket),
 # and stops the server by its PID whatever happens.
 #
 # Environment: S3_PORT (default: a free port), KILL9_KILLS (default 50),
@@ -61,6 +62,9 @@ export AWS_ACCESS_KEY_ID="$ACCESS_KEY"
 export AWS_SECRET_ACCESS_KEY="$SECRET_KEY"
 export AWS_REGION=us-east-1
 export AWS_ALLOW_HTTP=true
+# s3s-fs keeps each object as a file under its root: the CLI's test of
+# what it writes to a bucket compares them before and after.
+export S3S_DATA_ROOT="$DATA/root"
 
 started=$(date +%s)
 cargo test --features "${FEATURES:-aws}" --test s3 -- --nocapture --test-threads=1

@@ -123,14 +123,23 @@ pub struct UiArgs {
     /// `--allow-remote`.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8233", value_parser = parse_listen)]
     pub listen: std::net::SocketAddr,
-    /// Serve on an address other machines can reach. The dashboard has no
-    /// login: whoever reaches it reads every run (inputs, results, errors,
-    /// headers) and can cancel, signal and requeue runs.
+    /// Serve on an address other machines can reach. Needs a login token
+    /// (the environment variable TAQUBA_WORKFLOW_UI_TOKEN, or
+    /// --token-file): every request must then carry it, or the session
+    /// cookie of a login at /login. Whoever holds it reads every run
+    /// (inputs, results, errors, headers) and, unless --read-only, can
+    /// cancel, signal and requeue runs.
     #[arg(long)]
     pub allow_remote: bool,
     /// Show no actions and refuse them: a dashboard that only reads.
     #[arg(long)]
     pub read_only: bool,
+    /// A file holding the login token (at least 16 visible ASCII
+    /// characters; a final newline is ignored), instead of the environment variable
+    /// TAQUBA_WORKFLOW_UI_TOKEN. On Unix it must be readable by its owner
+    /// only (chmod 600). The token is never taken on the command line.
+    #[arg(long, value_name = "PATH")]
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 /// `commands ...`

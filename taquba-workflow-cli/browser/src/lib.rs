@@ -180,20 +180,32 @@ impl Driver {
     }
 }
 
-/// `taquba-workflow --store STORE ui --listen 127.0.0.1:0`, stopped when
-/// dropped.
+/// The environment variable of the dashboard's login token.
+pub const TOKEN_ENV: &str = "TAQUBA_WORKFLOW_UI_TOKEN";
+
+/// `taquba-workflow --store STORE ui --listen 127.0.0.1:0` with a login
+/// token ([`TOKEN_ENV`]), stopped when dropped.
 pub struct Dashboard {
     _child: Child,
     _stdout: BufReader<ChildStdout>,
     /// Its base URL, `http://127.0.0.1:PORT`.
     pub base: String,
+    /// Its login token.
+    pub token: String,
 }
 
 impl Dashboard {
-    /// Start the dashboard and wait (at most 60 s) for the URL it prints.
+    /// Start the dashboard with a token of this test run's own and wait
+    /// (at most 60 s) for the URL it prints.
     pub async fn start(setup: &Setup, store: &Path) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        let token = format!("browser-test-{}-{nanos:x}", std::process::id());
         let mut child = Command::new(&setup.taquba_workflow)
             .env_remove("TAQUBA_WORKFLOW_STORE")
+            .env(TOKEN_ENV, &token)
             .arg("--store")
             .arg(store)
             .args(["ui", "--listen", "127.0.0.1:0"])
@@ -218,8 +230,19 @@ impl Dashboard {
             _child: child,
             _stdout: stdout,
             base,
+            token,
         }
     }
+}
+
+/// Log in through the form the browser is on: type `token`, submit.
+pub async fn log_in(client: &Client, token: &str) {
+    wait_for(client, "#token", 30)
+        .await
+        .send_keys(token)
+        .await
+        .expect("type the token");
+    click(client, "#login").await;
 }
 
 /// Wait (at most `secs`) for an element matching `css`; on failure the

@@ -1,10 +1,14 @@
 //! The dashboard in a real browser: headless Chromium driven over
 //! WebDriver (chromedriver), against a store made by the main example
-//! (`examples/word_report.rs`). It opens the runs page, follows a finished
+//! (`examples/word_report.rs`), served with a login token. It is sent to
+//! the login form, is refused a wrong token, logs in with the right one
+//! (an `HttpOnly`, `SameSite=Strict` session cookie no script can read),
+//! opens the runs page, follows a finished
 //! run and sees its steps and result, follows a live run and sees its page
 //! refresh by itself as steps commit, takes the screenshot the README
 //! shows, cancels the live run from its page and sees it cancelled (and
-//! the example, which owns the store, end).
+//! the example, which owns the store, end), then logs out and is sent to
+//! the login form again.
 //!
 //! `bash .ci/browser.sh` installs Debian's `chromium` and
 //! `chromium-driver`, builds the binaries and runs it; see
@@ -16,7 +20,9 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use fantoccini::Locator;
-use taquba_workflow_browser_test::{Dashboard, Driver, Setup, click, count, repo, text, wait_for};
+use taquba_workflow_browser_test::{
+    Dashboard, Driver, Setup, click, count, log_in, repo, text, wait_for,
+};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
@@ -82,12 +88,43 @@ async fn the_dashboard_in_a_browser() {
     let profile = tempfile::tempdir().unwrap();
     let client = driver.browser(&setup, profile.path()).await;
 
-    // The runs page lists both runs, with the counts by status.
+    // The runs page asks for the token first: a wrong one is refused, the
+    // right one leads back to the runs.
     client
         .goto(&format!("{}/runs", ui.base))
         .await
         .expect("open /runs");
+    log_in(&client, "not-the-dashboard-token").await;
+    let refused = text(&client, "#login-error").await;
+    assert!(refused.contains("not this dashboard"), "{refused}");
+    log_in(&client, &ui.token).await;
     wait_for(&client, &format!("a[href='/runs/{live_id}']"), 30).await;
+    let url = client.current_url().await.expect("the URL");
+    assert_eq!(url.path(), "/runs", "{url}");
+    let cookies = client.get_all_cookies().await.expect("the cookies");
+    let session = cookies
+        .iter()
+        .find(|c| c.name() == "taquba_workflow_session")
+        .unwrap_or_else(|| panic!("no session cookie in {cookies:?}"));
+    assert_eq!(session.http_only(), Some(true), "{session:?}");
+    assert_eq!(
+        format!("{:?}", session.same_site()),
+        "Some(Strict)",
+        "{session:?}"
+    );
+    assert!(
+        session.value() != ui.token && !session.value().contains(&ui.token),
+        "the cookie holds the token"
+    );
+    let seen_by_scripts = client
+        .execute("return document.cookie", vec![])
+        .await
+        .expect("run a script");
+    assert_eq!(
+        seen_by_scripts,
+        serde_json::json!(""),
+        "a script reads the cookie"
+    );
     let counts = text(&client, "nav.counts").await;
     assert!(counts.contains("1 succeeded"), "{counts}");
 
@@ -147,6 +184,15 @@ async fn the_dashboard_in_a_browser() {
     wait_for(&client, "#run-state .b-cancelled", 30).await;
     let card = text(&client, "dl.card").await;
     assert!(card.contains("checked from the browser test"), "{card}");
+
+    // Logging out ends the session: the runs page asks for the token again.
+    click(&client, "#logout").await;
+    wait_for(&client, "#token", 30).await;
+    client
+        .goto(&format!("{}/runs", ui.base))
+        .await
+        .expect("open /runs");
+    wait_for(&client, "#token", 30).await;
     client.close().await.expect("close the session");
 
     // The example, which owned the store, ends: its run was cancelled.

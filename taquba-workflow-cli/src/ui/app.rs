@@ -15,6 +15,7 @@ use crate::commands::mutate;
 use crate::error::{CliError, CliResult};
 use crate::output::Times;
 use crate::session::{Runtime, Session};
+use crate::ui::auth::Auth;
 use crate::ui::security::Guard;
 
 /// The name the dashboard's inbox commands record as their sender's tool.
@@ -63,11 +64,20 @@ pub struct App {
     pub guard: Guard,
     /// Whether actions are off (`--read-only`).
     pub read_only: bool,
+    /// The login, when the dashboard has a token: every request but the
+    /// login form's must then show it (or a session).
+    pub auth: Option<Auth>,
 }
 
 impl App {
     /// The state of a dashboard over `session` showing `runtime`.
-    pub fn new(session: Session, runtime: Runtime, guard: Guard, read_only: bool) -> Self {
+    pub fn new(
+        session: Session,
+        runtime: Runtime,
+        guard: Guard,
+        read_only: bool,
+        auth: Option<Auth>,
+    ) -> Self {
         let inbox = mutate::inbox(&session, &runtime, SENDER_TOOL);
         Self {
             scope: Scope::Store {
@@ -77,11 +87,17 @@ impl App {
             },
             guard,
             read_only,
+            auth,
         }
     }
 
     /// The state of a dashboard over every shard of `cluster`.
-    pub fn cluster(cluster: ClusterSession, guard: Guard, read_only: bool) -> Self {
+    pub fn cluster(
+        cluster: ClusterSession,
+        guard: Guard,
+        read_only: bool,
+        auth: Option<Auth>,
+    ) -> Self {
         let inboxes = cluster
             .shards
             .iter()
@@ -95,6 +111,7 @@ impl App {
             scope: Scope::Cluster { cluster, inboxes },
             guard,
             read_only,
+            auth,
         }
     }
 

@@ -85,6 +85,11 @@ fn shell(app: Option<&App>, section: Section, title: &str, body: Markup) -> Mark
                             @if app.read_only {
                                 span.badge.b-readonly title="--read-only: no actions" { "read-only" }
                             }
+                            @if app.auth.is_some() {
+                                form.logout method="post" action="/logout" {
+                                    button type="submit" #logout title="End this browser's session" { "Log out" }
+                                }
+                            }
                         }
                     }
                 }

@@ -11,8 +11,10 @@
 //! escaped) and refreshed in place by htmx while what they show can still
 //! change; htmx and the stylesheet are compiled into the binary
 //! ([`assets`]). It serves on a loopback address unless `--allow-remote`,
-//! and guards itself ([`security`]): a Host allowlist on loopback, a
-//! same-origin check and a per-process token on every form.
+//! which needs a login token ([`auth`]: every request then carries the
+//! token or a session's cookie), and guards itself ([`security`]): a Host
+//! allowlist on loopback, a same-origin check and a per-process token on
+//! every form.
 //!
 //! - [`app`]: the shared state and the routes.
 //! - [`pages`]: one module per page (runs, a run, groups, dead letters,
@@ -21,6 +23,7 @@
 
 pub mod app;
 pub mod assets;
+pub mod auth;
 pub mod error;
 pub mod layout;
 pub mod pages;
@@ -35,17 +38,26 @@ use crate::cluster::{self, ClusterSession};
 use crate::error::{CliError, CliResult};
 use crate::session::{self, Runtime, Session};
 use crate::ui::app::{App, Scope};
+use crate::ui::auth::Auth;
 use crate::ui::security::Guard;
 
-/// Serve the dashboard until Ctrl-C (or SIGTERM): check the address,
-/// open the store, bind, print the URL (the first line on stdout), serve.
+/// Serve the dashboard until Ctrl-C (or SIGTERM): read the login token
+/// (if any) and check the address, open the store, bind, print the URL
+/// (the first line on stdout), serve.
 ///
 /// # Errors
 /// [`CliError::Usage`] for a non-loopback address without
-/// `--allow-remote`; the store's errors; [`CliError::Serve`] when the
-/// address cannot be bound or the server fails.
+/// `--allow-remote`, `--allow-remote` without a token, or a token that
+/// cannot be used (see [`auth::load_token`]); the store's errors;
+/// [`CliError::Serve`] when the address cannot be bound or the server
+/// fails.
 pub async fn run(global: &Global, args: &UiArgs) -> CliResult<()> {
-    security::check_listen(args.listen, args.allow_remote)?;
+    let token = auth::load_token(
+        std::env::var_os(auth::TOKEN_ENV),
+        args.token_file.as_deref(),
+    )?;
+    security::check_listen(args.listen, args.allow_remote, token.is_some())?;
+    let auth = token.map(|(token, source)| Auth::new(&token, source));
     let (location, store) = session::open_location(global).await?;
     let opened = match cluster::detect(&location, &store).await? {
         Some(record) => Opened::Cluster(ClusterSession::open(global, location, record).await?),
@@ -85,8 +97,8 @@ pub async fn run(global: &Global, args: &UiArgs) -> CliResult<()> {
         }
     };
     let app = Arc::new(match opened {
-        Opened::Store(session, runtime) => App::new(session, runtime, guard, args.read_only),
-        Opened::Cluster(cluster) => App::cluster(cluster, guard, args.read_only),
+        Opened::Store(session, runtime) => App::new(session, runtime, guard, args.read_only, auth),
+        Opened::Cluster(cluster) => App::cluster(cluster, guard, args.read_only, auth),
     });
     announce(&app, bound, args.read_only);
     let served = axum::serve(listener, routes::router(app.clone()))
@@ -119,10 +131,23 @@ fn announce(app: &App, bound: SocketAddr, read_only: bool) {
     // A closed stdout does not stop the dashboard.
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "taquba-workflow ui: http://{bound}/");
-    let exposure = if bound.ip().is_loopback() {
-        "on loopback only: other machines cannot connect (--listen ADDR --allow-remote serves others, with no login)"
-    } else {
-        "on a non-loopback address (--allow-remote): whoever reaches it reads every run and can cancel, signal and requeue runs; there is no login"
+    let exposure = match (bound.ip().is_loopback(), &app.auth) {
+        (true, None) => format!(
+            "on loopback only: other machines cannot connect, and no login is asked (--listen ADDR --allow-remote serves others, with a token in {} or --token-file)",
+            auth::TOKEN_ENV
+        ),
+        (true, Some(auth)) => format!(
+            "on loopback only, every request needing the token from {} (log in at /login for a session of {}, or send Authorization: Bearer)",
+            auth.source(),
+            humantime::format_duration(auth.ttl())
+        ),
+        (false, Some(auth)) => format!(
+            "on a non-loopback address (--allow-remote), every request needing the token from {} (log in at /login for a session of {}, or send Authorization: Bearer); this is plain http, so the token and the session cookie cross the network unencrypted: serve it behind TLS (a reverse proxy) or an SSH tunnel on any network you do not trust",
+            auth.source(),
+            humantime::format_duration(auth.ttl())
+        ),
+        // check_listen refuses it: said all the same.
+        (false, None) => "on a non-loopback address with no login".to_string(),
     };
     let serving = match &app.scope {
         Scope::Store {

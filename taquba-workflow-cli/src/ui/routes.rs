@@ -1,6 +1,7 @@
 //! The dashboard's routes ([`router`]) and the middleware in front of
 //! every one of them ([`guard`]): the checks of [`crate::ui::security`],
-//! the bound on serving one request ([`REQUEST_TIMEOUT`]) and the response
+//! the login of [`crate::ui::auth`] (when the dashboard has a token), the
+//! bound on serving one request ([`REQUEST_TIMEOUT`]) and the response
 //! headers.
 
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use axum::routing::get;
 
 use crate::ui::app::App;
 use crate::ui::error::UiError;
-use crate::ui::pages::{actions, dead, groups, run, runs, store};
+use crate::ui::pages::{actions, dead, groups, login, run, runs, store};
 use crate::ui::security::CONTENT_SECURITY_POLICY;
 use crate::ui::{assets, error};
 
@@ -24,10 +25,15 @@ use crate::ui::{assets, error};
 /// to the store is bounded too, see [`crate::bounded`]).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The one path served without credentials: the login form and its POST.
+pub const LOGIN_PATH: &str = "/login";
+
 /// Every route of the dashboard, behind [`guard`].
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/", get(|| async { Redirect::to("/runs") }))
+        .route(LOGIN_PATH, get(login::page).post(login::login))
+        .route("/logout", axum::routing::post(login::logout))
         .route("/runs", get(runs::page))
         .route("/runs/{id}", get(run::page))
         .route(
@@ -50,8 +56,10 @@ pub fn router(app: Arc<App>) -> Router {
 }
 
 /// The middleware of every route: the Host allowlist, the same-origin
-/// check of state-changing requests, and the security headers of every
-/// response.
+/// check of state-changing requests, the credentials of every request but
+/// the login form's when the dashboard has a token (pages, htmx's
+/// refreshes, assets and actions alike), and the security headers of
+/// every response.
 pub async fn guard(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
     let host = request
         .headers()
@@ -76,6 +84,17 @@ pub async fn guard(State(app): State<Arc<App>>, request: Request, next: Next) ->
             format!("{why}: nothing was sent."),
         )
         .into_response()
+    } else if let Some(auth) = &app.auth
+        && request.uri().path() != LOGIN_PATH
+        && let credential = auth.check(request.headers())
+        && !credential.admitted()
+    {
+        login::unauthenticated(
+            request.method(),
+            request.uri(),
+            request.headers(),
+            &credential,
+        )
     } else {
         match tokio::time::timeout(REQUEST_TIMEOUT, next.run(request)).await {
             Ok(response) => response,
@@ -91,10 +110,13 @@ pub async fn guard(State(app): State<Arc<App>>, request: Request, next: Next) ->
         }
     };
     let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(CONTENT_SECURITY_POLICY),
-    );
+    // A page with its own policy (the login form's) keeps it.
+    if !headers.contains_key(header::CONTENT_SECURITY_POLICY) {
+        headers.insert(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+        );
+    }
     headers.insert(
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),

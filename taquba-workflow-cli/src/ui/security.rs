@@ -1,6 +1,8 @@
 //! What keeps the dashboard to its user.
 //!
-//! - [`check_listen`]: a loopback address unless `--allow-remote`.
+//! - [`check_listen`]: a loopback address unless `--allow-remote`, and
+//!   `--allow-remote` only with a login token ([`crate::ui::auth`], which
+//!   checks every request's credentials).
 //! - [`Guard::host_allowed`]: on loopback, only requests naming the
 //!   dashboard by a loopback name (`127.0.0.1:PORT`, `localhost:PORT`,
 //!   `[::1]:PORT`) in `Host` are served, so a page of another site cannot
@@ -24,22 +26,32 @@ use std::net::SocketAddr;
 use axum::http::header::{self, HeaderMap};
 
 use crate::error::{CliError, CliResult};
+use crate::ui::auth;
 
 /// The Content-Security-Policy of every response.
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
 /// Refuse to serve on an address other machines can reach unless
-/// `allow_remote`.
+/// `allow_remote`, and to serve others (`allow_remote`) without a login
+/// token (`has_token`).
 ///
 /// # Errors
-/// [`CliError::Usage`] naming the address and the flag.
-pub fn check_listen(addr: SocketAddr, allow_remote: bool) -> CliResult<()> {
-    if addr.ip().is_loopback() || allow_remote {
-        return Ok(());
+/// [`CliError::Usage`] naming the address, the flag, and how to set a
+/// token.
+pub fn check_listen(addr: SocketAddr, allow_remote: bool, has_token: bool) -> CliResult<()> {
+    if !addr.ip().is_loopback() && !allow_remote {
+        return Err(CliError::Usage(format!(
+            "--listen {addr} is not a loopback address: whoever reaches it would read every run and could cancel, signal and requeue them; to serve other machines pass --allow-remote with a login token ({}), or listen on 127.0.0.1",
+            auth::how_to_set()
+        )));
     }
-    Err(CliError::Usage(format!(
-        "--listen {addr} is not a loopback address: the dashboard has no login, so whoever reaches it reads every run and can cancel, signal and requeue them; pass --allow-remote to serve on it anyway, or listen on 127.0.0.1"
-    )))
+    if allow_remote && !has_token {
+        return Err(CliError::Usage(format!(
+            "--allow-remote needs a login token, so that only those who hold it read and steer the runs: {}",
+            auth::how_to_set()
+        )));
+    }
+    Ok(())
 }
 
 /// The checks of one dashboard process: its form token and the `Host`
@@ -183,17 +195,27 @@ mod tests {
     }
 
     #[test]
-    fn only_loopback_addresses_without_the_flag() {
-        assert!(check_listen("127.0.0.1:8233".parse().unwrap(), false).is_ok());
-        assert!(check_listen("[::1]:8233".parse().unwrap(), false).is_ok());
-        let err = check_listen("0.0.0.0:8233".parse().unwrap(), false).unwrap_err();
+    fn only_loopback_addresses_without_the_flag_and_a_token() {
+        let any = "0.0.0.0:8233".parse().unwrap();
+        let lo = "127.0.0.1:8233".parse().unwrap();
+        assert!(check_listen(lo, false, false).is_ok());
+        assert!(check_listen(lo, false, true).is_ok());
+        assert!(check_listen("[::1]:8233".parse().unwrap(), false, false).is_ok());
+        let err = check_listen(any, false, true).unwrap_err();
         assert!(matches!(err, CliError::Usage(_)));
         let text = err.to_string();
         assert!(
             text.contains("0.0.0.0:8233") && text.contains("--allow-remote"),
             "{text}"
         );
-        assert!(check_listen("0.0.0.0:8233".parse().unwrap(), true).is_ok());
+        for addr in [any, lo] {
+            let text = check_listen(addr, true, false).unwrap_err().to_string();
+            assert!(
+                text.contains(auth::TOKEN_ENV) && text.contains("--token-file PATH"),
+                "{text}"
+            );
+        }
+        assert!(check_listen(any, true, true).is_ok());
     }
 
     #[test]

@@ -305,6 +305,7 @@ pub fn cli(dir: &Path, args: &[&str]) -> assert_cmd::Command {
 pub fn cli_at(location: &str, args: &[&str]) -> assert_cmd::Command {
     let mut cmd = assert_cmd::Command::cargo_bin("taquba-workflow").expect("the binary");
     cmd.env_remove("TAQUBA_WORKFLOW_STORE")
+        .env_remove("TAQUBA_WORKFLOW_UI_TOKEN")
         .arg("--store")
         .arg(location)
         .args(args)

@@ -4,9 +4,11 @@
 //! copy of a store no process owns). One test binary: `read` (listing,
 //! describing, history, results, store info, discovery, exit codes) and
 //! `steer` (cancel, signal, requeue through the inbox and `--offline`),
-//! `ui` (the dashboard over HTTP, with `web` its client), `cluster`
+//! `ui` (the dashboard over HTTP, with `web` its client), `login` (the
+//! dashboard's token, sessions and refusals), `cluster`
 //! (a cluster root of four shards: merged listings, routed reads and
-//! commands, `store info`, the dashboard), `hostile`
+//! commands, `store info`, the dashboard), `privilege` (what the read
+//! and steering commands write: nothing, and only the inbox), `hostile`
 //! (hostile inbox entries, far-future times, `--offline` against a busy
 //! owner, the liveness hints), and with
 //! feature `aws` `s3` (a bucket store, run by `.ci/s3.sh`).
@@ -15,6 +17,9 @@ mod cluster;
 mod common;
 #[cfg(all(feature = "ui", unix))]
 mod hostile;
+#[cfg(feature = "ui")]
+mod login;
+mod privilege;
 mod read;
 #[cfg(feature = "aws")]
 mod s3;

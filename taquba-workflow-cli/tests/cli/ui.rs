@@ -12,7 +12,7 @@ use crate::web::{Dashboard, Reply};
 
 /// `GET path` until the page contains `part` (at most 30 s): the
 /// dashboard's reader follows the owner's flushes.
-async fn page_with(ui: &Dashboard, path: &str, part: &str) -> Reply {
+pub(crate) async fn page_with(ui: &Dashboard, path: &str, part: &str) -> Reply {
     page_with_all(ui, path, &[part]).await
 }
 
@@ -33,7 +33,7 @@ async fn page_with_all(ui: &Dashboard, path: &str, parts: &[&str]) -> Reply {
 }
 
 /// The command page a POST redirected to.
-fn command_path(reply: &Reply) -> String {
+pub(crate) fn command_path(reply: &Reply) -> String {
     let location = reply
         .header("location")
         .unwrap_or_else(|| panic!("no redirect ({}):\n{}", reply.status, reply.body));
@@ -476,7 +476,7 @@ async fn the_dashboard_keeps_to_its_user() {
         .code(2);
     let err = crate::common::stderr(&refused);
     assert!(
-        err.contains("--allow-remote") && err.contains("no login"),
+        err.contains("--allow-remote") && err.contains("TAQUBA_WORKFLOW_UI_TOKEN"),
         "{err}"
     );
 

@@ -23,17 +23,39 @@ pub struct Dashboard {
     pub base: String,
     /// What it printed before serving.
     pub banner: String,
+    /// Headers sent with every request that does not give its own (the
+    /// credentials of a dashboard with a token).
+    pub sending: Vec<(String, String)>,
 }
+
+/// The environment variable of the dashboard's login token.
+pub const TOKEN_ENV: &str = "TAQUBA_WORKFLOW_UI_TOKEN";
 
 impl Dashboard {
     /// Start `taquba-workflow --store STORE ui --listen 127.0.0.1:0 ARGS…`
-    /// and wait (at most 60 s) for the URL it prints.
+    /// (with no token from the environment) and wait (at most 60 s) for the
+    /// URL it prints.
     pub async fn start(store: &Path, args: &[&str]) -> Self {
+        Self::start_with(store, "127.0.0.1:0", args, &[]).await
+    }
+
+    /// Start `taquba-workflow --store STORE ui --listen LISTEN ARGS…` with
+    /// `env` added to an environment with no store and no token, and wait
+    /// (at most 60 s) for the URL it prints. A dashboard on an unspecified
+    /// address (`0.0.0.0`) is reached at 127.0.0.1.
+    pub async fn start_with(
+        store: &Path,
+        listen: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_taquba-workflow"))
             .env_remove("TAQUBA_WORKFLOW_STORE")
+            .env_remove(TOKEN_ENV)
+            .envs(env.iter().copied())
             .arg("--store")
             .arg(store)
-            .args(["ui", "--listen", "127.0.0.1:0"])
+            .args(["ui", "--listen", listen])
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -57,14 +79,26 @@ impl Dashboard {
             .next()
             .and_then(|line| line.strip_prefix("taquba-workflow ui: http://"))
             .unwrap_or_else(|| panic!("no URL in the banner: {banner:?}"));
-        let addr: SocketAddr = url.trim_end_matches('/').parse().expect("an address");
+        let mut addr: SocketAddr = url.trim_end_matches('/').parse().expect("an address");
+        if addr.ip().is_unspecified() {
+            addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
         Self {
             child,
             _stdout: stdout,
             base: format!("http://{addr}"),
             addr,
             banner,
+            sending: Vec::new(),
         }
+    }
+
+    /// Send `headers` with every later request that does not give its own.
+    pub fn always_send(&mut self, headers: &[(&str, &str)]) {
+        self.sending = headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
     }
 
     /// `GET path`.
@@ -96,7 +130,7 @@ impl Dashboard {
     }
 
     /// A request with `headers` (and `Host` naming the dashboard's address
-    /// unless given).
+    /// unless given, and [`sending`](Self::sending) unless given).
     pub async fn request(
         &self,
         method: &str,
@@ -104,9 +138,15 @@ impl Dashboard {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> Reply {
+        let given = |name: &str| headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(name));
         let mut head = format!("{method} {path} HTTP/1.1\r\n");
-        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        if !given("host") {
             head.push_str(&format!("Host: {}\r\n", self.addr));
+        }
+        for (name, value) in &self.sending {
+            if !given(name) {
+                head.push_str(&format!("{name}: {value}\r\n"));
+            }
         }
         for (name, value) in headers {
             head.push_str(&format!("{name}: {value}\r\n"));
