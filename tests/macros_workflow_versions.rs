@@ -141,6 +141,60 @@ mod v4 {
     }
 }
 
+/// A release whose `welcome` gained a field with a default: runs parked
+/// before it resume with the default.
+mod v5 {
+    use taquba_workflow::workflows::Transition;
+    use taquba_workflow::{StepError, workflow};
+
+    /// Signs a user up on a plan.
+    #[derive(Default)]
+    pub struct Signup;
+
+    #[workflow(name = "signup", output = String, vis = pub)]
+    impl Signup {
+        #[step(start)]
+        async fn register(email: String) -> Result<Transition<SignupStep>, StepError> {
+            Ok(Transition::next(SignupStep::Welcome {
+                email,
+                plan: "pro".into(),
+            }))
+        }
+
+        #[step]
+        async fn welcome(
+            email: String,
+            #[serde(default)] plan: String,
+        ) -> Result<Transition<SignupStep>, StepError> {
+            Ok(Transition::done(format!("welcomed {email} on {plan:?}")))
+        }
+    }
+}
+
+/// A release whose `welcome` changed a field's type: runs parked before it
+/// fail once, naming the field.
+mod v6 {
+    use taquba_workflow::workflows::Transition;
+    use taquba_workflow::{StepError, workflow};
+
+    /// Signs a user up by number.
+    #[derive(Default)]
+    pub struct Signup;
+
+    #[workflow(name = "signup", output = String, vis = pub)]
+    impl Signup {
+        #[step(start)]
+        async fn register(email: u64) -> Result<Transition<SignupStep>, StepError> {
+            Ok(Transition::next(SignupStep::Welcome { email }))
+        }
+
+        #[step]
+        async fn welcome(email: u64) -> Result<Transition<SignupStep>, StepError> {
+            Ok(Transition::done(format!("welcomed {email}")))
+        }
+    }
+}
+
 fn process() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -381,6 +435,91 @@ fn a_renamed_step_takes_its_parked_runs_and_a_removed_one_fails_them_once() {
             .expect("ends")
             .expect("read");
         assert_eq!(done.expect("succeeds"), "registered cy@example.com");
+        worker.shutdown().await.expect("worker stops");
+    });
+}
+
+/// Runs of version 1 parked before `welcome`: version 5 added a field with
+/// `#[serde(default)]` and resumes them with the default; version 6
+/// changed the field's type and fails a parked run once, naming the field.
+#[test]
+fn a_changed_field_resumes_with_its_default_or_fails_naming_the_field() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let first = process();
+    let (added, changed) = first.block_on(async {
+        let rt = runtime(&store, v1::Signup).await;
+        let worker = rt.spawn(std::future::pending::<()>());
+        let mut parked = Vec::new();
+        for email in ["dee@example.com", "eve@example.com"] {
+            let run = rt
+                .start(v1::SignupInput {
+                    email: email.into(),
+                })
+                .await
+                .expect("starts");
+            parked_at(&rt, run.id(), 1).await;
+            parked.push(run.id().clone());
+        }
+        worker.shutdown().await.expect("worker stops");
+        rt.signal_value("confirm:dee@example.com", &())
+            .await
+            .expect("signals");
+        (parked[0].clone(), parked[1].clone())
+    });
+    first.shutdown_timeout(Duration::from_millis(200));
+
+    let second = process();
+    second.block_on(async {
+        let rt = runtime(&store, v5::Signup).await;
+        let worker = rt.spawn(std::future::pending::<()>());
+        let result = tokio::time::timeout(
+            Duration::from_secs(10),
+            rt.workflow_run::<v5::Signup>(added.clone()).wait(),
+        )
+        .await
+        .expect("the run ends")
+        .expect("the run is read");
+        assert_eq!(
+            result.expect("succeeds"),
+            "welcomed dee@example.com on \"\""
+        );
+        worker.shutdown().await.expect("worker stops");
+    });
+    second.shutdown_timeout(Duration::from_millis(200));
+
+    let third = process();
+    third.block_on(async {
+        let rt = runtime(&store, v6::Signup).await;
+        rt.signal_value("confirm:eve@example.com", &())
+            .await
+            .expect("signals");
+        let worker = rt.spawn(std::future::pending::<()>());
+        let result = tokio::time::timeout(
+            Duration::from_secs(10),
+            rt.workflow_run::<v6::Signup>(changed.clone()).wait(),
+        )
+        .await
+        .expect("the run ends")
+        .expect("the run is read");
+        match result {
+            Err(WorkflowError {
+                status: TerminalStatus::Failed,
+                message: Some(message),
+                ..
+            }) => assert!(
+                message.contains("the parameters of step `welcome` do not decode (field `email`)")
+                    && message.contains(&format!("run `{changed}`")),
+                "{message}"
+            ),
+            other => panic!("expected a failure, got {other:?}"),
+        }
+        let history = rt
+            .view()
+            .steps(&changed)
+            .await
+            .expect("reads")
+            .expect("a history");
+        assert_eq!(history.steps.last().expect("a step").attempts.len(), 1);
         worker.shutdown().await.expect("worker stops");
     });
 }

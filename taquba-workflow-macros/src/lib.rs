@@ -75,7 +75,10 @@ use proc_macro::TokenStream;
 /// `&mut JobContext<'_>`); named lifetimes on the fn (`&'a str`);
 /// parameters with doc comments (moved to the field), `#[cfg]` /
 /// `#[cfg_attr]` (a parameter configured out is absent from the struct and
-/// from the call), lint levels and `mut`; a return type that is
+/// from the call), lint levels, `#[serde(default)]` /
+/// `#[serde(default = "path")]` (a field added by a later version, read
+/// with its default from what was stored before it) and `mut`; a return
+/// type that is
 /// `Result<T, E>` under any name (`anyhow::Result<T>`, `std::io::Result<T>`,
 /// a local alias), resolved by the type system, with
 /// `T: Serialize + DeserializeOwned + Send` and
@@ -143,7 +146,10 @@ pub fn job(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// `StepError`, a type with `impl From<E> for StepError`, or any `Display`
 /// type (`anyhow::Error`, `Box<dyn Error + Send + Sync>`), which becomes a
 /// transient `StepError`. A `#[cfg]`'d-out step is absent from the enum,
-/// the dispatch and `Workflow::STEPS`. A step's `name` (or `alias`) cannot contain `/`
+/// the dispatch and `Workflow::STEPS`. A parameter added to a step by a
+/// later version takes `#[serde(default)]`, so runs parked in the step
+/// before it resume with the default; a field that no longer decodes fails
+/// the run once, naming the field. A step's `name` (or `alias`) cannot contain `/`
 /// (it separates the step from the key in its memo). The impl block can
 /// hold other items (consts, helper fns, macros) and a `where` clause, and
 /// can name its type through a path (`impl shop::Order`); it cannot be

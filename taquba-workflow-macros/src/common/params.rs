@@ -8,7 +8,7 @@ use syn::ext::IdentExt;
 use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
 use syn::visit::Visit;
-use syn::{Attribute, FnArg, Ident, Pat, PatType, Token, Type, TypePath, TypeReference};
+use syn::{Attribute, FnArg, Ident, Meta, Pat, PatType, Token, Type, TypePath, TypeReference};
 
 use super::{Errors, type_text};
 
@@ -287,7 +287,8 @@ const LINTS: &[&str] = &["allow", "warn", "deny", "forbid"];
 /// that cannot be carried; the flag is `false` when one was.
 ///
 /// Accepted: doc comments (moved to the field; rustc refuses them on
-/// parameters, so the re-emitted fn drops them), `#[cfg]` and
+/// parameters, so the re-emitted fn drops them), `#[serde(default)]` and
+/// `#[serde(default = "path")]` (moved to the field, likewise), `#[cfg]` and
 /// `#[cfg_attr]` (on the fn, the field and every use), the lint levels
 /// `allow`, `warn`, `deny`, `forbid` (on the fn and the field) and
 /// `expect` (on the fn only: on the field it would be unfulfilled).
@@ -312,10 +313,14 @@ fn param_attrs(
                 cfgs.push(cfg);
             }
         } else if path.is_ident("expect") {
+        } else if serde_default(attr) {
+            // A field added by a later version: runs stored before it
+            // decode with the default.
+            field.push(attr.clone());
         } else {
             let name = path.to_token_stream().to_string().replace(' ', "");
             let instead = if path.is_ident("serde") {
-                "; the field is serialized as its type is: put the `#[serde(...)]` attributes on that type".to_string()
+                "; of `#[serde]` only `#[serde(default)]` and `#[serde(default = \"path\")]` are (a field added later, read with its default from runs stored before it); otherwise the field is serialized as its type is: put the `#[serde(...)]` attributes on that type".to_string()
             } else {
                 String::new()
             };
@@ -330,6 +335,31 @@ fn param_attrs(
         }
     }
     (field, cfgs, ok)
+}
+
+/// Whether `attr` is `#[serde(default)]` or `#[serde(default = "path")]`.
+fn serde_default(attr: &Attribute) -> bool {
+    if !attr.path().is_ident("serde") {
+        return false;
+    }
+    let Ok(metas) = attr.parse_args_with(Punctuated::<Meta, Token![,]>::parse_terminated) else {
+        return false;
+    };
+    !metas.is_empty()
+        && metas.iter().all(|meta| match meta {
+            Meta::Path(path) => path.is_ident("default"),
+            Meta::NameValue(nv) => {
+                nv.path.is_ident("default")
+                    && matches!(
+                        &nv.value,
+                        syn::Expr::Lit(syn::ExprLit {
+                            lit: syn::Lit::Str(_),
+                            ..
+                        })
+                    )
+            }
+            Meta::List(_) => false,
+        })
 }
 
 /// The part of a `#[cfg_attr(predicate, attrs...)]` that can configure

@@ -235,7 +235,13 @@ fn input_struct(model: &WorkflowModel, krate: &TokenStream) -> (TokenStream, Tok
     let fields = start.params.iter().map(|param| {
         let field = &param.ident;
         let ty = inner_type(&param.field_ty);
-        let attrs = &param.field_attrs;
+        // The input struct is not serialized: a `#[serde(default)]` is the
+        // stored step's business.
+        let attrs: Vec<_> = param
+            .field_attrs
+            .iter()
+            .filter(|a| !a.path().is_ident("serde"))
+            .collect();
         let doc = (!attrs.iter().any(|a| a.path().is_ident("doc"))).then(|| {
             let text = format!(" The `{}` parameter of `{}`.", param.name(), start.fn_ident);
             quote!(#[doc = #text])

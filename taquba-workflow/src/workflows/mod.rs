@@ -580,12 +580,27 @@ fn decode_step_of<W: Workflow, S: DeserializeOwned>(
             list(W::STEPS.iter().copied())
         )));
     }
-    let envelope: EnvelopeIn<S> = rmp_serde::from_slice(payload).map_err(|e| {
-        failure(format_args!(
-            "workflow `{}`: the parameters of step `{name}` do not decode: {e}",
-            W::NAME
-        ))
-    })?;
+    let mut decoder = rmp_serde::Deserializer::from_read_ref(payload);
+    let envelope: EnvelopeIn<S> =
+        serde_path_to_error::deserialize(&mut decoder).map_err(|e| {
+            // The path inside the envelope: `step.{variant}.{field}`.
+            let field = e
+                .path()
+                .iter()
+                .skip(2)
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(".");
+            let what = match field.is_empty() {
+                true => String::new(),
+                false => format!(" (field `{field}`)"),
+            };
+            failure(format_args!(
+                "workflow `{}`: the parameters of step `{name}` do not decode{what}: {}: the run was written by another version of the workflow",
+                W::NAME,
+                e.inner()
+            ))
+        })?;
     Ok(envelope.step)
 }
 

@@ -33,7 +33,7 @@ impl Refund {
     // An attribute that cannot be carried: one error, and `RefundInput`
     // still has the field.
     #[step(start)]
-    async fn check(#[serde(default)] order_id: String) -> Result<Transition<RefundStep>, StepError> {
+    async fn check(#[serde(rename = "id")] order_id: String) -> Result<Transition<RefundStep>, StepError> {
         Ok(Transition::next(RefundStep::Pay { order_id, cents: 1 }))
     }
 
