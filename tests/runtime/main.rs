@@ -51,6 +51,7 @@ mod common;
 mod cancel_and_hooks;
 mod cancel_lease;
 mod cluster;
+mod cluster_review;
 mod durability;
 mod durable_paths;
 mod fixtures;
