@@ -175,12 +175,18 @@ async fn refused_starts_are_refused_and_leave_no_cluster_behind() {
     let runner = Scripted::default();
     let hook = Counting::default();
     for bad in [0, 1025, 2000, u32::MAX] {
-        let err = builder(store.clone(), "a", all_static(), runner.clone(), hook.clone())
-            .shards(bad)
-            .start()
-            .await
-            .err()
-            .unwrap_or_else(|| panic!("{bad} shards accepted"));
+        let err = builder(
+            store.clone(),
+            "a",
+            all_static(),
+            runner.clone(),
+            hook.clone(),
+        )
+        .shards(bad)
+        .start()
+        .await
+        .err()
+        .unwrap_or_else(|| panic!("{bad} shards accepted"));
         assert!(
             matches!(err, ClusterError::InvalidShardCount { shards, .. } if shards == bad),
             "{bad}: {err:?}"
@@ -211,17 +217,18 @@ async fn refused_starts_are_refused_and_leave_no_cluster_behind() {
     }
     // Bad lease timings, on another fresh root.
     for (lease, check) in [(2000, 1000), (3000, 1001), (1000, 0)] {
-        let err = ClusterRuntime::builder(store.clone(), "typo/lease", runner.clone(), hook.clone())
-            .shards(4)
-            .ownership(Ownership::Leases(LeaseOptions {
-                lease: Duration::from_millis(lease),
-                check_interval: Duration::from_millis(check),
-                drain: Duration::from_secs(1),
-            }))
-            .start()
-            .await
-            .err()
-            .unwrap_or_else(|| panic!("lease {lease} / check {check} accepted"));
+        let err =
+            ClusterRuntime::builder(store.clone(), "typo/lease", runner.clone(), hook.clone())
+                .shards(4)
+                .ownership(Ownership::Leases(LeaseOptions {
+                    lease: Duration::from_millis(lease),
+                    check_interval: Duration::from_millis(check),
+                    drain: Duration::from_secs(1),
+                }))
+                .start()
+                .await
+                .err()
+                .unwrap_or_else(|| panic!("lease {lease} / check {check} accepted"));
         assert!(matches!(err, ClusterError::InvalidOwnership(_)), "{err:?}");
     }
     // A second process with another count.
@@ -253,9 +260,10 @@ async fn refused_starts_are_refused_and_leave_no_cluster_behind() {
     );
     a.shutdown().await.unwrap();
 
-    // FINDING (if this fails): the refused starts above created the
-    // cluster record (with 4 shards) before checking the node id / the
-    // lease timings, so the corrected start with 8 shards is refused.
+    // Found by this review: the refused starts above created the cluster
+    // record (with 4 shards) before checking the node id and the lease
+    // timings, so the corrected start with 8 shards was refused. A refused
+    // start now creates nothing.
     for root in ["typo/id", "typo/lease"] {
         let fixed = ClusterRuntime::builder(store.clone(), root, runner.clone(), hook.clone())
             .shards(8)
@@ -393,7 +401,14 @@ async fn a_client_waits_for_a_run_sent_before_any_owner_started() {
         })
     };
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let owner = node(store.clone(), "owner", all_static(), runner.clone(), hook.clone()).await;
+    let owner = node(
+        store.clone(),
+        "owner",
+        all_static(),
+        runner.clone(),
+        hook.clone(),
+    )
+    .await;
     let ends = tokio::time::timeout(Duration::from_secs(300), waiter)
         .await
         .expect("the waits end")
@@ -419,7 +434,14 @@ async fn a_dropped_submit_is_nothing_or_a_run_that_ends_once() {
     let store = slow_store();
     let runner = Scripted::default();
     let hook = Counting::default();
-    let owner = node(store.clone(), "owner", all_static(), runner.clone(), hook.clone()).await;
+    let owner = node(
+        store.clone(),
+        "owner",
+        all_static(),
+        runner.clone(),
+        hook.clone(),
+    )
+    .await;
     let client = node(
         store.clone(),
         "client",
@@ -482,7 +504,14 @@ async fn a_dropped_cancel_then_cancel_again_ends_the_run_once() {
     let store = slow_store();
     let runner = Scripted::default();
     let hook = Counting::default();
-    let owner = node(store.clone(), "owner", all_static(), runner.clone(), hook.clone()).await;
+    let owner = node(
+        store.clone(),
+        "owner",
+        all_static(),
+        runner.clone(),
+        hook.clone(),
+    )
+    .await;
     let client = node(
         store.clone(),
         "client",
@@ -557,7 +586,14 @@ async fn a_dropped_signal_then_signal_again_wakes_the_run_once() {
     let store = slow_store();
     let runner = Scripted::default();
     let hook = Counting::default();
-    let owner = node(store.clone(), "owner", all_static(), runner.clone(), hook.clone()).await;
+    let owner = node(
+        store.clone(),
+        "owner",
+        all_static(),
+        runner.clone(),
+        hook.clone(),
+    )
+    .await;
     let client = node(
         store.clone(),
         "client",
@@ -611,12 +647,9 @@ async fn a_dropped_signal_then_signal_again_wakes_the_run_once() {
                     // Whatever the dropped call did, signal again while the
                     // run still waits (a dropped call that was delivered
                     // ends it; a second one is then rejected or buffered).
-                    if client
-                        .status(&rid(&id))
-                        .await
-                        .unwrap()
-                        .is_some_and(|s| !matches!(s.state, taquba_workflow::RunState::Terminated { .. }))
-                    {
+                    if client.status(&rid(&id)).await.unwrap().is_some_and(|s| {
+                        !matches!(s.state, taquba_workflow::RunState::Terminated { .. })
+                    }) {
                         if keyed {
                             client
                                 .signal_run(&rid(&id), &format!("{id}-key"), b"p".to_vec())
@@ -663,7 +696,14 @@ async fn a_remote_cancel_racing_the_runs_end_is_answered_truthfully() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let runner = Scripted::default();
     let hook = Counting::default();
-    let owner = node(store.clone(), "owner", all_static(), runner.clone(), hook.clone()).await;
+    let owner = node(
+        store.clone(),
+        "owner",
+        all_static(),
+        runner.clone(),
+        hook.clone(),
+    )
+    .await;
     let client = node(
         store.clone(),
         "client",
@@ -693,16 +733,20 @@ async fn a_remote_cancel_racing_the_runs_end_is_answered_truthfully() {
         let end = end_of(&client, id, 60).await;
         match answer {
             CommandState::Applied {
-                answer: CommandAnswer::Cancelled { cancelled: true, .. },
+                answer:
+                    CommandAnswer::Cancelled {
+                        cancelled: true, ..
+                    },
                 ..
             } => {
                 cancelled += 1;
                 assert_eq!(end.termination.status, TerminalStatus::Cancelled, "{id}");
             }
             CommandState::Applied {
-                answer: CommandAnswer::Cancelled {
-                    cancelled: false, ..
-                },
+                answer:
+                    CommandAnswer::Cancelled {
+                        cancelled: false, ..
+                    },
                 ..
             } => {}
             other => panic!("{id}: {other:?}"),
@@ -737,7 +781,14 @@ async fn shutdown_twice_and_calls_after_shutdown_answer_in_time() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let runner = Scripted::default();
     let hook = Counting::default();
-    let first = node(store.clone(), "first", all_static(), runner.clone(), hook.clone()).await;
+    let first = node(
+        store.clone(),
+        "first",
+        all_static(),
+        runner.clone(),
+        hook.clone(),
+    )
+    .await;
     let mut ids = Vec::new();
     for i in 0..16 {
         let input = if i % 2 == 0 { "sleep:500" } else { "timer:500" };
@@ -750,7 +801,11 @@ async fn shutdown_twice_and_calls_after_shutdown_answer_in_time() {
         .await
         .expect("shutdown within the drain bound")
         .unwrap();
-    assert!(first.hosted_shards().is_empty(), "{:?}", first.hosted_shards());
+    assert!(
+        first.hosted_shards().is_empty(),
+        "{:?}",
+        first.hosted_shards()
+    );
     tokio::time::timeout(Duration::from_secs(120), first.shutdown())
         .await
         .expect("a second shutdown answers")
@@ -786,7 +841,14 @@ async fn shutdown_twice_and_calls_after_shutdown_answer_in_time() {
     eprintln!("wait after shutdown: {waited:?}");
 
     // A successor finishes every run once.
-    let second = node(store.clone(), "second", all_static(), runner.clone(), hook.clone()).await;
+    let second = node(
+        store.clone(),
+        "second",
+        all_static(),
+        runner.clone(),
+        hook.clone(),
+    )
+    .await;
     for id in &ids {
         let end = end_of(&second, id, 120).await;
         if id == &ids[1] && matches!(cancel, Ok(_)) {
@@ -851,8 +913,22 @@ async fn two_processes_with_one_node_id_never_both_run_a_shard() {
     let runner = Scripted::default();
     let hook = Counting::default();
     let leases = Ownership::Leases(lease_options());
-    let a = node(bucket.clone(), "twin", leases.clone(), runner.clone(), hook.clone()).await;
-    let b = node(bucket.clone(), "twin", leases.clone(), runner.clone(), hook.clone()).await;
+    let a = node(
+        bucket.clone(),
+        "twin",
+        leases.clone(),
+        runner.clone(),
+        hook.clone(),
+    )
+    .await;
+    let b = node(
+        bucket.clone(),
+        "twin",
+        leases.clone(),
+        runner.clone(),
+        hook.clone(),
+    )
+    .await;
     let mut ids = Vec::new();
     for shard in 0..SHARDS {
         for k in 0..3 {
@@ -880,7 +956,8 @@ async fn two_processes_with_one_node_id_never_both_run_a_shard() {
         let view = a.view(a.shard_of(id)).await.unwrap().unwrap();
         settled_once(&view, id).await;
     }
-    // FINDING (if this fails): both twins keep hosting the same shards.
+    // Both twins hosting the same shards for longer than a lease would be
+    // two writers fencing each other.
     assert!(
         longest < lease_options().lease,
         "a shard hosted by both twins for {longest:?}: {seen:?}"
@@ -898,22 +975,44 @@ async fn a_process_joining_a_busy_cluster_gets_a_share_by_handover() {
     let runner = Scripted::default();
     let hook = Counting::default();
     let leases = Ownership::Leases(lease_options());
-    let a = node(bucket.clone(), "a", leases.clone(), runner.clone(), hook.clone()).await;
+    let a = node(
+        bucket.clone(),
+        "a",
+        leases.clone(),
+        runner.clone(),
+        hook.clone(),
+    )
+    .await;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while a.hosted_shards().len() < SHARDS as usize {
-        assert!(std::time::Instant::now() < deadline, "{:?}", a.hosted_shards());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            a.hosted_shards()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let mut ids = Vec::new();
     for shard in 0..SHARDS {
         for k in 0..4 {
             let id = id_on(shard, &format!("j{k}"));
-            let input = if k % 2 == 0 { "timer:1500" } else { "sleep:400" };
+            let input = if k % 2 == 0 {
+                "timer:1500"
+            } else {
+                "sleep:400"
+            };
             let _ = a.submit(spec(id.as_str(), input)).await.unwrap();
             ids.push(id);
         }
     }
-    let b = node(bucket.clone(), "b", leases.clone(), runner.clone(), hook.clone()).await;
+    let b = node(
+        bucket.clone(),
+        "b",
+        leases.clone(),
+        runner.clone(),
+        hook.clone(),
+    )
+    .await;
     let (longest, seen) = watch_overlaps(&[&a, &b], Duration::from_secs(6)).await;
     assert_eq!(longest, Duration::ZERO, "overlaps: {seen:?}");
     assert!(!b.hosted_shards().is_empty(), "b got no share");
@@ -936,7 +1035,14 @@ async fn churn_of_processes_ends_every_run_once() {
     let runner = Scripted::default();
     let hook = Counting::default();
     let leases = Ownership::Leases(lease_options());
-    let a = node(bucket.clone(), "stay", leases.clone(), runner.clone(), hook.clone()).await;
+    let a = node(
+        bucket.clone(),
+        "stay",
+        leases.clone(),
+        runner.clone(),
+        hook.clone(),
+    )
+    .await;
     let client = node(
         bucket.clone(),
         "client",

@@ -205,16 +205,6 @@ where
     /// static ownership, [`ClusterError::Runtime`] when a shard's queue
     /// does not open.
     pub async fn start(self) -> Result<ClusterRuntime<R, H>, ClusterError> {
-        let record = match self.shards {
-            Some(shards) => {
-                ClusterRecord::create_or_open(self.store.clone(), &self.root, shards).await?
-            }
-            None => ClusterRecord::open(self.store.clone(), &self.root)
-                .await?
-                .ok_or_else(|| ClusterError::NoCluster {
-                    root: self.root.clone(),
-                })?,
-        };
         let node = match self.node_id {
             Some(node) => {
                 check_node_id(&node)?;
@@ -231,6 +221,18 @@ where
                 lease.lease.as_millis()
             )));
         }
+        // Created (or read) only once the options are known good: a refused
+        // start must not fix a shard count.
+        let record = match self.shards {
+            Some(shards) => {
+                ClusterRecord::create_or_open(self.store.clone(), &self.root, shards).await?
+            }
+            None => ClusterRecord::open(self.store.clone(), &self.root)
+                .await?
+                .ok_or_else(|| ClusterError::NoCluster {
+                    root: self.root.clone(),
+                })?,
+        };
         let memo_prefix = format!("{DEFAULT_QUEUE_NAME}-memo");
         let configure = self.configure;
         let fixed_names = memo_prefix.clone();
