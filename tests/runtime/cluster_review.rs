@@ -196,8 +196,7 @@ async fn refused_starts_are_refused_and_leave_no_cluster_behind() {
     let err = ClusterRuntime::builder(store.clone(), "nothing/here", runner.clone(), hook.clone())
         .start()
         .await
-        .err()
-        .expect("no cluster");
+        .expect_err("no cluster");
     assert!(matches!(err, ClusterError::NoCluster { .. }), "{err:?}");
 
     // A bad node id, with a shard count of 4, on a fresh root.
@@ -245,8 +244,7 @@ async fn refused_starts_are_refused_and_leave_no_cluster_behind() {
         .node_id("b")
         .start()
         .await
-        .err()
-        .expect("another shard count");
+        .expect_err("another shard count");
     assert!(
         matches!(
             err,
@@ -298,9 +296,9 @@ async fn a_client_refuses_what_it_cannot_do_and_its_waits_are_bounded() {
     )
     .await;
     assert!(client.hosted_shards().is_empty());
-    let err = client.new_group().err().expect("a client hosts no shard");
+    let err = client.new_group().expect_err("a client hosts no shard");
     assert!(matches!(err, ClusterError::NotHosted { .. }), "{err:?}");
-    let err = client.group(rid("g-1")).err().expect("not hosted");
+    let err = client.group(rid("g-1")).expect_err("not hosted");
     assert!(matches!(err, ClusterError::NotHosted { .. }), "{err:?}");
 
     // No shard has a queue yet: waits on a missing run are bounded.
@@ -320,7 +318,7 @@ async fn a_client_refuses_what_it_cannot_do_and_its_waits_are_bounded() {
     // KV effects on a shard the caller does not host.
     let mut kv = spec("with-kv", "ok");
     kv.effects.kv_writes.insert(b"k".to_vec(), b"v".to_vec());
-    let err = client.submit(kv.clone()).await.err().expect("refused");
+    let err = client.submit(kv.clone()).await.expect_err("refused");
     assert!(matches!(err, ClusterError::NotHosted { .. }), "{err:?}");
 
     // An owner of half the shards: KV effects go through on its shards,
@@ -460,7 +458,7 @@ async fn a_dropped_submit_is_nothing_or_a_run_that_ends_once() {
                 let id = rid(&format!("{label}-sub-{n}"));
                 async move {
                     if let Some(result) = output {
-                        result.unwrap_or_else(|e| panic!("{label} n={n}: {e}"));
+                        let _ = result.unwrap_or_else(|e| panic!("{label} n={n}: {e}"));
                     }
                     let again = who
                         .submit(spec(id.as_str(), "steps:1"))
@@ -544,7 +542,7 @@ async fn a_dropped_cancel_then_cancel_again_ends_the_run_once() {
                 let id = rid(&format!("{label}-c-{n}"));
                 async move {
                     if let Some(result) = output {
-                        result.unwrap_or_else(|e| panic!("{label} n={n}: {e}"));
+                        let _ = result.unwrap_or_else(|e| panic!("{label} n={n}: {e}"));
                     }
                     let again = who
                         .cancel(&id)
@@ -651,12 +649,12 @@ async fn a_dropped_signal_then_signal_again_wakes_the_run_once() {
                         !matches!(s.state, taquba_workflow::RunState::Terminated { .. })
                     }) {
                         if keyed {
-                            client
+                            let _ = client
                                 .signal_run(&rid(&id), &format!("{id}-key"), b"p".to_vec())
                                 .await
                                 .unwrap_or_else(|e| panic!("{label} n={n}: {e}"));
                         } else {
-                            client
+                            let _ = client
                                 .signal(&format!("{id}-key"), b"p".to_vec())
                                 .await
                                 .unwrap_or_else(|e| panic!("{label} n={n}: {e}"));
@@ -851,7 +849,7 @@ async fn shutdown_twice_and_calls_after_shutdown_answer_in_time() {
     .await;
     for id in &ids {
         let end = end_of(&second, id, 120).await;
-        if id == &ids[1] && matches!(cancel, Ok(_)) {
+        if id == &ids[1] && cancel.is_ok() {
             assert!(
                 matches!(
                     end.termination.status,
