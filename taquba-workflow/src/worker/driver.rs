@@ -13,8 +13,8 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use taquba::{Claim, EnqueueResult, NackOutcome, Queue};
 use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::{Span, debug, error, warn};
 
 use crate::engine::RuntimeCore;
@@ -25,7 +25,6 @@ use crate::history::cut_to;
 use crate::hooks::guard::panic_message;
 use crate::hooks::terminal::TerminalHook;
 use crate::model::MAX_TERMINATION_ERROR_LEN;
-use crate::run::commit::detached;
 use crate::runner::StepRunner;
 use crate::store::durable::{self, DurableCurrentStep};
 use crate::store::keys::step_kv_key;
@@ -84,7 +83,14 @@ where
         slots.saturating_mul(SETTLING_PER_SLOT).max(MIN_SETTLING),
     ));
     let lease = crate::hooks::guard::claim_lease(&queue, &queue_name);
-    let mut tasks = JoinSet::new();
+    // Each claimed job runs on a task of its own (spawned, so never
+    // aborted): dropping this loop's future stops the runner calls in
+    // progress through `stop_runners`, while a settlement already under way
+    // finishes on the task that made it (see `process_and_settle`). One
+    // task per step: the settlement needs no second one.
+    let tasks = TaskTracker::new();
+    let stop_runners = CancellationToken::new();
+    let _stop_runners_on_drop = stop_runners.clone().drop_guard();
     let mut shutdown = std::pin::pin!(shutdown);
     // Maintenance runs beside the claim loop, so a slow sweep (many expired
     // runs on a remote store) never holds up claiming.
@@ -98,9 +104,6 @@ where
 
     let closed = core.store_closed.clone();
     loop {
-        while let Some(done) = tasks.try_join_next() {
-            note_task(done);
-        }
         // Wait for a runner slot and room for its settlement.
         let first = tokio::select! {
             biased;
@@ -158,6 +161,7 @@ where
         for (claim, (runner_permit, settle_permit)) in claims.into_iter().zip(permits) {
             let inner = inner.clone();
             let queue = queue.clone();
+            let stop_runners = stop_runners.clone();
             tasks.spawn(async move {
                 #[cfg(feature = "metrics")]
                 let _in_flight = crate::telemetry::metrics::InFlight::begin(&inner.core.queue_name);
@@ -170,7 +174,7 @@ where
                 // Boxed: the step's future is kilobytes (the runner's own
                 // future inside it), and a task is moved several times on
                 // its way into the scheduler; a box moves as one pointer.
-                let work = AssertUnwindSafe(Box::pin(process_and_settle(&inner, &queue, claim, runner_permit, span)));
+                let work = AssertUnwindSafe(Box::pin(process_and_settle(&inner, &queue, claim, runner_permit, span, &stop_runners)));
                 if let Err(panic) = work.catch_unwind().await {
                     // The runner's own panics are caught inside; this is the
                     // runtime's, and the claim is left to its lease.
@@ -181,9 +185,8 @@ where
         }
     }
     debug!(queue = %queue_name, in_flight = tasks.len(), "worker loop draining");
-    while let Some(done) = tasks.join_next().await {
-        note_task(done);
-    }
+    tasks.close();
+    tasks.wait().await;
     stop_maintenance.cancel();
     let periodic = maintenance.is_some();
     if let Some(maintenance) = maintenance
@@ -242,40 +245,32 @@ async fn acquire_both(
     (runner, settle)
 }
 
-fn note_task(done: std::result::Result<(), tokio::task::JoinError>) {
-    if let Err(err) = done {
-        warn!("worker task ended abnormally: {err}");
-    }
-}
-
 /// Process one claimed job and apply its settlement. Settlement failures
 /// affect this job only: a lost claim means a redelivery settles it, any
 /// other failure leaves the claim to the reaper.
 ///
-/// The settlement runs whole on a task of its own: the worker loop's tasks
-/// are aborted when the loop's future is dropped, and a settlement dropped
-/// while its commit waits for the WAL flush would leave its next step
-/// committed but never claimed (see [`crate::run::commit`]). Dropped while
-/// the runner runs, the step is delivered again once its lease expires.
+/// This runs on a spawned task that nothing aborts, so the settlement runs
+/// whole once begun: a settlement dropped while its commit waits for the
+/// WAL flush would leave its next step committed but never claimed (see
+/// [`crate::run::commit`]). `stop_runners` fires when the worker loop's
+/// future is dropped: a step whose runner (or hook) is still running is
+/// then dropped unsettled, and delivered again once its lease expires.
 async fn process_and_settle<R: StepRunner, H: TerminalHook>(
     inner: &RuntimeInner<R, H>,
     queue: &Arc<Queue>,
     claim: Claim,
     runner_permit: tokio::sync::OwnedSemaphorePermit,
     span: Span,
+    stop_runners: &CancellationToken,
 ) {
     let lease = queue.lease_handle(&claim);
-    let settlement =
-        spans::within(span.clone(), inner.process(&claim, &lease, runner_permit)).await;
+    let settlement = tokio::select! {
+        biased;
+        () = stop_runners.cancelled() => return,
+        settlement = spans::within(span.clone(), inner.process(&claim, &lease, runner_permit)) => settlement,
+    };
     spans::settling(&span, settlement.span_outcome());
-    let (core, queue) = (inner.core.clone(), queue.clone());
-    let settled = detached(spans::within(span, async move {
-        settle(&core, &queue, &claim, settlement).await;
-        Ok::<(), crate::error::Error>(())
-    }));
-    if let Err(err) = settled.await {
-        warn!("settlement task did not finish: {err}");
-    }
+    spans::within(span, settle(&inner.core, queue, &claim, settlement)).await;
 }
 
 /// Logs a settlement refused because the claim has ended. Normally its
