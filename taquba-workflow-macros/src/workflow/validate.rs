@@ -646,7 +646,7 @@ mod tests {
             quote!(),
             quote!(impl Order {
                 #[step(start)]
-                fn a(&mut self, #[serde(default)] id: String, n: &mut u32) -> Result<Transition<OrderStep>, StepError> {}
+                fn a(&mut self, #[serde(rename = "x")] id: String, n: &mut u32) -> Result<Transition<OrderStep>, StepError> {}
                 #[step]
                 async fn b(me: Self, ctx: &StepContext<'_>) {}
             }),

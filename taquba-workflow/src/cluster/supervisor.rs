@@ -255,17 +255,8 @@ where
             if desired.contains(&shard) {
                 continue;
             }
-            if let Some(local) = self.inner.hosted.remove(shard) {
-                info!(shard, node = %node, "handing the shard over to the member that should hold it");
-                note(&node, self.inner.hosted.list().len(), Some("handed_over"));
-                self.pending.spawn(release(
-                    self.inner.store.clone(),
-                    self.inner.root.clone(),
-                    node.clone(),
-                    local,
-                    self.options.drain,
-                ));
-            }
+            info!(shard, node = %node, "handing the shard over to the member that should hold it");
+            self.start_handover(shard);
         }
 
         // The first round only beats and looks: processes starting together
@@ -348,20 +339,27 @@ where
     /// A clean stop: hand every hosted shard over and release its lease,
     /// all at once, and wait for the handovers in progress.
     async fn leave(&mut self) {
-        let node = self.inner.node.clone();
         for shard in self.inner.hosted.list() {
-            if let Some(local) = self.inner.hosted.remove(shard) {
-                note(&node, self.inner.hosted.list().len(), Some("handed_over"));
-                self.pending.spawn(release(
-                    self.inner.store.clone(),
-                    self.inner.root.clone(),
-                    node.clone(),
-                    local,
-                    self.options.drain,
-                ));
-            }
+            self.start_handover(shard);
         }
         while self.pending.join_next().await.is_some() {}
+    }
+
+    /// Take `shard` out of the hosted table and hand it over on a task of
+    /// its own (drain, close, release its lease).
+    fn start_handover(&mut self, shard: u32) {
+        let Some(local) = self.inner.hosted.remove(shard) else {
+            return;
+        };
+        let node = self.inner.node.clone();
+        note(&node, self.inner.hosted.list().len(), Some("handed_over"));
+        self.pending.spawn(release(
+            self.inner.store.clone(),
+            self.inner.root.clone(),
+            node,
+            local,
+            self.options.drain,
+        ));
     }
 }
 
