@@ -54,9 +54,17 @@ struct State {
     failing_since: Option<Instant>,
 }
 
-/// An object store whose outages end in an error after `budget` (see the
-/// [module documentation](self)). Open the queue, and build the runtime,
-/// on the guard instead of the store. Cheap to clone; clones share the
+/// An object store whose outages end in an error after a budget. SlateDB
+/// retries a failed call forever; once every call of the wrapped store has
+/// failed for longer than the budget (a run of transient failures with no
+/// success between them, on the monotonic clock; answers such as "not
+/// found" do not count), the next failure is answered as `NotSupported`
+/// carrying [`OutageExceeded`], which SlateDB does not retry: the queue's
+/// writes fail, the runtime reports
+/// [`Error::StoreOutage`](crate::Error::StoreOutage) and its worker stops,
+/// and a queue reopened once the store is back resumes every run. Open the
+/// queue, and build the runtime, on the guard instead of the store
+/// (docs/storage.md, "Storage outages"). Cheap to clone; clones share the
 /// outage's state.
 #[derive(Clone)]
 pub struct OutageGuard {
