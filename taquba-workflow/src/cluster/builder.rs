@@ -10,7 +10,7 @@ use taquba::object_store::ObjectStore;
 use tokio_util::sync::CancellationToken;
 
 use super::ClusterError;
-use super::host::{ConfigureFn, Hosted, OpenOptionsFn, ShardFactory};
+use super::host::{ConfigureFn, HostedShards, OpenOptionsFn, ShardFactory};
 use super::ownership::StaticOwnership;
 use super::record::ClusterRecord;
 use super::remote::Remote;
@@ -262,7 +262,7 @@ where
             store: self.store,
             node,
             factory,
-            hosted: Hosted::default(),
+            hosted: HostedShards::default(),
             remote,
             ownership: self.ownership,
             stop: CancellationToken::new(),

@@ -128,11 +128,11 @@ where
 
 /// The table of hosted shards. A call takes a shard's runtime out of it
 /// (a clone) and never holds the lock across an await.
-pub(crate) struct Hosted<R, H> {
+pub(crate) struct HostedShards<R, H> {
     shards: RwLock<BTreeMap<u32, Arc<LocalShard<R, H>>>>,
 }
 
-impl<R, H> Default for Hosted<R, H> {
+impl<R, H> Default for HostedShards<R, H> {
     fn default() -> Self {
         Self {
             shards: RwLock::new(BTreeMap::new()),
@@ -140,7 +140,7 @@ impl<R, H> Default for Hosted<R, H> {
     }
 }
 
-impl<R, H> Hosted<R, H> {
+impl<R, H> HostedShards<R, H> {
     pub(crate) fn get(&self, shard: u32) -> Option<Arc<LocalShard<R, H>>> {
         self.shards
             .read()

@@ -15,9 +15,10 @@ use tracing::warn;
 
 use super::ClusterError;
 use super::builder::Ownership;
-use super::host::{Hosted, LocalShard, ShardFactory};
+use super::host::{HostedShards, LocalShard, ShardFactory};
 use super::record::ClusterRecord;
 use super::remote::Remote;
+use super::view::DEFAULT_SHARD_CONCURRENCY;
 use crate::coordination::signal::SignalOutcome;
 use crate::error::Error;
 use crate::hooks::terminal::TerminalHook;
@@ -68,7 +69,7 @@ pub(crate) struct ClusterInner<R, H> {
     pub(crate) store: Arc<dyn ObjectStore>,
     pub(crate) node: String,
     pub(crate) factory: ShardFactory<R, H>,
-    pub(crate) hosted: Hosted<R, H>,
+    pub(crate) hosted: HostedShards<R, H>,
     pub(crate) remote: Remote,
     pub(crate) ownership: Ownership,
     pub(crate) stop: CancellationToken,
@@ -526,17 +527,22 @@ where
         if !super::view::is_member_run_id(run_id) {
             return Ok(home);
         }
-        let found = super::view::locate(self.views().await?, home, run_id, 16)
-            .await
-            .map_err(|(_, err)| ClusterError::Runtime(err))?;
+        let found =
+            super::view::locate(self.views().await?, home, run_id, DEFAULT_SHARD_CONCURRENCY)
+                .await
+                .map_err(|(_, err)| ClusterError::Runtime(err))?;
         Ok(found.unwrap_or(home))
     }
 
     /// The lowest shard with a waiter registered on `correlation_key`.
     async fn waiter_shard(&self, correlation_key: &str) -> Result<Option<u32>, ClusterError> {
-        super::view::waiter_shard(self.views().await?, correlation_key, 16)
-            .await
-            .map_err(|(_, err)| ClusterError::Runtime(err))
+        super::view::waiter_shard(
+            self.views().await?,
+            correlation_key,
+            DEFAULT_SHARD_CONCURRENCY,
+        )
+        .await
+        .map_err(|(_, err)| ClusterError::Runtime(err))
     }
 
     /// The view of shard `shard`: the hosted runtime's, else a reader's

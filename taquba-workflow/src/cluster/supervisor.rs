@@ -218,31 +218,44 @@ where
             let ended = local.ended().await;
             drop(local);
             if !ours || ended.is_some() {
-                if let Some(local) = self.inner.hosted.remove(shard) {
-                    match (&ended, ours) {
-                        (Some(Ended::Outage(outage)), true) => warn!(
-                            shard,
-                            node = %node,
-                            "the shard's store ran past its outage budget; its lease is released and the shard hosted again: {outage}"
-                        ),
-                        _ => error!(
-                            shard,
-                            node = %node,
-                            epoch,
-                            holder = ?record.holder,
-                            lease_epoch = record.epoch,
-                            "fenced out of the shard: another process took it; nothing more is committed here"
-                        ),
-                    }
-                    note(&node, self.inner.hosted.list().len(), Some("fenced"));
+                let Some(local) = self.inner.hosted.remove(shard) else {
+                    continue;
+                };
+                note(&node, self.inner.hosted.list().len(), Some("fenced"));
+                if !ours {
+                    error!(
+                        shard,
+                        node = %node,
+                        epoch,
+                        holder = ?record.holder,
+                        lease_epoch = record.epoch,
+                        "fenced out of the shard: another process took it; nothing more is committed here"
+                    );
                     self.pending.spawn(drop_fenced(local));
+                    continue;
                 }
-                if ours {
-                    // The worker ended under a lease still ours: let the
-                    // shard go so that a process that can open it does.
-                    let lease = self.lease(shard).await?;
-                    lease.release(&node, epoch).await?;
+                match &ended {
+                    Some(Ended::Outage(outage)) => warn!(
+                        shard,
+                        node = %node,
+                        "the shard's store ran past its outage budget; its lease is released and the shard hosted again: {outage}"
+                    ),
+                    _ => error!(
+                        shard,
+                        node = %node,
+                        reason = ?ended.as_ref().map(|ended| match ended {
+                            Ended::Fenced(reason) => reason.as_str(),
+                            Ended::Outage(_) => "outage",
+                        }),
+                        "the shard's worker ended under a lease still ours; the lease is released"
+                    ),
                 }
+                // The worker ended under a lease still ours: close the queue
+                // first, then let the shard go, so that a process that can
+                // open it does (the order of a handover).
+                drop_fenced(local).await;
+                let lease = self.lease(shard).await?;
+                lease.release(&node, epoch).await?;
             }
         }
 
