@@ -197,6 +197,16 @@ where
     /// second ownership round on (so that processes starting together see
     /// each other first).
     ///
+    /// # Cancel safety
+    ///
+    /// The cluster record is one create-if-absent put (absent or whole).
+    /// Dropped while static shards are being opened, the shards opened so
+    /// far keep their worker loops with no handle to stop them, until
+    /// another open of their queues fences them (a later `start` in this
+    /// process does, and they stop at their next write): nothing committed
+    /// is lost, but await `start` where the process must not serve those
+    /// shards meanwhile.
+    ///
     /// # Errors
     /// [`ClusterError::NoCluster`] without a cluster at the root and no
     /// shard count; [`ClusterError::InvalidOwnership`] for a node id that
