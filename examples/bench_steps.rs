@@ -27,6 +27,7 @@ use taquba_workflow::{
     GroupMember, NoopTerminalHook, RunOptions, RunSpec, Step, StepError, StepOutcome, StepRunner,
     WorkflowRuntime,
 };
+use taquba_workflow_suite::measure::calls::CountingStore;
 use taquba_workflow_suite::measure::{cpu_micros, rss_kib};
 
 #[derive(Parser, Debug, Clone)]
@@ -57,7 +58,8 @@ struct Args {
     /// `shaped100`, `rt16`, `rt100`, `defaults`, `replay`, `memo`,
     /// `history` (interleaved pairs with run history off and on),
     /// `submit_wait` (runs timed from their submission to their result),
-    /// `jobs`, `group`, `raw_group` (a group member's
+    /// `jobs`, `calls` (object-store calls per step and per job, by
+    /// operation and path), `group`, `raw_group` (a group member's
     /// transactions straight on the queue), `latency` (sequential submits) or
     /// `goals` (the goal rows, interleaved, in memory and on a
     /// directory). A case with a
@@ -136,8 +138,15 @@ impl StoreKind {
 struct Opened {
     queue: Arc<Queue>,
     store: Arc<dyn ObjectStore>,
-    _dir: Option<tempfile::TempDir>,
 }
+
+/// The temporary directories of the stores opened so far, removed when the
+/// benchmark ends rather than when their round does: on ext4, creating a
+/// file or directory soon after many were deleted costs time in proportion
+/// to them (the allocator skips recently deleted inodes, `recently_deleted`
+/// in a profile), so a round that followed the removal of the last one's
+/// thousands of files would pay for it and be measured slower than it is.
+static KEPT_DIRS: std::sync::Mutex<Vec<tempfile::TempDir>> = std::sync::Mutex::new(Vec::new());
 
 async fn open(kind: StoreKind) -> Opened {
     let (store, dir): (Arc<dyn ObjectStore>, _) = match kind {
@@ -150,14 +159,17 @@ async fn open(kind: StoreKind) -> Opened {
             )
         }
     };
+    let store = counted(store);
     let options = OpenOptions::default().flush_interval(Duration::from_secs_f64(flush_ms() / 1e3));
     let queue = Queue::open_with_options(store.clone(), "bench", options)
         .await
         .expect("open");
+    if let Some(dir) = dir {
+        KEPT_DIRS.lock().expect("lock").push(dir);
+    }
     Opened {
         queue: Arc::new(queue),
         store,
-        _dir: dir,
     }
 }
 
@@ -870,6 +882,61 @@ async fn latency_rows(kind: StoreKind, args: &Args) -> (Latency, Latency) {
 /// (`--flush-ms`, set once at start).
 static FLUSH: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
 
+/// The counting store of the last store opened, while `calls` counts.
+static COUNTING: std::sync::Mutex<Option<CountingStore>> = std::sync::Mutex::new(None);
+/// Whether stores are opened behind a [`CountingStore`].
+static COUNT: AtomicBool = AtomicBool::new(false);
+
+/// `store`, behind a [`CountingStore`] (kept in [`COUNTING`]) while the
+/// `calls` case counts.
+fn counted(store: Arc<dyn ObjectStore>) -> Arc<dyn ObjectStore> {
+    if !COUNT.load(Ordering::Relaxed) {
+        return store;
+    }
+    let counting = CountingStore::new(store);
+    *COUNTING.lock().expect("lock") = Some(counting.clone());
+    Arc::new(counting)
+}
+
+/// Print the calls the last store opened counted, per `unit` of `count`.
+fn print_calls(label: &str, count: u64, unit: &str) {
+    let counting = COUNTING
+        .lock()
+        .expect("lock")
+        .take()
+        .expect("a counted store");
+    let calls = counting.counts();
+    let total: u64 = calls.values().sum();
+    println!(
+        "{label}: {:.2} store calls per {unit} ({total} for {count})",
+        total as f64 / count as f64
+    );
+    for ((kind, op), n) in calls {
+        println!(
+            "  {:<8} {:<28} {:>9.3} per {unit}",
+            op,
+            if kind.is_empty() { "(root)" } else { &kind },
+            n as f64 / count as f64
+        );
+    }
+}
+
+/// The object-store calls of one step (raw loop, runtime at its defaults)
+/// and one typed job, counted by operation and path kind.
+async fn calls(kind: StoreKind, args: &Args) {
+    COUNT.store(true, Ordering::Relaxed);
+    let steps = args.runs as u64 * u64::from(args.steps);
+    raw_loop_once(kind, args, 100, false).await;
+    print_calls("raw taquba loop, 100 in flight", steps, "step");
+    raw_loop_once(kind, args, 100, true).await;
+    print_calls("raw loop with the runtime's shape", steps, "step");
+    runtime_steps_once(kind, args, RuntimeCase::plain(None)).await;
+    print_calls("runtime, defaults", steps, "step");
+    jobs_per_sec(kind, args).await;
+    print_calls("typed jobs", args.jobs as u64, "job");
+    COUNT.store(false, Ordering::Relaxed);
+}
+
 fn flush_ms() -> f64 {
     *FLUSH.get().unwrap_or(&1.0)
 }
@@ -989,7 +1056,11 @@ fn row(label: &str, figure: Figure, baseline: Option<Figure>) {
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
-    let args = Args::parse();
+    bench(Args::parse()).await;
+    KEPT_DIRS.lock().expect("lock").clear();
+}
+
+async fn bench(args: Args) {
     FLUSH.set(args.flush_ms).expect("set once");
     println!(
         "{} runs x {} steps, runner continues at once, {} ms WAL flush; CPU = process user+system time (getrusage); median of {}",
@@ -1089,6 +1160,10 @@ async fn main() {
             }
             "goals" => {
                 goals(&args).await;
+                return;
+            }
+            "calls" => {
+                calls(kind, &args).await;
                 return;
             }
             "group" => group_members(kind, args.jobs, false).await.0,

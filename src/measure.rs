@@ -31,3 +31,190 @@ pub fn rss_kib() -> u64 {
         })
         .unwrap_or(0)
 }
+
+/// Object-store calls counted by [`CountingStore`]: one counter per
+/// operation and per kind of path.
+pub mod calls {
+    use std::collections::BTreeMap;
+    use std::fmt;
+    use std::ops::Range;
+    use std::sync::{Arc, Mutex, PoisonError};
+
+    use async_trait::async_trait;
+    use bytes::Bytes;
+    use futures_util::stream::{BoxStream, StreamExt};
+    use taquba::object_store::path::Path;
+    use taquba::object_store::{
+        self, CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta,
+        ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult,
+    };
+
+    /// An [`ObjectStore`] that passes every call to the store it wraps and
+    /// counts it by operation (`put`, `get`, `head`, `list`, `delete`,
+    /// `copy`) and by the path's kind: its components up to the first one
+    /// that looks like an id or a file name (`bench/wal`,
+    /// `bench/compacted`, `inbox`). It displays as the store it wraps, so
+    /// a runtime still recognizes a wrapped `LocalFileSystem` as a local
+    /// directory (whose inbox reads then go to the file system directly and
+    /// are not counted here).
+    #[derive(Clone)]
+    pub struct CountingStore {
+        inner: Arc<dyn ObjectStore>,
+        counts: Arc<Mutex<BTreeMap<(String, &'static str), u64>>>,
+    }
+
+    impl CountingStore {
+        /// Wrap `inner`, every counter at 0.
+        pub fn new(inner: Arc<dyn ObjectStore>) -> Self {
+            Self {
+                inner,
+                counts: Arc::default(),
+            }
+        }
+
+        /// The calls so far: `(path kind, operation) → count`.
+        pub fn counts(&self) -> BTreeMap<(String, &'static str), u64> {
+            self.counts
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone()
+        }
+
+        /// Set every counter back to 0.
+        pub fn reset(&self) {
+            self.counts
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clear();
+        }
+
+        fn note(&self, op: &'static str, path: Option<&Path>) {
+            let kind = path.map_or_else(String::new, kind_of);
+            *self
+                .counts
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry((kind, op))
+                .or_default() += 1;
+        }
+    }
+
+    /// A path's kind: its leading components while they look like names
+    /// (letters, `-`, `_`), at most three.
+    fn kind_of(path: &Path) -> String {
+        path.parts()
+            .map(|part| part.as_ref().to_string())
+            .take_while(|part| {
+                !part.is_empty()
+                    && part
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c == '-' || c == '_')
+            })
+            .take(3)
+            .collect::<Vec<_>>()
+            .join("/")
+    }
+
+    impl fmt::Debug for CountingStore {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            fmt::Debug::fmt(&self.inner, f)
+        }
+    }
+
+    impl fmt::Display for CountingStore {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            fmt::Display::fmt(&self.inner, f)
+        }
+    }
+
+    #[async_trait]
+    impl ObjectStore for CountingStore {
+        async fn put_opts(
+            &self,
+            location: &Path,
+            payload: PutPayload,
+            opts: PutOptions,
+        ) -> object_store::Result<PutResult> {
+            self.note("put", Some(location));
+            self.inner.put_opts(location, payload, opts).await
+        }
+
+        async fn put_multipart_opts(
+            &self,
+            location: &Path,
+            opts: PutMultipartOptions,
+        ) -> object_store::Result<Box<dyn MultipartUpload>> {
+            self.note("put", Some(location));
+            self.inner.put_multipart_opts(location, opts).await
+        }
+
+        async fn get_opts(
+            &self,
+            location: &Path,
+            options: GetOptions,
+        ) -> object_store::Result<GetResult> {
+            self.note(if options.head { "head" } else { "get" }, Some(location));
+            self.inner.get_opts(location, options).await
+        }
+
+        async fn get_ranges(
+            &self,
+            location: &Path,
+            ranges: &[Range<u64>],
+        ) -> object_store::Result<Vec<Bytes>> {
+            self.note("get", Some(location));
+            self.inner.get_ranges(location, ranges).await
+        }
+
+        fn delete_stream(
+            &self,
+            locations: BoxStream<'static, object_store::Result<Path>>,
+        ) -> BoxStream<'static, object_store::Result<Path>> {
+            let this = self.clone();
+            let counted = locations
+                .map(move |location| {
+                    if let Ok(path) = &location {
+                        this.note("delete", Some(path));
+                    }
+                    location
+                })
+                .boxed();
+            self.inner.delete_stream(counted)
+        }
+
+        fn list(
+            &self,
+            prefix: Option<&Path>,
+        ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+            self.note("list", prefix);
+            self.inner.list(prefix)
+        }
+
+        fn list_with_offset(
+            &self,
+            prefix: Option<&Path>,
+            offset: &Path,
+        ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+            self.note("list", prefix);
+            self.inner.list_with_offset(prefix, offset)
+        }
+
+        async fn list_with_delimiter(
+            &self,
+            prefix: Option<&Path>,
+        ) -> object_store::Result<ListResult> {
+            self.note("list", prefix);
+            self.inner.list_with_delimiter(prefix).await
+        }
+
+        async fn copy_opts(
+            &self,
+            from: &Path,
+            to: &Path,
+            options: CopyOptions,
+        ) -> object_store::Result<()> {
+            self.note("copy", Some(to));
+            self.inner.copy_opts(from, to, options).await
+        }
+    }
+}
