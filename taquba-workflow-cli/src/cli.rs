@@ -229,6 +229,44 @@ pub enum RunsCommand {
         #[command(flatten)]
         send: SendArgs,
     },
+    /// Start a new run (a new id, linked to this one) from a recorded step
+    /// of an ended run, with the payload that step was delivered with; the
+    /// steps before it are not run again.
+    Fork {
+        /// The ended run.
+        #[arg(value_parser = parse_run_id)]
+        id: RunId,
+        /// The step the new run starts from.
+        #[arg(long, value_name = "N")]
+        from_step: u32,
+        #[command(flatten)]
+        fork: ForkArgs,
+    },
+    /// Start an ended run again from step 0 under a new id (the fork from
+    /// step 0).
+    Restart {
+        /// The ended run.
+        #[arg(value_parser = parse_run_id)]
+        id: RunId,
+        #[command(flatten)]
+        fork: ForkArgs,
+    },
+}
+
+/// The options of `runs fork` and `runs restart`.
+#[derive(Debug, Args)]
+pub struct ForkArgs {
+    /// The new run's id (default: the command's id, a ULID). Sending the
+    /// same fork again under the same id makes no second run.
+    #[arg(long, value_name = "ID", value_parser = parse_run_id)]
+    pub run_id: Option<RunId>,
+    /// Cancel the run first when it is still active, and wait for it to
+    /// end (within --wait-timeout); without it an active run is refused.
+    #[arg(long)]
+    pub cancel: bool,
+    /// How the command reaches the store.
+    #[command(flatten)]
+    pub send: SendArgs,
 }
 
 /// `runs list` filters.
