@@ -597,7 +597,10 @@ async fn an_ended_run_is_forked_and_restarted_from_the_dashboard() {
     page_with(&ui, &path, "badge b-applied")
         .await
         .has(&["started from step 2 of run ui-fork"]);
-    let fork = taquba_workflow::RunId::new(path.trim_start_matches("/commands/")).unwrap();
+    // The owner names the fork by the command's id.
+    let command = path.trim_start_matches("/commands/");
+    let command = command.split('?').next().unwrap_or(command);
+    let fork = taquba_workflow::RunId::new(command).unwrap();
     let end = owner.wait(&fork).await;
     assert_eq!(end.termination.status.as_str(), "succeeded");
     page_with(&ui, &format!("/runs/{fork}"), "badge b-succeeded")

@@ -721,7 +721,10 @@ mod tests {
             RecordedInput::from_parts(b"x", true, "01OFF", 5),
         );
         let entries = decode_entries(&pending.entries);
-        assert_eq!(entries[0].payload.as_ref().map(|p| p.as_slice()), Some(&b"small"[..]));
+        assert_eq!(
+            entries[0].payload.as_ref().map(|p| p.as_slice()),
+            Some(&b"small"[..])
+        );
         assert_eq!(entries[0].job_id, None);
         assert_eq!(entries[1].payload, None);
         assert_eq!(entries[1].job_id.as_deref(), Some("01JOB"));
