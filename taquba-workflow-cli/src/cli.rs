@@ -13,7 +13,7 @@ use taquba_workflow::RunId;
 ///
 /// Reads never take the store over: they go through a read-only
 /// `taquba::QueueReader`, which sees what the owning process flushed.
-/// Changes (cancel, signal, requeue) are sent to the owning process as
+/// Changes (cancel, signal, requeue, fork, restart) are sent to the owning process as
 /// commands in the store's inbox; `--offline` applies them directly to a
 /// store no process owns.
 ///

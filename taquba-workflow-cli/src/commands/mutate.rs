@@ -1,5 +1,5 @@
 //! The commands that change a store: `runs cancel`, `runs signal`, `runs
-//! requeue`. Each checks what it can first (the run exists and the command
+//! requeue`, `runs fork` and `runs restart`. Each checks what it can first (the run exists and the command
 //! applies to it), says what it will do, then sends an inbox command to the
 //! owning process, or with `--offline` applies it itself ([`offline`]);
 //! `--wait` polls the command's state until the owner applied it and prints

@@ -1,4 +1,4 @@
-//! Changes: `runs cancel|signal|requeue` sent through the inbox to a live
+//! Changes: `runs cancel|signal|requeue|fork|restart` sent through the inbox to a live
 //! owner, `commands describe`, and `--offline` on a copied store.
 
 use std::sync::atomic::Ordering;
