@@ -351,7 +351,8 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// numbers (its first step is `from_step`), so a runner that looks at
     /// [`Step::step_number`](crate::Step::step_number) sees what it saw.
     /// The submitter's headers carry over (from the original's recorded
-    /// outcome); the priority and attempt limit are the queue's defaults;
+    /// outcome; none for a run that ended without a worker settling it, a
+    /// cancelled waiting step or a reconciled dead letter); the priority and attempt limit are the queue's defaults;
     /// a group membership, a job's idempotency key and a `run_at` do not
     /// carry over (the fork is a plain run). The original is left as it
     /// was. Returns the new run and its first step job

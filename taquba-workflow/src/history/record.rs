@@ -701,7 +701,14 @@ mod tests {
         );
         let bytes = durable::encode(&entry);
         assert!(bytes.len() <= 56, "{} bytes", bytes.len());
-        assert_eq!(decode_entries(&bytes), vec![entry]);
+        assert_eq!(decode_entries(&bytes), vec![entry.clone()]);
+        // Its input costs 4 bytes beside the payload's own.
+        let payload = [1u8; 16];
+        let with_input = entry.with_input(RecordedInput::Payload(&payload));
+        let mut pending = PendingHistory::default();
+        pending.push(&with_input);
+        assert_eq!(pending.entries.len(), bytes.len() + 4 + payload.len());
+        assert_eq!(decode_entries(&pending.entries), vec![with_input]);
     }
 
     #[test]
