@@ -523,3 +523,108 @@ fn a_changed_field_resumes_with_its_default_or_fails_naming_the_field() {
         worker.shutdown().await.expect("worker stops");
     });
 }
+
+/// A workflow whose second step has a bug until it is fixed: `fetch`
+/// counts its calls, `charge` fails while [`fixed::BROKEN`] is set.
+mod fixed {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    use taquba_workflow::workflows::Transition;
+    use taquba_workflow::{StepError, workflow};
+
+    pub static BROKEN: AtomicBool = AtomicBool::new(true);
+    pub static FETCHES: AtomicUsize = AtomicUsize::new(0);
+    pub static CHARGES: AtomicUsize = AtomicUsize::new(0);
+
+    /// Fetches an amount, then charges it.
+    #[derive(Default)]
+    pub struct Billing;
+
+    #[workflow(name = "billing", output = String, vis = pub)]
+    impl Billing {
+        #[step(start)]
+        async fn fetch(order: u32) -> Result<Transition<BillingStep>, StepError> {
+            FETCHES.fetch_add(1, Ordering::SeqCst);
+            Ok(Transition::next(BillingStep::Charge {
+                order,
+                cents: order * 100,
+            }))
+        }
+
+        #[step]
+        async fn charge(order: u32, cents: u32) -> Result<Transition<BillingStep>, StepError> {
+            CHARGES.fetch_add(1, Ordering::SeqCst);
+            if BROKEN.load(Ordering::SeqCst) {
+                return Err(StepError::permanent("charge: a bug"));
+            }
+            Ok(Transition::done(format!("charged order {order}: {cents}")))
+        }
+    }
+}
+
+/// A `#[workflow]` run that failed at `charge` is forked from that step
+/// once the bug is fixed: `fetch` is not run again and `charge` gets the
+/// step's fields as stored; a restart runs `fetch` again.
+#[test]
+fn a_workflow_run_forks_from_its_failed_step_with_the_stored_fields() {
+    use std::sync::atomic::Ordering;
+    use taquba_workflow::ForkOptions;
+
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    process().block_on(async {
+        let rt = runtime(&store, fixed::Billing).await;
+        let worker = rt.spawn(std::future::pending::<()>());
+        let run = rt
+            .start(fixed::BillingInput { order: 7 })
+            .await
+            .expect("starts");
+        let failed = tokio::time::timeout(Duration::from_secs(10), run.wait())
+            .await
+            .expect("the run ends")
+            .expect("the run is read");
+        assert!(failed.is_err(), "{failed:?}");
+        assert_eq!(fixed::FETCHES.load(Ordering::SeqCst), 1);
+
+        fixed::BROKEN.store(false, Ordering::SeqCst);
+        let fork = rt
+            .fork(run.id(), 1, ForkOptions::new())
+            .await
+            .expect("forks");
+        let result = tokio::time::timeout(
+            Duration::from_secs(10),
+            rt.workflow_run::<fixed::Billing>(fork.run_id.clone())
+                .wait(),
+        )
+        .await
+        .expect("the fork ends")
+        .expect("the fork is read");
+        assert_eq!(result.expect("succeeds"), "charged order 7: 700");
+        assert_eq!(fixed::FETCHES.load(Ordering::SeqCst), 1, "fetch ran again");
+        assert_eq!(fixed::CHARGES.load(Ordering::SeqCst), 2);
+        let details = rt
+            .view()
+            .run(&fork.run_id)
+            .await
+            .expect("read")
+            .expect("known");
+        assert_eq!(details.workflow.as_deref(), Some("billing"));
+        assert_eq!(details.step_name.as_deref(), Some("charge"));
+        let link = details.forked_from.expect("linked");
+        assert_eq!((&link.run_id, link.step), (run.id(), 1));
+
+        let restart = rt
+            .restart(run.id(), ForkOptions::new())
+            .await
+            .expect("restarts");
+        let result = tokio::time::timeout(
+            Duration::from_secs(10),
+            rt.workflow_run::<fixed::Billing>(restart.run_id).wait(),
+        )
+        .await
+        .expect("the restart ends")
+        .expect("the restart is read");
+        assert_eq!(result.expect("succeeds"), "charged order 7: 700");
+        assert_eq!(fixed::FETCHES.load(Ordering::SeqCst), 2);
+        worker.shutdown().await.expect("worker stops");
+    });
+}

@@ -13,7 +13,7 @@ use taquba_workflow::RunId;
 ///
 /// Reads never take the store over: they go through a read-only
 /// `taquba::QueueReader`, which sees what the owning process flushed.
-/// Changes (cancel, signal, requeue) are sent to the owning process as
+/// Changes (cancel, signal, requeue, fork, restart) are sent to the owning process as
 /// commands in the store's inbox; `--offline` applies them directly to a
 /// store no process owns.
 ///
@@ -229,6 +229,44 @@ pub enum RunsCommand {
         #[command(flatten)]
         send: SendArgs,
     },
+    /// Start a new run (a new id, linked to this one) from a recorded step
+    /// of an ended run, with the payload that step was delivered with; the
+    /// steps before it are not run again.
+    Fork {
+        /// The ended run.
+        #[arg(value_parser = parse_run_id)]
+        id: RunId,
+        /// The step the new run starts from.
+        #[arg(long, value_name = "N")]
+        from_step: u32,
+        #[command(flatten)]
+        fork: ForkArgs,
+    },
+    /// Start an ended run again from step 0 under a new id (the fork from
+    /// step 0).
+    Restart {
+        /// The ended run.
+        #[arg(value_parser = parse_run_id)]
+        id: RunId,
+        #[command(flatten)]
+        fork: ForkArgs,
+    },
+}
+
+/// The options of `runs fork` and `runs restart`.
+#[derive(Debug, Args)]
+pub struct ForkArgs {
+    /// The new run's id (default: the command's id, a ULID). Sending the
+    /// same fork again under the same id makes no second run.
+    #[arg(long, value_name = "ID", value_parser = parse_run_id)]
+    pub run_id: Option<RunId>,
+    /// Cancel the run first when it is still active, and wait for it to
+    /// end (within --wait-timeout); without it an active run is refused.
+    #[arg(long)]
+    pub cancel: bool,
+    /// How the command reaches the store.
+    #[command(flatten)]
+    pub send: SendArgs,
 }
 
 /// `runs list` filters.

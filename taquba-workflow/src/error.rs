@@ -214,6 +214,31 @@ pub enum Error {
     /// requeue of a run that did not fail by a dead letter.
     #[error("command refused: {0}")]
     CommandRefused(String),
+    /// A fork or restart ([`WorkflowRuntime::fork`](crate::WorkflowRuntime::fork))
+    /// of a run that is still active, without
+    /// [`ForkOptions::cancel_active`](crate::ForkOptions::cancel_active):
+    /// cancel it first, or ask the fork to.
+    #[error(
+        "run `{0}` is active; cancel it first (or fork with cancel_active) to fork or restart it"
+    )]
+    RunActive(RunId),
+    /// A step a fork would start from cannot be forked (the message names
+    /// the run, the step and why: an unknown run, a step the run never
+    /// reached, or a step whose input is no longer recorded).
+    #[error("step {step} of run `{run_id}` can no longer be forked: {reason}")]
+    StepNotForkable {
+        /// The run.
+        run_id: RunId,
+        /// The step.
+        step: u32,
+        /// Why it cannot be forked.
+        reason: String,
+    },
+    /// A fork's [`ForkOptions::run_id`](crate::ForkOptions::run_id) is the
+    /// id of a run that is not that fork (another run, or a fork of
+    /// another run or step).
+    #[error("run id `{0}` is taken by a run that is not this fork")]
+    ForkRunIdTaken(RunId),
 }
 
 impl From<taquba::Error> for Error {

@@ -114,6 +114,7 @@ pub mod cluster;
 mod coordination;
 mod engine;
 mod error;
+mod fork;
 mod generated;
 pub mod history;
 mod hooks;
@@ -140,6 +141,7 @@ pub use coordination::group::RunGroup;
 pub use coordination::members::{GroupMember, GroupStatus, MemberResult};
 pub use coordination::signal::SignalOutcome;
 pub use error::{Error, Result};
+pub use fork::{ForkOptions, ForkedFrom};
 pub use hooks::terminal::{NoopTerminalHook, TerminalHook};
 pub use model::{
     RunEnd, RunOptions, RunOutcome, RunSpec, RunState, RunStatus, RunTermination, StepError,

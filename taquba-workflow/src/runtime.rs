@@ -15,6 +15,7 @@ use crate::coordination::signal::SignalOutcome;
 use crate::engine::inner::RuntimeInner;
 use crate::engine::{OpsSettings, RuntimeCore, Settings};
 use crate::error::Result;
+use crate::fork::ForkOptions;
 use crate::history::DEFAULT_HISTORY_LIMIT;
 use crate::history::naming::{Naming, runner_label};
 use crate::hooks::guard::{self, MAX_HOOK_TIMEOUT, default_hook_timeout};
@@ -91,6 +92,7 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
             clock: None,
             hook_timeout: None,
             history_limit: DEFAULT_HISTORY_LIMIT,
+            step_input_limit: crate::history::DEFAULT_STEP_INPUT_LIMIT,
             command_retention: DEFAULT_COMMAND_RETENTION,
             naming: Naming::default(),
             runner_label: None,
@@ -339,6 +341,67 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
         })
     }
 
+    /// Start a new run from step `from_step` of the ended run `run_id`:
+    /// a new id (a ULID, or [`ForkOptions::run_id`]) linked to the
+    /// original ([`RunDetails::forked_from`](crate::view::RunDetails::forked_from)),
+    /// whose first step is step `from_step` with the payload it was
+    /// delivered with ([`WorkflowView::step_input`]: from the step's
+    /// history entry, else its job while the queue keeps it). The steps
+    /// before it are not run again; the new run's steps keep the original's
+    /// numbers (its first step is `from_step`), so a runner that looks at
+    /// [`Step::step_number`](crate::Step::step_number) sees what it saw.
+    /// The submitter's headers carry over (from the original's recorded
+    /// outcome; none for a run that ended without a worker settling it, a
+    /// cancelled waiting step or a reconciled dead letter); the priority and attempt limit are the queue's defaults;
+    /// a group membership, a job's idempotency key and a `run_at` do not
+    /// carry over (the fork is a plain run). The original is left as it
+    /// was. Returns the new run and its first step job
+    /// (`newly_submitted: false` for a retried fork under the same
+    /// [`ForkOptions::run_id`], which answers the fork already made).
+    ///
+    /// # Cancel safety
+    ///
+    /// Runs whole on a task of its own
+    /// ([cancel safety](crate#cancel-safety)). Dropped at any await, the
+    /// fork is made as if the call had been awaited, or nothing was
+    /// committed (with [`ForkOptions::cancel_active`], the original may be
+    /// cancelled without the fork being made: call again with the same
+    /// [`ForkOptions::run_id`]).
+    ///
+    /// # Errors
+    /// - [`Error::RunActive`](crate::Error::RunActive): the original has
+    ///   not ended, and [`ForkOptions::cancel_active`] is not set.
+    /// - [`Error::StepNotForkable`](crate::Error::StepNotForkable) naming
+    ///   the run and step: an unknown run, a step it never reached, or a
+    ///   step whose input is no longer recorded (see
+    ///   [`WorkflowView::step_input`]).
+    /// - [`Error::ForkRunIdTaken`](crate::Error::ForkRunIdTaken): the given
+    ///   run id names a run that is not this fork.
+    /// - Storage errors; [`Error::RuntimeShutdown`](crate::Error::RuntimeShutdown).
+    pub async fn fork(
+        &self,
+        run_id: &RunId,
+        from_step: u32,
+        options: ForkOptions,
+    ) -> Result<SubmitOutcome> {
+        let (core, run_id) = (self.inner.core.clone(), run_id.clone());
+        detached(async move { core.fork(&run_id, from_step, &options).await }).await
+    }
+
+    /// Start the ended run `run_id` again from step 0 under a new id: the
+    /// [`fork`](Self::fork) from step 0 (its input is the run's input, from
+    /// step 0's history entry or its job while the queue keeps it).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`fork`](Self::fork): runs whole on a task of its own.
+    ///
+    /// # Errors
+    /// As [`fork`](Self::fork).
+    pub async fn restart(&self, run_id: &RunId, options: ForkOptions) -> Result<SubmitOutcome> {
+        self.fork(run_id, 0, options).await
+    }
+
     /// Apply the commands waiting in this runtime's inbox
     /// ([`Inbox`](crate::inbox::Inbox)) now, as the worker's maintenance does
     /// every [`poll_interval`](crate::WorkflowRuntimeBuilder::poll_interval):
@@ -545,6 +608,7 @@ pub struct WorkflowRuntimeBuilder<R, H> {
     clock: Option<Arc<dyn Clock>>,
     hook_timeout: Option<Duration>,
     history_limit: u32,
+    step_input_limit: usize,
     command_retention: Duration,
     naming: Naming,
     runner_label: Option<String>,
@@ -656,6 +720,22 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
         self
     }
 
+    /// Keep the payload of each step of at most `bytes` bytes in its history
+    /// entry (default [`DEFAULT_STEP_INPUT_LIMIT`](crate::history::DEFAULT_STEP_INPUT_LIMIT),
+    /// 4096; at most [`MAX_STEP_INPUT_LIMIT`](crate::history::MAX_STEP_INPUT_LIMIT),
+    /// 8192, a larger value is lowered to it; 0 keeps none): the input
+    /// [`WorkflowRuntime::fork`] starts a fork from. The payload is written
+    /// with the entry, in the settlement's transaction (no extra store
+    /// write); a larger or offloaded payload is not copied, its entry names
+    /// the step's job, which a fork reads while the queue keeps it (a
+    /// failed step's dead job until the dead retention; a done job only
+    /// under `taquba::QueueConfig::keep_done_jobs`). With the history off
+    /// ([`history_limit`](Self::history_limit) 0) nothing is recorded.
+    pub fn step_input_limit(mut self, bytes: usize) -> Self {
+        self.step_input_limit = bytes.min(crate::history::MAX_STEP_INPUT_LIMIT);
+        self
+    }
+
     /// Keep the record of each applied or rejected inbox command
     /// ([`Inbox`](crate::inbox::Inbox), [`WorkflowView::command`]) this long after
     /// it was recorded (default 7 days); then the maintenance sweep removes
@@ -726,6 +806,7 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
             observes: Arc::new(move |outcome: &RunOutcome| guard::observes(&*observer, outcome)),
             ops: OpsSettings {
                 history_limit: self.history_limit,
+                step_input_limit: self.step_input_limit,
                 runner_label: self.runner_label.unwrap_or_else(runner_label::<R>),
                 naming: self.naming,
                 command_retention: self.command_retention,

@@ -4,6 +4,7 @@
 
 mod input;
 mod ops;
+mod step_input;
 pub(crate) mod types;
 
 pub(crate) use self::ops::{DurableRuntimeInfo, DurableWorkerRecord};

@@ -8,6 +8,7 @@
 //!
 //! * `common` (`tests/common/mod.rs`): set-up: queues, stores, clocks, small runners and hooks.
 //! * `fixtures`: shared set-up: the input-scripted runner, counting hooks, failing stores.
+//! * `fork`: fork and restart: no step before the fork's runs again, active runs refused or cancelled first, inputs no longer recorded, the link shown, the inbox's fork.
 //! * `cancel_and_hooks`: runner verdicts, external cancels racing every ending, terminal hooks.
 //! * `cluster`: a cluster of processes over one store: routing, commands to other processes' shards, the key-only signal, static ownership, lease takeover and handover; worker processes with one killed by SIGKILL.
 //! * `cluster_review`: the cluster attacked at its public API: bad builder input (a refused start creates nothing), client calls, every routed call dropped at each await, shutdown twice and calls after it, duplicate node ids, joining a busy cluster, churn.
@@ -56,6 +57,7 @@ mod cluster_review;
 mod durability;
 mod durable_paths;
 mod fixtures;
+mod fork;
 mod group_hazards;
 mod group_reruns;
 mod groups;

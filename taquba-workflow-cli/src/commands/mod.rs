@@ -113,6 +113,20 @@ async fn dispatch_cluster(
             mutate::say(&in_shard(cluster, shard, &format!("Run {id}")))?;
             mutate::requeue(&shard.session, &shard.runtime, id, send, out).await
         }
+        Command::Runs(RunsCommand::Fork {
+            id,
+            from_step,
+            fork,
+        }) => {
+            let shard = cluster.run_shard(id).await?;
+            mutate::say(&in_shard(cluster, shard, &format!("Run {id}")))?;
+            mutate::fork(&shard.session, &shard.runtime, id, *from_step, fork, out).await
+        }
+        Command::Runs(RunsCommand::Restart { id, fork }) => {
+            let shard = cluster.run_shard(id).await?;
+            mutate::say(&in_shard(cluster, shard, &format!("Run {id}")))?;
+            mutate::fork(&shard.session, &shard.runtime, id, 0, fork, out).await
+        }
         Command::Groups(GroupsCommand::List { limit }) => groups::list(reads, *limit, out).await,
         Command::Groups(GroupsCommand::Describe { id }) => {
             let k = cluster.view.shard_of_group(id);
@@ -173,6 +187,14 @@ async fn dispatch(
         }
         Command::Runs(RunsCommand::Requeue { id, send }) => {
             mutate::requeue(session, &runtime, id, send, out).await
+        }
+        Command::Runs(RunsCommand::Fork {
+            id,
+            from_step,
+            fork,
+        }) => mutate::fork(session, &runtime, id, *from_step, fork, out).await,
+        Command::Runs(RunsCommand::Restart { id, fork }) => {
+            mutate::fork(session, &runtime, id, 0, fork, out).await
         }
         Command::Groups(GroupsCommand::List { limit }) => {
             groups::list(Reads::Store(view), *limit, out).await

@@ -1,5 +1,5 @@
 //! The commands that change a store: `runs cancel`, `runs signal`, `runs
-//! requeue`. Each checks what it can first (the run exists and the command
+//! requeue`, `runs fork` and `runs restart`. Each checks what it can first (the run exists and the command
 //! applies to it), says what it will do, then sends an inbox command to the
 //! owning process, or with `--offline` applies it itself ([`offline`]);
 //! `--wait` polls the command's state until the owner applied it and prints
@@ -206,6 +206,113 @@ pub async fn requeue(
     let change = Change {
         command: Command::requeue(id.clone()),
         what: format!("requeue of run {id}"),
+    };
+    deliver(session, runtime, change, send, out).await
+}
+
+/// What a fork of `run` from step `from_step` does, in one sentence.
+pub fn fork_effect(from_step: u32) -> String {
+    match from_step {
+        0 => "A new run, linked to this one, starts again from step 0 with the run's input (as recorded); this run is left as it is.".to_string(),
+        n => format!(
+            "A new run, linked to this one, starts at step {n} with the payload step {n} was delivered with (as recorded); steps 0..{n} are not run again and this run is left as it is."
+        ),
+    }
+}
+
+/// Whether a fork of `run` from step `from_step` can be sent: the run
+/// ended at or after that step, or is active and `cancel` asks to cancel
+/// it first.
+///
+/// # Errors
+/// [`CliError::Refused`] naming the run and step otherwise.
+pub fn check_fork(run: &RunDetails, from_step: u32, cancel: bool) -> CliResult<()> {
+    let id = &run.run_id;
+    match &run.state {
+        RunState::Terminated(t) if from_step > t.final_step => Err(CliError::Refused(format!(
+            "step {from_step} of run {id} can no longer be forked: the run ended at step {}",
+            t.final_step
+        ))),
+        RunState::Terminated(_) => Ok(()),
+        _ if cancel => Ok(()),
+        other => Err(CliError::Refused(format!(
+            "run {id} is {} at step {}: cancel it first, or pass --cancel to cancel it before the fork",
+            RunStateJson::from(other),
+            run.current_step
+        ))),
+    }
+}
+
+/// `runs fork ID --from-step N` and `runs restart ID` (`from_step` 0):
+/// with `--cancel`, an active run is cancelled first (through the same
+/// route) and waited on until it ended, then the fork is sent.
+///
+/// # Errors
+/// [`CliError::RunNotFound`]; [`CliError::Refused`] for an active run
+/// without `--cancel` or a step past the run's end; [`CliError::Timeout`]
+/// when the cancelled run does not end within `--wait-timeout`; the
+/// sending errors.
+pub async fn fork(
+    session: &Session,
+    runtime: &Runtime,
+    id: &RunId,
+    from_step: u32,
+    args: &crate::cli::ForkArgs,
+    out: &Output,
+) -> CliResult<()> {
+    let send = &args.send;
+    let run = existing_run(&runtime.view, id).await?;
+    check_fork(&run, from_step, args.cancel)?;
+    say(&where_it_is(&run))?;
+    say(&fork_effect(from_step))?;
+    say(&via(send))?;
+    if !matches!(run.state, RunState::Terminated(_)) {
+        say("--cancel: the run is cancelled first, and the fork sent once it ended.")?;
+        let cancel = Command::cancel(
+            id.clone(),
+            Some(format!("cancelled to fork it from step {from_step}")),
+        );
+        if send.offline {
+            offline::apply(
+                session,
+                runtime,
+                Change {
+                    command: cancel,
+                    what: format!("cancel of run {id}"),
+                },
+                send.force,
+                out,
+            )
+            .await?;
+        } else {
+            let inbox = inbox(session, runtime, "taquba-workflow");
+            let command = inbox.send(cancel).await?;
+            say(&format!(
+                "Sent the cancel of run {id} as command {command}; waiting for the run to end..."
+            ))?;
+            let started = Instant::now();
+            loop {
+                let now = existing_run(&runtime.view, id).await?;
+                if matches!(now.state, RunState::Terminated(_)) {
+                    break;
+                }
+                if started.elapsed() >= send.wait_timeout {
+                    return Err(CliError::Timeout(format!(
+                        "run {id} has not ended {} after the cancel (command {command}): is the owning process running? Nothing was forked; run the fork again once the run ended",
+                        humantime::format_duration(send.wait_timeout)
+                    )));
+                }
+                tokio::time::sleep(READER_POLL_INTERVAL).await;
+            }
+        }
+    }
+    let what = match from_step {
+        0 => format!("restart of run {id}"),
+        n => format!("fork of run {id} from step {n}"),
+    };
+    let change = Change {
+        command: Command::fork(id.clone(), from_step, args.run_id.clone()),
+        what,
     };
     deliver(session, runtime, change, send, out).await
 }

@@ -174,6 +174,9 @@ fn describe_card(json: &DescribeJson, times: &Times) -> Card {
                 .map_or_else(|| "yes".to_string(), |r| format!("yes: {r}")),
         );
     }
+    if let Some(link) = &json.forked_from {
+        card.field("Forked from", link.text());
+    }
     if let Some(group) = &json.group {
         let key = json
             .group_key

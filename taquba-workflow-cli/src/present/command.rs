@@ -84,6 +84,15 @@ pub enum AnswerJson {
         /// Its new job.
         job_id: String,
     },
+    /// A fork (or restart: from step 0).
+    Forked {
+        /// The original run.
+        run_id: String,
+        /// The step the fork started from.
+        from_step: u32,
+        /// The new run.
+        new_run_id: String,
+    },
     /// An answer of a later runtime version.
     Other,
 }
@@ -114,6 +123,15 @@ impl From<&CommandAnswer> for AnswerJson {
                 run_id: run_id.to_string(),
                 step: *step,
                 job_id: job_id.clone(),
+            },
+            CommandAnswer::Forked {
+                run_id,
+                from_step,
+                new_run_id,
+            } => AnswerJson::Forked {
+                run_id: run_id.to_string(),
+                from_step: *from_step,
+                new_run_id: new_run_id.to_string(),
             },
             _ => AnswerJson::Other,
         }
@@ -154,6 +172,11 @@ impl AnswerJson {
                 step,
                 job_id,
             } => format!("run {run_id} is active again: step {step} requeued as job {job_id}"),
+            AnswerJson::Forked {
+                run_id,
+                from_step,
+                new_run_id,
+            } => format!("run {new_run_id} started from step {from_step} of run {run_id}"),
             AnswerJson::Other => "applied".to_string(),
         }
     }

@@ -152,6 +152,25 @@ pub struct SignalWaitJson {
     pub timeout_at_ms: Option<u64>,
 }
 
+/// The run and step a run was forked from, as printed.
+#[derive(Debug, Serialize)]
+pub struct ForkedFromJson {
+    /// The original run.
+    pub run_id: String,
+    /// The step of it the fork started from.
+    pub step: u32,
+}
+
+impl ForkedFromJson {
+    /// `run X, step N` (`run X (restarted)` for step 0).
+    pub fn text(&self) -> String {
+        match self.step {
+            0 => format!("run {} (restarted from step 0)", self.run_id),
+            n => format!("run {}, step {n}", self.run_id),
+        }
+    }
+}
+
 /// A described run (`runs describe`, the dashboard's run page), as
 /// printed.
 #[derive(Debug, Serialize)]
@@ -192,6 +211,10 @@ pub struct DescribeJson {
     pub cancel_requested: bool,
     /// Its reason.
     pub cancel_reason: Option<String>,
+    /// The run and step it was forked from (`runs fork`; step 0 for
+    /// `runs restart`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<ForkedFromJson>,
     /// How it terminated.
     pub termination: Option<TerminationJson>,
     /// Its committed outcome.
@@ -227,6 +250,10 @@ impl DescribeJson {
             ended_at_ms: run.ended_at_ms,
             cancel_requested: run.cancel_requested,
             cancel_reason: run.cancel_reason.clone(),
+            forked_from: run.forked_from.as_ref().map(|link| ForkedFromJson {
+                run_id: link.run_id.to_string(),
+                step: link.step,
+            }),
             termination,
             outcome,
         }

@@ -99,7 +99,7 @@ fn shell(app: Option<&App>, section: Section, title: &str, body: Markup) -> Mark
                 }
                 footer {
                     "Reads go through a read-only QueueReader and show what the owning process flushed (about half a second behind). "
-                    "Cancel, signal and requeue are commands in the owner's inbox: it applies them at its next maintenance round. "
+                    "Cancel, signal, requeue, fork and restart are commands in the owner's inbox: it applies them at its next maintenance round. "
                     "taquba-workflow " (env!("CARGO_PKG_VERSION")) ", htmx " (assets::HTMX_VERSION) "."
                 }
             }

@@ -41,6 +41,7 @@ pub fn router(app: Arc<App>) -> Router {
             get(actions::confirm_cancel).post(actions::cancel),
         )
         .route("/runs/{id}/requeue", axum::routing::post(actions::requeue))
+        .route("/runs/{id}/fork", axum::routing::post(actions::fork))
         .route("/signal", get(actions::signal_form).post(actions::signal))
         .route("/commands/{id}", get(actions::command_page))
         .route("/groups", get(groups::list))

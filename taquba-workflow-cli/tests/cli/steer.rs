@@ -1,4 +1,4 @@
-//! Changes: `runs cancel|signal|requeue` sent through the inbox to a live
+//! Changes: `runs cancel|signal|requeue|fork|restart` sent through the inbox to a live
 //! owner, `commands describe`, and `--offline` on a copied store.
 
 use std::sync::atomic::Ordering;
@@ -479,5 +479,114 @@ async fn offline_is_refused_while_a_writer_is_alive() {
             .success(),
     );
     assert_eq!(value["state"], "pending", "nothing was applied");
+    owner.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_is_forked_and_restarted_through_the_inbox() {
+    let dir = tempfile::tempdir().unwrap();
+    let owner = Owner::open(dir.path()).await;
+    // Steps: begin, count 2, count 1, count 0, finish.
+    let done = owner.start("fork-1", 2, "ok", &[("team", "search")]).await;
+    owner.wait(&done).await;
+    let value = json(
+        &run(cli(
+            dir.path(),
+            &[
+                "runs",
+                "fork",
+                "fork-1",
+                "--from-step",
+                "2",
+                "--run-id",
+                "fork-2",
+                "--wait",
+                "-o",
+                "json",
+            ],
+        ))
+        .await
+        .success(),
+    );
+    assert_eq!(value["answer"]["kind"], "forked", "{value}");
+    assert_eq!(value["answer"]["new_run_id"], "fork-2");
+    assert_eq!(value["answer"]["from_step"], 2);
+    let fork = taquba_workflow::RunId::new("fork-2").unwrap();
+    let end = owner.wait(&fork).await;
+    assert_eq!(end.termination.status.as_str(), "succeeded");
+    let described = json(
+        &run(cli(
+            dir.path(),
+            &["runs", "describe", "fork-2", "-o", "json"],
+        ))
+        .await
+        .success(),
+    );
+    assert_eq!(described["forked_from"]["run_id"], "fork-1", "{described}");
+    assert_eq!(described["forked_from"]["step"], 2);
+    assert_eq!(described["headers"]["team"], "search");
+    let card = stdout(
+        &run(cli(dir.path(), &["runs", "describe", "fork-2"]))
+            .await
+            .success(),
+    );
+    assert!(
+        card.contains("Forked from") && card.contains("run fork-1, step 2"),
+        "{card}"
+    );
+    // Past the run's end: refused before anything is sent.
+    run(cli(
+        dir.path(),
+        &["runs", "fork", "fork-1", "--from-step", "9"],
+    ))
+    .await
+    .code(1)
+    .stderr(predicate::str::contains(
+        "step 9 of run fork-1 can no longer be forked: the run ended at step 4",
+    ));
+
+    // An active run: refused, unless --cancel cancels it first.
+    let busy = owner.start("fork-busy", 1, "timer", &[]).await;
+    run(cli(dir.path(), &["runs", "restart", "fork-busy"]))
+        .await
+        .code(1)
+        .stderr(predicate::str::contains("pass --cancel"));
+    let value = json(
+        &run(cli(
+            dir.path(),
+            &[
+                "runs",
+                "restart",
+                "fork-busy",
+                "--cancel",
+                "--run-id",
+                "fork-busy-2",
+                "--wait",
+                "-o",
+                "json",
+            ],
+        ))
+        .await
+        .success(),
+    );
+    assert_eq!(value["answer"]["kind"], "forked", "{value}");
+    assert_eq!(value["answer"]["from_step"], 0);
+    assert_eq!(
+        owner.wait(&busy).await.termination.status.as_str(),
+        "cancelled"
+    );
+    let described = json(
+        &run(cli(
+            dir.path(),
+            &["runs", "describe", "fork-busy-2", "-o", "json"],
+        ))
+        .await
+        .success(),
+    );
+    assert_eq!(
+        described["forked_from"]["run_id"], "fork-busy",
+        "{described}"
+    );
+    assert_eq!(described["forked_from"]["step"], 0);
     owner.stop().await;
 }

@@ -551,3 +551,80 @@ async fn a_copied_store_is_served_with_no_owner() {
     ]);
     ui.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_run_is_forked_and_restarted_from_the_dashboard() {
+    let dir = tempfile::tempdir().unwrap();
+    let owner = Owner::open(dir.path()).await;
+    let done = owner.start("ui-fork", 2, "ok", &[]).await;
+    owner.wait(&done).await;
+    owner.start("ui-fork-busy", 1, "timer", &[]).await;
+    let ui = Dashboard::start(dir.path(), &[]).await;
+    let page = page_with(&ui, "/runs/ui-fork", "badge b-succeeded").await;
+    page.has(&[
+        "action=\"/runs/ui-fork/fork\"",
+        "id=\"fork\"",
+        "id=\"restart\"",
+    ]);
+    let token = page.token();
+    // Not a step, past the run's end: refused before anything is sent.
+    ui.post("/runs/ui-fork/fork", &[("csrf", &token), ("step", "two")])
+        .await
+        .expect(400)
+        .has(&["must be a step number"]);
+    ui.post("/runs/ui-fork/fork", &[("csrf", &token), ("step", "99")])
+        .await
+        .expect(409)
+        .has(&["ended at step"]);
+    // An active run shows no fork, and is refused.
+    page_with(&ui, "/runs/ui-fork-busy", "Timer: step 1")
+        .await
+        .lacks(&["/fork\""]);
+    ui.post(
+        "/runs/ui-fork-busy/fork",
+        &[("csrf", &token), ("step", "0")],
+    )
+    .await
+    .expect(409)
+    .has(&["cancel it first"]);
+
+    // Step 2 (the count down from 1): the fork ends as the original did.
+    let sent = ui
+        .post("/runs/ui-fork/fork", &[("csrf", &token), ("step", "2")])
+        .await
+        .expect(303);
+    let path = command_path(&sent);
+    page_with(&ui, &path, "badge b-applied")
+        .await
+        .has(&["started from step 2 of run ui-fork"]);
+    // The owner names the fork by the command's id.
+    let command = path.trim_start_matches("/commands/");
+    let command = command.split('?').next().unwrap_or(command);
+    let fork = taquba_workflow::RunId::new(command).unwrap();
+    let end = owner.wait(&fork).await;
+    assert_eq!(end.termination.status.as_str(), "succeeded");
+    page_with(&ui, &format!("/runs/{fork}"), "badge b-succeeded")
+        .await
+        .has(&["Forked from", "href=\"/runs/ui-fork\"", ", step 2"]);
+    // A restart from step 0.
+    let sent = ui
+        .post("/runs/ui-fork/fork", &[("csrf", &token), ("step", "0")])
+        .await
+        .expect(303);
+    page_with(&ui, &command_path(&sent), "badge b-applied")
+        .await
+        .has(&["started from step 0 of run ui-fork"]);
+    ui.stop().await;
+
+    // Read-only: no fork shown, none taken.
+    let ui = Dashboard::start(dir.path(), &["--read-only"]).await;
+    page_with(&ui, "/runs/ui-fork", "badge b-succeeded")
+        .await
+        .lacks(&["/fork\"", "id=\"restart\""]);
+    ui.post("/runs/ui-fork/fork", &[("csrf", "anything"), ("step", "0")])
+        .await
+        .expect(403)
+        .has(&["read-only"]);
+    ui.stop().await;
+    owner.stop().await;
+}

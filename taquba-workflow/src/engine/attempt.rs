@@ -14,7 +14,8 @@ use crate::engine::inner::RuntimeInner;
 use crate::engine::settle::{ClaimedStep, SettleKind, Settlement};
 use crate::error::{Error, Result};
 use crate::history::record::{
-    DurableAttempt, DurableAttemptOutcome, DurableStepEntry, PendingHistory, earlier_attempts,
+    DurableAttempt, DurableAttemptOutcome, DurableStepEntry, PendingHistory, RecordedInput,
+    earlier_attempts,
 };
 use crate::hooks::terminal::TerminalHook;
 use crate::model::{StepErrorKind, TerminalStatus, Trigger};
@@ -119,6 +120,8 @@ impl RuntimeCore {
         };
         let name = name();
         let name = crate::history::cut_cow(&name, crate::history::naming::MAX_NAME_LEN);
+        // The step's input rides on its entry (what a fork starts from).
+        let input = RecordedInput::of(job, self.ops.step_input_limit);
         if job.attempts > 1 {
             // The job's earlier attempts (retries, lost leases) are in the
             // queue's attempt history, committed with each.
@@ -130,9 +133,15 @@ impl RuntimeCore {
                 }
             };
             attempts.push(this);
-            pending.push_parts(claimed.step_number, &name, &attempts, 0);
+            pending.push_step(claimed.step_number, &name, &attempts, 0, input);
         } else {
-            pending.push_parts(claimed.step_number, &name, std::slice::from_ref(&this), 0);
+            pending.push_step(
+                claimed.step_number,
+                &name,
+                std::slice::from_ref(&this),
+                0,
+                input,
+            );
         }
         let effects = match &mut settlement.kind {
             SettleKind::Ack(effects) | SettleKind::Fail { effects, .. } => effects,
@@ -223,11 +232,10 @@ impl RuntimeCore {
             return;
         }
         let mut pending = pointer.history.clone().or(cached).unwrap_or_default();
-        pending.push(&DurableStepEntry::new(
-            pointer.step_number,
-            self.detached_step_name(job),
-            attempts,
-        ));
+        pending.push(
+            &DurableStepEntry::new(pointer.step_number, self.detached_step_name(job), attempts)
+                .with_input(RecordedInput::of(job, self.ops.step_input_limit)),
+        );
         set_terminal_history(effects, run_id, pending);
     }
 

@@ -720,6 +720,7 @@ mod tests {
                 group: None,
                 cancel_reason: None,
                 member: Some(membership(key).durable()),
+                forked_from: None,
             }),
             key: None,
             version: None,

@@ -528,6 +528,27 @@ impl RuntimeCore {
                     job_id,
                 }))
             }
+            Command::Fork {
+                run_id,
+                from_step,
+                new_run_id,
+            } => {
+                // The command's id names the fork when the sender named
+                // none: applied again after a crash, it finds the fork made.
+                let new_run_id = match new_run_id {
+                    Some(id) => id,
+                    None => RunId::new(envelope.id.to_string())?,
+                };
+                let options = crate::fork::ForkOptions::new().run_id(new_run_id);
+                let made = self.fork(&run_id, from_step, &options).await?;
+                let answer = CommandAnswer::Forked {
+                    run_id,
+                    from_step,
+                    new_run_id: made.run_id,
+                };
+                self.commit_record(envelope, applied(&answer)).await?;
+                Ok(Some(answer))
+            }
         }
     }
 

@@ -22,6 +22,7 @@
 
 pub(crate) mod attempt;
 pub(crate) mod cancel;
+pub(crate) mod fork;
 pub(crate) mod group_forget;
 pub(crate) mod group_submit;
 pub(crate) mod inbox_apply;
@@ -101,6 +102,8 @@ pub(crate) struct Settings {
 pub(crate) struct OpsSettings {
     /// Steps of history kept per run; 0 turns history off.
     pub(crate) history_limit: u32,
+    /// The largest step payload a history entry keeps, bytes.
+    pub(crate) step_input_limit: usize,
     /// The name of a step no runner or payload names: the runner's type.
     pub(crate) runner_label: String,
     /// How step and workflow names are read from payloads.
@@ -384,6 +387,7 @@ impl RuntimeCore {
             group: run.group.clone(),
             cancel_reason: run.cancel_reason.clone(),
             member: membership.map(Membership::durable),
+            forked_from: run.forked_from.clone(),
         }
     }
 

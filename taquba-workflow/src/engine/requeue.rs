@@ -101,6 +101,7 @@ impl RuntimeCore {
             workflow: termination.workflow.clone(),
             group: termination.group.clone(),
             cancel_reason: None,
+            forked_from: termination.forked_from.clone(),
         };
         // The history continues: the terminal record's pending entries go
         // back on the pointer, after a `Requeued` marker.

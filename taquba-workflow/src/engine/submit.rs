@@ -241,6 +241,7 @@ impl RuntimeCore {
             workflow: self.workflow_name_of(&input),
             group: membership.map(|m| m.group_id.clone()),
             cancel_reason: None,
+            forked_from: None,
         };
         #[allow(unused_mut)]
         let mut reserved_headers = membership

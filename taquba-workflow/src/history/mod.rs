@@ -25,6 +25,17 @@ pub const MAX_HISTORY_TEXT_LEN: usize = 1024;
 /// The most attempts one step's record keeps: the earliest are dropped
 /// first and counted in [`StepHistory::attempts_dropped`].
 pub const MAX_ATTEMPTS_PER_STEP: usize = 16;
+/// The largest step payload a history entry keeps by default, in bytes
+/// ([`WorkflowRuntimeBuilder::step_input_limit`](crate::WorkflowRuntimeBuilder::step_input_limit)):
+/// what [`WorkflowRuntime::fork`](crate::WorkflowRuntime::fork) starts a
+/// fork from. A larger payload is not copied; its entry names the step's
+/// job instead, which a fork reads while the queue keeps it.
+pub const DEFAULT_STEP_INPUT_LIMIT: usize = 4096;
+/// The largest [`step_input_limit`](crate::WorkflowRuntimeBuilder::step_input_limit)
+/// a runtime takes, in bytes (a larger one is lowered to it): a chunk of 8
+/// entries with their payloads and attempts stays under the queue's KV
+/// value cap.
+pub const MAX_STEP_INPUT_LIMIT: usize = 8192;
 
 /// The recorded history of one run, from
 /// [`WorkflowView::steps`](crate::WorkflowView::steps): the retained steps

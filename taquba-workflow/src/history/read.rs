@@ -24,6 +24,26 @@ pub(crate) async fn run_history(
     pending: Option<&PendingHistory>,
     current_step: u32,
 ) -> Result<RunHistory> {
+    let entries = execution_entries(view, run_id, execution, pending).await?;
+    let steps = merge_steps(entries);
+    let steps_taken = current_step.saturating_add(1);
+    let steps_dropped = steps.first().map_or(steps_taken, |first| first.step);
+    Ok(RunHistory {
+        run_id: run_id.clone(),
+        steps,
+        steps_taken,
+        steps_dropped,
+    })
+}
+
+/// The stored entries of `run_id`'s execution `execution`, oldest first:
+/// those in its chunks, then `pending`.
+pub(crate) async fn execution_entries(
+    view: &QueueView,
+    run_id: &RunId,
+    execution: Option<&str>,
+    pending: Option<&PendingHistory>,
+) -> Result<Vec<DurableStepEntry>> {
     let prefix = history_kv_prefix(run_id);
     let mut chunks = std::pin::pin!(view.kv_entries(&prefix, .., PAGE));
     let mut entries = Vec::new();
@@ -37,15 +57,7 @@ pub(crate) async fn run_history(
     if let Some(pending) = pending {
         entries.extend(decode_entries(&pending.entries));
     }
-    let steps = merge_steps(entries);
-    let steps_taken = current_step.saturating_add(1);
-    let steps_dropped = steps.first().map_or(steps_taken, |first| first.step);
-    Ok(RunHistory {
-        run_id: run_id.clone(),
-        steps,
-        steps_taken,
-        steps_dropped,
-    })
+    Ok(entries)
 }
 
 /// One [`StepHistory`] per run of consecutive entries of a step (a step

@@ -60,6 +60,54 @@ pub(crate) struct DurableStepEntry {
     /// value cap).
     #[serde(rename = "x", default, skip_serializing_if = "is_zero")]
     pub(crate) attempts_dropped: u32,
+    /// The step's payload as it was delivered, when it was at most the
+    /// runtime's step input limit (what a fork starts from); absent in
+    /// entries written before it was kept.
+    #[serde(rename = "p", default, skip_serializing_if = "Option::is_none")]
+    pub(crate) payload: Option<ByteBuf>,
+    /// The step's job, when its payload was not kept (larger than the
+    /// limit, or offloaded): a fork reads it while the queue keeps the job.
+    #[serde(rename = "j", default, skip_serializing_if = "Option::is_none")]
+    pub(crate) job_id: Option<String>,
+}
+
+/// What an entry records of its step's input: the payload itself when it
+/// is small enough, else the job that holds it.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) enum RecordedInput<'a> {
+    /// Nothing (history of a step whose input is not known here).
+    #[default]
+    None,
+    /// The payload, kept in the entry.
+    Payload(&'a [u8]),
+    /// The job holding the payload.
+    Job(&'a str),
+}
+
+impl<'a> RecordedInput<'a> {
+    /// What to record of `job`'s payload under `limit` bytes: the payload
+    /// when it is inline and at most `limit` bytes, else the job's id;
+    /// nothing when `limit` is 0 (recording turned off).
+    pub(crate) fn of(job: &'a taquba::JobRecord, limit: usize) -> Self {
+        Self::from_parts(&job.payload, job.payload_ref.is_some(), &job.id, limit)
+    }
+
+    /// [`of`](Self::of) a job `job_id` with `payload` (`offloaded` when
+    /// its record holds a payload object's name instead).
+    pub(crate) fn from_parts(
+        payload: &'a [u8],
+        offloaded: bool,
+        job_id: &'a str,
+        limit: usize,
+    ) -> Self {
+        if limit == 0 {
+            Self::None
+        } else if !offloaded && payload.len() <= limit {
+            Self::Payload(payload)
+        } else {
+            Self::Job(job_id)
+        }
+    }
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -79,7 +127,19 @@ impl DurableStepEntry {
             name,
             attempts,
             attempts_dropped: u32::try_from(excess).unwrap_or(u32::MAX),
+            payload: None,
+            job_id: None,
         }
+    }
+
+    /// This entry recording `input`.
+    pub(crate) fn with_input(mut self, input: RecordedInput<'_>) -> Self {
+        match input {
+            RecordedInput::None => {}
+            RecordedInput::Payload(payload) => self.payload = Some(ByteBuf::from(payload)),
+            RecordedInput::Job(job_id) => self.job_id = Some(job_id.to_string()),
+        }
+        self
     }
 }
 
@@ -372,28 +432,40 @@ struct EntryRef<'a> {
     a: &'a [DurableAttempt],
     #[serde(skip_serializing_if = "is_zero")]
     x: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    p: Option<&'a serde_bytes::Bytes>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    j: Option<&'a str>,
 }
 
 impl PendingHistory {
     /// Append `entry`.
     pub(crate) fn push(&mut self, entry: &DurableStepEntry) {
-        self.push_parts(
+        let input = match (&entry.payload, &entry.job_id) {
+            (Some(payload), _) => RecordedInput::Payload(payload),
+            (None, Some(job_id)) => RecordedInput::Job(job_id),
+            (None, None) => RecordedInput::None,
+        };
+        self.push_step(
             entry.step,
             &entry.name,
             &entry.attempts,
             entry.attempts_dropped,
+            input,
         );
     }
 
     /// Append the entry of step `step` named `name` with `attempts` (the
     /// last [`MAX_ATTEMPTS_PER_STEP`](crate::history::MAX_ATTEMPTS_PER_STEP)
-    /// of them are kept, the rest counted with `dropped`).
-    pub(crate) fn push_parts(
+    /// of them are kept, the rest counted with `dropped`), recording
+    /// `input`.
+    pub(crate) fn push_step(
         &mut self,
         step: u32,
         name: &str,
         attempts: &[DurableAttempt],
         dropped: u32,
+        input: RecordedInput<'_>,
     ) {
         let excess = attempts
             .len()
@@ -403,6 +475,14 @@ impl PendingHistory {
             n: name,
             a: &attempts[excess..],
             x: dropped.saturating_add(u32::try_from(excess).unwrap_or(u32::MAX)),
+            p: match input {
+                RecordedInput::Payload(payload) => Some(serde_bytes::Bytes::new(payload)),
+                _ => None,
+            },
+            j: match input {
+                RecordedInput::Job(job_id) => Some(job_id),
+                _ => None,
+            },
         };
         durable::encode_into(&entry, &mut self.entries);
         self.count = self.count.saturating_add(1);
@@ -548,7 +628,9 @@ mod tests {
                 outcome: DurableAttemptOutcome::retried(&"e".repeat(2000)),
             })
             .collect();
-        let entry = DurableStepEntry::new(0, "s".into(), attempts);
+        let payload = vec![7; crate::history::MAX_STEP_INPUT_LIMIT];
+        let entry = DurableStepEntry::new(0, "s".into(), attempts)
+            .with_input(RecordedInput::Payload(&payload));
         assert_eq!(entry.attempts.len(), crate::history::MAX_ATTEMPTS_PER_STEP);
         assert_eq!(entry.attempts[0].attempt, 25);
         assert_eq!(entry.attempts_dropped, 24);
@@ -619,7 +701,53 @@ mod tests {
         );
         let bytes = durable::encode(&entry);
         assert!(bytes.len() <= 56, "{} bytes", bytes.len());
-        assert_eq!(decode_entries(&bytes), vec![entry]);
+        assert_eq!(decode_entries(&bytes), vec![entry.clone()]);
+        // Its input costs 4 bytes beside the payload's own.
+        let payload = [1u8; 16];
+        let with_input = entry.with_input(RecordedInput::Payload(&payload));
+        let mut pending = PendingHistory::default();
+        pending.push(&with_input);
+        assert_eq!(pending.entries.len(), bytes.len() + 4 + payload.len());
+        assert_eq!(decode_entries(&pending.entries), vec![with_input]);
+    }
+
+    #[test]
+    fn an_entry_keeps_a_small_payload_and_names_the_job_of_a_large_one() {
+        let mut pending = PendingHistory::default();
+        let input = |payload: &'static [u8], limit| {
+            RecordedInput::from_parts(payload, false, "01JOB", limit)
+        };
+        pending.push_step(0, "a", &[], 0, input(b"small", 5));
+        pending.push_step(1, "b", &[], 0, input(b"larger", 5));
+        pending.push_step(2, "c", &[], 0, input(b"small", 0));
+        pending.push_step(
+            3,
+            "d",
+            &[],
+            0,
+            RecordedInput::from_parts(b"x", true, "01OFF", 5),
+        );
+        let entries = decode_entries(&pending.entries);
+        assert_eq!(
+            entries[0].payload.as_ref().map(|p| p.as_slice()),
+            Some(&b"small"[..])
+        );
+        assert_eq!(entries[0].job_id, None);
+        assert_eq!(entries[1].payload, None);
+        assert_eq!(entries[1].job_id.as_deref(), Some("01JOB"));
+        assert_eq!(
+            (entries[2].payload.as_ref(), entries[2].job_id.as_ref()),
+            (None, None)
+        );
+        assert_eq!(
+            entries[3].job_id.as_deref(),
+            Some("01OFF"),
+            "an offloaded payload"
+        );
+        // Pushed again (a requeue puts entries back), the input stays.
+        let mut again = PendingHistory::default();
+        again.push(&entries[0]);
+        assert_eq!(decode_entries(&again.entries)[0], entries[0]);
     }
 
     #[test]

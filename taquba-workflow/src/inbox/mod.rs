@@ -144,9 +144,32 @@ pub enum Command {
         /// The signal's payload (at most [`taquba::MAX_KV_VALUE_SIZE`]).
         payload: Vec<u8>,
     },
+    /// Start a new run from a recorded step of an ended run, as
+    /// [`WorkflowRuntime::fork`](crate::WorkflowRuntime::fork) does (a
+    /// restart is the fork from step 0). Rejected for an active run (cancel
+    /// it first) and for a step that can no longer be forked. The new run's
+    /// id is `new_run_id`, else the command's id, so a command applied again
+    /// after a crash makes no second fork.
+    Fork {
+        /// The ended run.
+        run_id: RunId,
+        /// The step the fork starts from.
+        from_step: u32,
+        /// The new run's id.
+        new_run_id: Option<RunId>,
+    },
 }
 
 impl Command {
+    /// [`Command::Fork`].
+    pub fn fork(run_id: RunId, from_step: u32, new_run_id: Option<RunId>) -> Self {
+        Self::Fork {
+            run_id,
+            from_step,
+            new_run_id,
+        }
+    }
+
     /// [`Command::Cancel`].
     pub fn cancel(run_id: RunId, reason: Option<String>) -> Self {
         Self::Cancel { run_id, reason }
@@ -174,7 +197,8 @@ impl Command {
         }
     }
 
-    /// `"submit"`, `"cancel"`, `"signal"`, `"requeue"` or `"signal-run"`.
+    /// `"submit"`, `"cancel"`, `"signal"`, `"requeue"`, `"signal-run"` or
+    /// `"fork"`.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Submit(_) => "submit",
@@ -182,6 +206,7 @@ impl Command {
             Self::Signal { .. } => "signal",
             Self::Requeue { .. } => "requeue",
             Self::SignalRun { .. } => "signal-run",
+            Self::Fork { .. } => "fork",
         }
     }
 }
@@ -317,6 +342,15 @@ pub enum CommandAnswer {
         step: u32,
         /// Its new queue job.
         job_id: String,
+    },
+    /// The fork's outcome.
+    Forked {
+        /// The original run.
+        run_id: RunId,
+        /// The step the fork started from.
+        from_step: u32,
+        /// The new run.
+        new_run_id: RunId,
     },
 }
 

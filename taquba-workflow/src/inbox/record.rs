@@ -62,6 +62,11 @@ pub(crate) enum DurableAnswer {
         step: u32,
         job_id: String,
     },
+    Forked {
+        run_id: RunId,
+        from_step: u32,
+        new_run_id: RunId,
+    },
 }
 
 impl DurableCommandRecord {
@@ -95,6 +100,15 @@ impl From<&CommandAnswer> for DurableAnswer {
                 step,
                 job_id,
             },
+            CommandAnswer::Forked {
+                run_id,
+                from_step,
+                new_run_id,
+            } => Self::Forked {
+                run_id,
+                from_step,
+                new_run_id,
+            },
         }
     }
 }
@@ -126,6 +140,15 @@ impl From<DurableAnswer> for CommandAnswer {
                 run_id,
                 step,
                 job_id,
+            },
+            DurableAnswer::Forked {
+                run_id,
+                from_step,
+                new_run_id,
+            } => Self::Forked {
+                run_id,
+                from_step,
+                new_run_id,
             },
         }
     }

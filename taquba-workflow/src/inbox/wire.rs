@@ -10,7 +10,9 @@
 //!              max_attempts_per_step: <u32>?, run_at_ms: <u64>? }
 //!          | { kind: "cancel", run_id: "<id>", reason: "<text>"? }
 //!          | { kind: "signal", correlation_key: "<text>", payload: <bin> }
-//!          | { kind: "requeue", run_id: "<id>" } }
+//!          | { kind: "requeue", run_id: "<id>" }
+//!          | { kind: "fork", run_id: "<id>", from_step: <u32>,
+//!              new_run_id: "<id>"? } }
 //! ```
 //!
 //! then a rewrite of `{memo_prefix}/inbox/touch` (any content that differs
@@ -81,6 +83,12 @@ enum WireKind {
         #[serde(with = "serde_bytes")]
         payload: Vec<u8>,
     },
+    Fork {
+        run_id: String,
+        from_step: u32,
+        #[serde(default)]
+        new_run_id: Option<String>,
+    },
 }
 
 /// A decoded, validated command with what its envelope says.
@@ -133,6 +141,15 @@ pub(crate) fn encode(
             run_id: run_id.to_string(),
             correlation_key: correlation_key.clone(),
             payload: payload.clone(),
+        },
+        Command::Fork {
+            run_id,
+            from_step,
+            new_run_id,
+        } => WireKind::Fork {
+            run_id: run_id.to_string(),
+            from_step: *from_step,
+            new_run_id: new_run_id.as_ref().map(RunId::to_string),
         },
     };
     let bytes = rmp_serde::to_vec_named(&WireCommand {
@@ -221,6 +238,15 @@ pub(crate) fn decode(id: &CommandId, bytes: &[u8]) -> Result<Received> {
             correlation_key,
             payload,
         },
+        WireKind::Fork {
+            run_id,
+            from_step,
+            new_run_id,
+        } => Command::Fork {
+            run_id: RunId::new(run_id)?,
+            from_step,
+            new_run_id: new_run_id.map(RunId::new).transpose()?,
+        },
     };
     validate(&command)?;
     Ok(Received {
@@ -278,7 +304,7 @@ pub(crate) fn validate(command: &Command) -> Result<()> {
             }
             Ok(())
         }
-        Command::Requeue { .. } => Ok(()),
+        Command::Requeue { .. } | Command::Fork { .. } => Ok(()),
     }
 }
 

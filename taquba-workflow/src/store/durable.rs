@@ -104,6 +104,18 @@ pub(crate) struct DurableRunRecord {
     /// The reason given to a cancellation request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) cancel_reason: Option<String>,
+    /// The run and step this run was forked from
+    /// (`WorkflowRuntime::fork`); absent for a run submitted otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) forked_from: Option<DurableForkLink>,
+}
+
+/// The link of a forked run to the run and step it was forked from, kept
+/// on its run record and terminal record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DurableForkLink {
+    pub(crate) run_id: RunId,
+    pub(crate) step: u32,
 }
 
 /// The entries of a run's history not yet in a chunk, with the run's chunk
@@ -234,6 +246,9 @@ pub(crate) struct DurableTermination {
     /// in records written before it was kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) member: Option<DurableMembership>,
+    /// The run and step this run was forked from, from its run record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) forked_from: Option<DurableForkLink>,
 }
 
 impl DurableTermination {
@@ -257,6 +272,7 @@ impl DurableTermination {
             group,
             cancel_reason,
             member,
+            forked_from,
         } = self;
         *status == other.status
             && *error == other.error
@@ -271,6 +287,7 @@ impl DurableTermination {
             && *group == other.group
             && *cancel_reason == other.cancel_reason
             && *member == other.member
+            && *forked_from == other.forked_from
     }
 }
 
@@ -469,6 +486,10 @@ mod tests {
             workflow: Some("order".into()),
             group: Some(RunId::new("g").unwrap()),
             cancel_reason: Some("why".into()),
+            forked_from: Some(DurableForkLink {
+                run_id: RunId::new("o").unwrap(),
+                step: 3,
+            }),
         };
         let back: DurableRunRecord = decode(&encode(&record)).unwrap();
         assert_eq!(back, record);

@@ -424,6 +424,7 @@ impl WorkflowView {
             ended_at_ms: None,
             cancel_requested: record.cancel_requested,
             cancel_reason: record.cancel_reason,
+            forked_from: record.forked_from.map(Into::into),
         })
     }
 
@@ -460,6 +461,7 @@ impl WorkflowView {
                 || (public.status == crate::model::TerminalStatus::Cancelled
                     && public.error.is_none()),
             cancel_reason: termination.cancel_reason,
+            forked_from: termination.forked_from.map(Into::into),
             state: RunState::Terminated(public),
         })
     }

@@ -208,6 +208,11 @@ pub struct RunDetails {
     pub cancel_requested: bool,
     /// The reason given to that cancellation, if any.
     pub cancel_reason: Option<String>,
+    /// The run and step this run was forked from
+    /// ([`WorkflowRuntime::fork`](crate::WorkflowRuntime::fork),
+    /// [`restart`](crate::WorkflowRuntime::restart): step 0); `None` for a
+    /// run submitted otherwise.
+    pub forked_from: Option<crate::ForkedFrom>,
 }
 
 /// One page of a group listing, from

@@ -5,6 +5,8 @@
 //! - `GET /runs/{id}/cancel`: what a cancel does to the run, and the form
 //!   (a reason) that confirms it; `POST` sends it.
 //! - `POST /runs/{id}/requeue`: requeue a failed run's dead-lettered step.
+//! - `POST /runs/{id}/fork`: start a new run from a recorded step of an
+//!   ended run (`step` 0: restart it).
 //! - `GET /signal`: the form of a signal (key and JSON payload); `POST`
 //!   sends it, MessagePack-encoded as `WorkflowRuntime::signal_value`
 //!   does.
@@ -28,7 +30,9 @@ use taquba_workflow::RunId;
 use taquba_workflow::inbox::{Command, CommandId, CommandState, Inbox, MAX_COMMAND_TEXT_LEN};
 
 use crate::commands::activity;
-use crate::commands::mutate::{cancel_effect, check_requeue, existing_run, where_it_is};
+use crate::commands::mutate::{
+    cancel_effect, check_fork, check_requeue, existing_run, where_it_is,
+};
 use crate::output::short_duration;
 use crate::payload::encode_json;
 use crate::present::command::{AnswerJson, CommandJson};
@@ -198,6 +202,48 @@ pub async fn requeue(
     let run = existing_run(&place.runtime.view, &id).await?;
     check_requeue(&run)?;
     let command = send(place.inbox, Command::requeue(id.clone())).await?;
+    Ok(to_command(&command, Some(&id)))
+}
+
+/// The fork form: the token and the step to start from.
+#[derive(Debug, Default, Deserialize)]
+pub struct ForkForm {
+    /// The form token.
+    #[serde(default)]
+    pub csrf: String,
+    /// The step the fork starts from (0: a restart).
+    #[serde(default)]
+    pub step: String,
+}
+
+/// `POST /runs/{id}/fork`: start a new run from step `step` of the ended
+/// run (a restart from step 0). An active run is refused: cancel it first.
+///
+/// # Errors
+/// 403 for a wrong token or a read-only dashboard; 404 for an unknown
+/// run; 400 for a step that is not a number; 409 for an active run or a
+/// step past the run's end.
+pub async fn fork(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    Form(form): Form<ForkForm>,
+) -> UiResult<Response> {
+    allowed(&app, &form.csrf)?;
+    let id = run_id(&id)?;
+    let step: u32 = form.step.trim().parse().map_err(|_| {
+        UiError::new(
+            StatusCode::BAD_REQUEST,
+            "Not a step",
+            format!(
+                "The step to fork from must be a step number (0 or more), not {:?}. Nothing was sent.",
+                form.step
+            ),
+        )
+    })?;
+    let place = app.run_place(&id).await?;
+    let run = existing_run(&place.runtime.view, &id).await?;
+    check_fork(&run, step, false)?;
+    let command = send(place.inbox, Command::fork(id.clone(), step, None)).await?;
     Ok(to_command(&command, Some(&id)))
 }
 
@@ -395,6 +441,8 @@ fn answer_run(answer: &AnswerJson) -> Option<RunId> {
         | AnswerJson::Cancelled { run_id, .. }
         | AnswerJson::Requeued { run_id, .. } => Some(run_id.as_str()),
         AnswerJson::Signalled { run_id, .. } => run_id.as_deref(),
+        // The new run.
+        AnswerJson::Forked { new_run_id, .. } => Some(new_run_id.as_str()),
         AnswerJson::Other => None,
     };
     id.and_then(|id| RunId::new(id).ok())

@@ -11,7 +11,7 @@ use axum::extract::{Path, State};
 use maud::{Markup, html};
 use taquba_workflow::{RunState, WorkflowView};
 
-use crate::commands::mutate::{REQUEUE_EFFECT, existing_run};
+use crate::commands::mutate::{REQUEUE_EFFECT, existing_run, fork_effect};
 use crate::output::{Times, short_duration};
 use crate::payload::Decoded;
 use crate::present::run::{DescribeJson, OutcomeJson, step_text};
@@ -171,6 +171,13 @@ fn status_card(app: &App, json: &DescribeJson, times: &Times) -> Markup {
                     @if let Some(key) = &json.group_key { " (member " code { (key) } ")" }
                 }
             }
+            @if let Some(link) = &json.forked_from {
+                dt { "Forked from" }
+                dd #forked-from {
+                    a href={ "/runs/" (link.run_id) } { (link.run_id) }
+                    @if link.step == 0 { " (restarted from step 0)" } @else { ", step " (link.step) }
+                }
+            }
             @if json.cancel_requested {
                 dt { "Cancel requested" }
                 dd { @match &json.cancel_reason { Some(reason) => (reason), None => "yes" } }
@@ -265,6 +272,20 @@ fn actions(app: &App, json: &DescribeJson) -> Markup {
                 form method="post" action={ "/runs/" (id) "/requeue" } {
                     (layout::token_field(app))
                     button type="submit" #requeue title=(REQUEUE_EFFECT) { "Requeue the failed step" }
+                }
+            }
+            @if !active {
+                form method="post" action={ "/runs/" (id) "/fork" } {
+                    (layout::token_field(app))
+                    label { "From step "
+                        input type="number" name="step" #fork-step min="0" max=(json.current_step) value=(json.current_step) required;
+                    }
+                    button type="submit" #fork title=(fork_effect(json.current_step)) { "Fork" }
+                }
+                form method="post" action={ "/runs/" (id) "/fork" } {
+                    (layout::token_field(app))
+                    input type="hidden" name="step" value="0";
+                    button type="submit" #restart title=(fork_effect(0)) { "Restart" }
                 }
             }
         }
