@@ -252,6 +252,15 @@ pub struct ListArgs {
     /// Start after this run id (the page cursor the previous page printed).
     #[arg(long, value_name = "ID", value_parser = parse_run_id)]
     pub after: Option<RunId>,
+    /// Only runs submitted on code of this version (`#[workflow(version)]`,
+    /// by default its crate's version).
+    #[arg(long, value_name = "VERSION")]
+    pub version: Option<String>,
+    /// Only runs that started without this patch (they answer `false` to
+    /// `patched(ID)`): with `--status active`, the runs that still need the
+    /// patch's old branch; none means the patch can be retired.
+    #[arg(long, value_name = "ID")]
+    pub lacks_patch: Option<String>,
 }
 
 /// `runs list --status`.

@@ -128,6 +128,7 @@ mod store;
 mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod versioning;
 pub mod view;
 mod worker;
 

@@ -119,6 +119,14 @@ impl RuntimeCore {
         };
         let name = name();
         let name = crate::history::cut_cow(&name, crate::history::naming::MAX_NAME_LEN);
+        // The settling code's version, kept when it is not the run's start.
+        let version = self
+            .ops
+            .code
+            .of(run.workflow.as_deref())
+            .version
+            .as_deref()
+            .filter(|version| Some(*version) != run.version.as_deref());
         if job.attempts > 1 {
             // The job's earlier attempts (retries, lost leases) are in the
             // queue's attempt history, committed with each.
@@ -130,9 +138,15 @@ impl RuntimeCore {
                 }
             };
             attempts.push(this);
-            pending.push_parts(claimed.step_number, &name, &attempts, 0);
+            pending.push_versioned(claimed.step_number, &name, &attempts, 0, version);
         } else {
-            pending.push_parts(claimed.step_number, &name, std::slice::from_ref(&this), 0);
+            pending.push_versioned(
+                claimed.step_number,
+                &name,
+                std::slice::from_ref(&this),
+                0,
+                version,
+            );
         }
         let effects = match &mut settlement.kind {
             SettleKind::Ack(effects) | SettleKind::Fail { effects, .. } => effects,

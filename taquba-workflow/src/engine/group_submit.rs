@@ -720,6 +720,8 @@ mod tests {
                 group: None,
                 cancel_reason: None,
                 member: Some(membership(key).durable()),
+                version: None,
+                patches: Vec::new(),
             }),
             key: None,
             version: None,

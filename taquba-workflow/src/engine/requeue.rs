@@ -101,6 +101,8 @@ impl RuntimeCore {
             workflow: termination.workflow.clone(),
             group: termination.group.clone(),
             cancel_reason: None,
+            version: termination.version.clone(),
+            patches: termination.patches.clone(),
         };
         // The history continues: the terminal record's pending entries go
         // back on the pointer, after a `Requeued` marker.

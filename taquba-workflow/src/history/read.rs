@@ -45,7 +45,20 @@ pub(crate) async fn run_history(
         steps,
         steps_taken,
         steps_dropped,
+        version: None,
     })
+}
+
+/// Say the run started on `version`: the steps whose entries name no
+/// version of their own were settled by code of that version.
+pub(crate) fn with_version(mut history: RunHistory, version: Option<&str>) -> RunHistory {
+    history.version = version.map(str::to_string);
+    for step in &mut history.steps {
+        if step.version.is_none() {
+            step.version = history.version.clone();
+        }
+    }
+    history
 }
 
 /// One [`StepHistory`] per run of consecutive entries of a step (a step
@@ -57,6 +70,9 @@ pub(crate) fn merge_steps(entries: Vec<DurableStepEntry>) -> Vec<StepHistory> {
         let attempts = entry.attempts.into_iter().map(Into::into);
         match steps.last_mut() {
             Some(last) if last.step == entry.step => {
+                if entry.version.is_some() {
+                    last.version = entry.version;
+                }
                 last.attempts.extend(attempts);
                 last.attempts_dropped =
                     last.attempts_dropped.saturating_add(entry.attempts_dropped);
@@ -66,6 +82,7 @@ pub(crate) fn merge_steps(entries: Vec<DurableStepEntry>) -> Vec<StepHistory> {
                 name: entry.name,
                 attempts: attempts.collect(),
                 attempts_dropped: entry.attempts_dropped,
+                version: entry.version,
             }),
         }
     }

@@ -60,6 +60,11 @@ pub(crate) struct DurableStepEntry {
     /// value cap).
     #[serde(rename = "x", default, skip_serializing_if = "is_zero")]
     pub(crate) attempts_dropped: u32,
+    /// The version of the code that settled the step, when it differs from
+    /// the version the run started on (absent: the start version; see
+    /// `versioning`).
+    #[serde(rename = "v", default, skip_serializing_if = "Option::is_none")]
+    pub(crate) version: Option<String>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -79,6 +84,7 @@ impl DurableStepEntry {
             name,
             attempts,
             attempts_dropped: u32::try_from(excess).unwrap_or(u32::MAX),
+            version: None,
         }
     }
 }
@@ -372,28 +378,33 @@ struct EntryRef<'a> {
     a: &'a [DurableAttempt],
     #[serde(skip_serializing_if = "is_zero")]
     x: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    v: Option<&'a str>,
 }
 
 impl PendingHistory {
     /// Append `entry`.
     pub(crate) fn push(&mut self, entry: &DurableStepEntry) {
-        self.push_parts(
+        self.push_versioned(
             entry.step,
             &entry.name,
             &entry.attempts,
             entry.attempts_dropped,
+            entry.version.as_deref(),
         );
     }
 
     /// Append the entry of step `step` named `name` with `attempts` (the
     /// last [`MAX_ATTEMPTS_PER_STEP`](crate::history::MAX_ATTEMPTS_PER_STEP)
-    /// of them are kept, the rest counted with `dropped`).
-    pub(crate) fn push_parts(
+    /// of them are kept, the rest counted with `dropped`), settled by code
+    /// at `version` (`None`: the version the run started on).
+    pub(crate) fn push_versioned(
         &mut self,
         step: u32,
         name: &str,
         attempts: &[DurableAttempt],
         dropped: u32,
+        version: Option<&str>,
     ) {
         let excess = attempts
             .len()
@@ -403,6 +414,7 @@ impl PendingHistory {
             n: name,
             a: &attempts[excess..],
             x: dropped.saturating_add(u32::try_from(excess).unwrap_or(u32::MAX)),
+            v: version,
         };
         durable::encode_into(&entry, &mut self.entries);
         self.count = self.count.saturating_add(1);
@@ -620,6 +632,19 @@ mod tests {
         let bytes = durable::encode(&entry);
         assert!(bytes.len() <= 56, "{} bytes", bytes.len());
         assert_eq!(decode_entries(&bytes), vec![entry]);
+    }
+
+    #[test]
+    fn an_entry_keeps_the_version_that_settled_it() {
+        let mut pending = PendingHistory::default();
+        let plain = entry(0);
+        pending.push(&plain);
+        let newer = DurableStepEntry {
+            version: Some("2.0.0".into()),
+            ..entry(1)
+        };
+        pending.push_versioned(1, "charge", &newer.attempts, 0, Some("2.0.0"));
+        assert_eq!(decode_entries(&pending.entries), vec![plain, newer]);
     }
 
     #[test]

@@ -104,6 +104,17 @@ pub(crate) struct DurableRunRecord {
     /// The reason given to a cancellation request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) cancel_reason: Option<String>,
+    /// The version of the code that submitted the run
+    /// ([`StepRunner::code`](crate::StepRunner::code)); absent when it
+    /// says none, and in records written before versions were kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) version: Option<String>,
+    /// The patches the submitting code declared, sorted: what
+    /// `Delivery::patched` answers from for the whole run (see
+    /// `versioning`). Empty when it declared none, and in records written
+    /// before patches were kept (such runs answer `false`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) patches: Vec<String>,
 }
 
 /// The entries of a run's history not yet in a chunk, with the run's chunk
@@ -234,6 +245,12 @@ pub(crate) struct DurableTermination {
     /// in records written before it was kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) member: Option<DurableMembership>,
+    /// The run record's `version`, kept (absent in records written before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) version: Option<String>,
+    /// The run record's `patches`, kept (empty in records written before).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) patches: Vec<String>,
 }
 
 impl DurableTermination {
@@ -257,6 +274,8 @@ impl DurableTermination {
             group,
             cancel_reason,
             member,
+            version,
+            patches,
         } = self;
         *status == other.status
             && *error == other.error
@@ -271,6 +290,8 @@ impl DurableTermination {
             && *group == other.group
             && *cancel_reason == other.cancel_reason
             && *member == other.member
+            && *version == other.version
+            && *patches == other.patches
     }
 }
 
@@ -469,6 +490,8 @@ mod tests {
             workflow: Some("order".into()),
             group: Some(RunId::new("g").unwrap()),
             cancel_reason: Some("why".into()),
+            version: Some("1.2.0".into()),
+            patches: vec!["skip-slack-post".into()],
         };
         let back: DurableRunRecord = decode(&encode(&record)).unwrap();
         assert_eq!(back, record);
@@ -495,5 +518,6 @@ mod tests {
         assert_eq!(record.cancel_delivered_to, None);
         assert!(record.execution.is_none() && record.workflow.is_none());
         assert!(record.group.is_none() && record.cancel_reason.is_none());
+        assert!(record.version.is_none() && record.patches.is_empty());
     }
 }

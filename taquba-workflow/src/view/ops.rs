@@ -97,6 +97,20 @@ impl Row {
         }
     }
 
+    fn version(&self) -> Option<&str> {
+        match self {
+            Row::Active(record) => record.version.as_deref(),
+            Row::Terminated(record) => record.version.as_deref(),
+        }
+    }
+
+    fn patches(&self) -> &[String] {
+        match self {
+            Row::Active(record) => &record.patches,
+            Row::Terminated(record) => &record.patches,
+        }
+    }
+
     fn submitted_at_ms(&self) -> Option<u64> {
         match self {
             Row::Active(record) => Some(record.submitted_at_ms),
@@ -116,6 +130,14 @@ impl Row {
             && filter
                 .submitted_since_ms
                 .is_none_or(|since| self.submitted_at_ms().is_some_and(|at| at >= since))
+            && filter
+                .version
+                .as_deref()
+                .is_none_or(|version| self.version() == Some(version))
+            && filter
+                .lacks_patch
+                .as_deref()
+                .is_none_or(|patch| !self.patches().iter().any(|p| p == patch))
     }
 }
 
@@ -307,6 +329,8 @@ impl WorkflowView {
                     attempts: job.attempts,
                     submitted_at_ms: Some(record.submitted_at_ms),
                     ended_at_ms: None,
+                    version: record.version,
+                    patches: record.patches,
                 }))
             }
             Row::Terminated(termination) => {
@@ -333,6 +357,8 @@ impl WorkflowView {
                 .map_or(0, |attempt| attempt.attempt),
             submitted_at_ms: termination.submitted_at_ms,
             ended_at_ms: Some(termination.terminated_at_ms),
+            version: termination.version.clone(),
+            patches: termination.patches.clone(),
             state: RunState::Terminated(termination.into()),
         })
     }
@@ -424,6 +450,8 @@ impl WorkflowView {
             ended_at_ms: None,
             cancel_requested: record.cancel_requested,
             cancel_reason: record.cancel_reason,
+            version: record.version,
+            patches: record.patches,
         })
     }
 
@@ -460,6 +488,8 @@ impl WorkflowView {
                 || (public.status == crate::model::TerminalStatus::Cancelled
                     && public.error.is_none()),
             cancel_reason: termination.cancel_reason,
+            version: termination.version,
+            patches: termination.patches,
             state: RunState::Terminated(public),
         })
     }
@@ -481,7 +511,7 @@ impl WorkflowView {
             let pending = current
                 .as_ref()
                 .and_then(|(pointer, _)| pointer.history.as_ref());
-            let mut history = read::run_history(
+            let history = read::run_history(
                 &self.queue,
                 run_id,
                 record.execution.as_deref(),
@@ -489,6 +519,7 @@ impl WorkflowView {
                 step,
             )
             .await?;
+            let mut history = read::with_version(history, record.version.as_deref());
             if let Some((_, job)) = current {
                 self.add_attempts_in_progress(&mut history, step, &job)
                     .await?;
@@ -506,7 +537,7 @@ impl WorkflowView {
             termination.final_step,
         )
         .await
-        .map(Some)
+        .map(|history| Some(read::with_version(history, termination.version.as_deref())))
     }
 
     /// Add the attempts of the current step's job that the queue recorded
@@ -541,6 +572,7 @@ impl WorkflowView {
                     name: inline_step_name(job).unwrap_or_default(),
                     attempts: attempts.collect(),
                     attempts_dropped: 0,
+                    version: history.version.clone(),
                 });
                 if history.steps.len() == 1 {
                     history.steps_dropped = step;

@@ -127,6 +127,16 @@ pub trait Workflow: StepRunner + Sized + 'static {
     /// step name)`: a run parked under an alias resumes in the step. None
     /// by default.
     const ALIASES: &'static [(&'static str, &'static str)] = &[];
+    /// The code's version (`#[workflow(version = "...")]`, by default the
+    /// crate's `CARGO_PKG_VERSION`), recorded with every run it submits and
+    /// every step it settles (see [`versioning`](crate::versioning)).
+    /// `None` by default.
+    const VERSION: Option<&'static str> = None;
+    /// The patches the code declares (`#[workflow(patches = ["..."])]`),
+    /// recorded with every run it submits: what
+    /// [`Delivery::patched`](crate::Delivery::patched) answers from (see
+    /// [`versioning`](crate::versioning)). None by default.
+    const PATCHES: &'static [&'static str] = &[];
     /// What a run that succeeds returns ([`Transition::done`]): any
     /// `Serialize + DeserializeOwned + Send + 'static` type (see
     /// [`WorkflowOutput`]).
@@ -1030,6 +1040,15 @@ impl StepRunner for Workflows {
                 })
                 .collect(),
         )
+    }
+
+    /// Every hosted workflow's code.
+    fn code(&self) -> crate::versioning::HostedCode {
+        self.entries
+            .values()
+            .fold(crate::versioning::HostedCode::default(), |all, workflow| {
+                all.merge(workflow.code())
+            })
     }
 
     async fn run_step(&self, step: &Step) -> std::result::Result<StepOutcome, StepError> {
