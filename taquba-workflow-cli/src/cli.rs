@@ -157,6 +157,9 @@ pub enum CommandsCommand {
 #[derive(Debug, Subcommand)]
 pub enum RunsCommand {
     /// A table of runs, in run-id order (oldest first for generated ids).
+    // `--version` filters by the runs' code version here (`taquba-workflow
+    // --version` still prints the tool's).
+    #[command(disable_version_flag = true)]
     List(ListArgs),
     /// One run as a key/value card: state, current step, attempts,
     /// schedule, waited signal, last error, headers, times.
