@@ -419,3 +419,107 @@ fn a_patch_the_code_does_not_declare_fails_the_run_naming_it() {
         worker.shutdown().await.expect("worker stops");
     });
 }
+
+/// A hand-written runner: it declares its version and patches in
+/// `StepRunner::code` and asks `step.patched(..)`; step 0 waits for a
+/// signal, step 1 returns the answer.
+struct Hand {
+    code: taquba_workflow::versioning::CodeInfo,
+}
+
+impl StepRunner for Hand {
+    async fn run_step(
+        &self,
+        step: &taquba_workflow::Step,
+    ) -> Result<taquba_workflow::StepOutcome, taquba_workflow::StepError> {
+        if step.step_number == 0 {
+            let key = format!("go:{}", step.run_id);
+            return Ok(taquba_workflow::StepOutcome::continue_on_signal(
+                Vec::new(),
+                key,
+                Duration::from_secs(600),
+            ));
+        }
+        let answer = match self.code.patches.is_empty() {
+            true => "unpatched code".to_string(),
+            false => step.patched("batch-emails")?.to_string(),
+        };
+        Ok(taquba_workflow::StepOutcome::Succeed {
+            result: answer.into_bytes(),
+        })
+    }
+
+    fn code(&self) -> taquba_workflow::versioning::HostedCode {
+        taquba_workflow::versioning::HostedCode::all(self.code.clone())
+    }
+}
+
+#[test]
+fn a_hand_written_runner_declares_its_code_and_asks_for_patches() {
+    use taquba_workflow::RunSpec;
+    use taquba_workflow::versioning::CodeInfo;
+
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let submit = |rt: &WorkflowRuntime<Hand, NoopTerminalHook>, id: &'static str| {
+        let rt = rt.clone();
+        async move {
+            rt.submit(RunSpec {
+                run_id: Some(RunId::new(id).expect("id")),
+                input: Vec::new(),
+                ..RunSpec::default()
+            })
+            .await
+            .expect("submits");
+            parked_at(&rt, &RunId::new(id).expect("id"), 1).await;
+        }
+    };
+    let first = process();
+    first.block_on(async {
+        let rt = runtime(
+            &store,
+            Hand {
+                code: CodeInfo::new().version("h1"),
+            },
+        )
+        .await;
+        let worker = rt.spawn(std::future::pending::<()>());
+        submit(&rt, "hand-old").await;
+        worker.shutdown().await.expect("worker stops");
+    });
+    first.shutdown_timeout(Duration::from_millis(200));
+
+    let second = process();
+    second.block_on(async {
+        let rt = runtime(
+            &store,
+            Hand {
+                code: CodeInfo::new().version("h2").patch("batch-emails"),
+            },
+        )
+        .await;
+        let worker = rt.spawn(std::future::pending::<()>());
+        submit(&rt, "hand-new").await;
+        for (id, expected) in [("hand-old", "false"), ("hand-new", "true")] {
+            let run_id = RunId::new(id).expect("id");
+            rt.signal_value(&format!("go:{id}"), &())
+                .await
+                .expect("signals");
+            let end = tokio::time::timeout(Duration::from_secs(10), rt.wait(&run_id))
+                .await
+                .expect("the run ends")
+                .expect("waits");
+            let result = end.outcome.and_then(|o| o.result).expect("a result");
+            assert_eq!(String::from_utf8_lossy(&result), expected, "{id}");
+        }
+        let old = rt
+            .view()
+            .steps(&RunId::new("hand-old").expect("id"))
+            .await
+            .expect("reads")
+            .expect("a history");
+        assert_eq!(old.version.as_deref(), Some("h1"));
+        let versions: Vec<Option<&str>> = old.steps.iter().map(|s| s.version.as_deref()).collect();
+        assert_eq!(versions, [Some("h1"), Some("h2")]);
+        worker.shutdown().await.expect("worker stops");
+    });
+}
