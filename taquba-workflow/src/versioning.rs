@@ -48,8 +48,10 @@
 //! To retire a patch: once no active run lacks it
 //! ([`RunFilter::lacks_patch`](crate::view::RunFilter::lacks_patch),
 //! `runs list --status active --lacks-patch ID` lists none), the old branch
-//! is dead code: remove it and the `patched` call; the id can stay
-//! declared (harmless) or go.
+//! is dead code: remove it with the `patched` call. The declaration can go
+//! in the same change or stay (harmless), never before the call (asking
+//! for an undeclared patch is an error, and runs submitted without it
+//! would take the old branch again).
 //!
 //! [`StepRunner::code`]: crate::StepRunner::code
 //! [`Delivery::patched`]: crate::Delivery::patched

@@ -60,7 +60,14 @@
 //!   of the `#[step(start)]` step, submitted with
 //!   [`WorkflowRuntime::start`];
 //! - `impl` [`Workflow`] and `impl` [`StepRunner`]: decode the payload,
-//!   dispatch to the step fn, encode the [`Transition`] it returns;
+//!   dispatch to the step fn, encode the [`Transition`] it returns; say the
+//!   code's version and patches ([`Workflow::VERSION`],
+//!   [`Workflow::PATCHES`], from `#[workflow(version = "...", patches =
+//!   [...])]`, the crate's version by default) through
+//!   [`StepRunner::code`], so a run records the version it started on and
+//!   each step the version it ran on, and `ctx.patched("id")?` branches on
+//!   whether the run started on code declaring the patch
+//!   ([`versioning`](crate::versioning));
 //! - a registration entry, so [`Workflows::registered`] hosts every
 //!   workflow linked into the binary.
 //!
