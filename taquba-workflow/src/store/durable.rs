@@ -502,6 +502,35 @@ mod tests {
     }
 
     #[test]
+    fn a_version_and_a_patch_cost_a_run_record_a_few_dozen_bytes() {
+        let plain = DurableRunRecord {
+            input_hash: vec![7; 32],
+            submitted_at_ms: 1_700_000_000_000,
+            cancel_requested: false,
+            cancel_delivered_to: None,
+            execution: Some("01J00000000000000000000000".into()),
+            workflow: Some("notify".into()),
+            group: None,
+            cancel_reason: None,
+            version: None,
+            patches: Vec::new(),
+        };
+        let versioned = DurableRunRecord {
+            version: Some("2.0.0".into()),
+            patches: vec!["skip-slack-post".into()],
+            ..plain.clone()
+        };
+        let (before, after) = (encode(&plain).len(), encode(&versioned).len());
+        println!("run record: {before} bytes, with a version and a patch: {after} bytes");
+        assert!(after - before <= 48, "{before} -> {after}");
+        // Nothing of either is written when the code says none.
+        let bytes = encode(&plain);
+        for field in [&b"version"[..], b"patches"] {
+            assert!(!bytes.windows(field.len()).any(|w| w == field));
+        }
+    }
+
+    #[test]
     fn an_added_field_defaults_when_reading_an_older_record() {
         #[derive(Serialize)]
         struct Old {
