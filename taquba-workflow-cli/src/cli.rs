@@ -157,6 +157,9 @@ pub enum CommandsCommand {
 #[derive(Debug, Subcommand)]
 pub enum RunsCommand {
     /// A table of runs, in run-id order (oldest first for generated ids).
+    // `--version` filters by the runs' code version here (`taquba-workflow
+    // --version` still prints the tool's).
+    #[command(disable_version_flag = true)]
     List(ListArgs),
     /// One run as a key/value card: state, current step, attempts,
     /// schedule, waited signal, last error, headers, times.
@@ -290,6 +293,15 @@ pub struct ListArgs {
     /// Start after this run id (the page cursor the previous page printed).
     #[arg(long, value_name = "ID", value_parser = parse_run_id)]
     pub after: Option<RunId>,
+    /// Only runs submitted on code of this version (`#[workflow(version)]`,
+    /// by default its crate's version).
+    #[arg(long, value_name = "VERSION")]
+    pub version: Option<String>,
+    /// Only runs that started without this patch (they answer `false` to
+    /// `patched(ID)`): with `--status active`, the runs that still need the
+    /// patch's old branch; none means the patch can be retired.
+    #[arg(long, value_name = "ID")]
+    pub lacks_patch: Option<String>,
 }
 
 /// `runs list --status`.

@@ -128,7 +128,16 @@ pub fn job(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// `output = Type` (default `()`), `step_enum = Ident` (default
 /// `{Type}Step`), `input = Ident` (default `{Type}Input`), `vis = ...`
 /// (the generated types' visibility, default private to the module, as an
-/// item without `pub` is), `derive(...)` and `crate = path`. Step options:
+/// item without `pub` is), `derive(...)`, `crate = path`,
+/// `version = "2.1.0"` (a non-empty string of at most 256 bytes, default
+/// the crate's `CARGO_PKG_VERSION`: recorded with every run the code
+/// submits and every step it settles, `Workflow::VERSION`) and
+/// `patches = ["skip-slack-post", ...]` (distinct non-empty string
+/// literals: the patch ids the code declares, recorded with every run it
+/// submits; `ctx.patched("skip-slack-post")?` answers `true` in the runs
+/// submitted on code declaring it and `false` in runs submitted before,
+/// `Workflow::PATCHES`; asking for an undeclared id is a permanent step
+/// error). Each option once. Step options:
 /// `start` (exactly one step), `name = "..."` (the step's stable name,
 /// default the fn name) and `alias = "..."`, any number of times: a name
 /// the step was stored under by an earlier version, so runs parked under

@@ -25,5 +25,5 @@ pub use crate::generated::{
 pub use crate::jobs::registry::{JobRegistration, register_job};
 pub use crate::workflows::registry::{
     BoxStepFuture, ErasedWorkflow, MakeWithDefault, MakeWithoutDefault, Maker,
-    WorkflowRegistration, hosted_workflow,
+    WorkflowRegistration, hosted_workflow, workflow_code,
 };

@@ -61,7 +61,8 @@
 //!
 //! * The queue's caller KV namespace, under the reserved prefix
 //!   [`RESERVED_KV_PREFIX`] (`workflow/`): the run record (input hash,
-//!   cancellation request), the current-step pointer, the terminal record,
+//!   cancellation request, the version and patches of the code that
+//!   submitted it: see [`versioning`]), the current-step pointer, the terminal record,
 //!   retention markers, signal waiters and buffers, group member records
 //!   and each group's submission counter.
 //! * The object store passed to [`WorkflowRuntime::builder`], under the memo
@@ -129,6 +130,7 @@ mod store;
 mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod versioning;
 pub mod view;
 mod worker;
 

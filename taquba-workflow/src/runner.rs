@@ -14,6 +14,7 @@ use crate::run::effects::EffectsHandle;
 use crate::store::keys::RunId;
 use crate::store::kv::KvReadHandle;
 use crate::store::memo::{Memo, MemoStore};
+use crate::versioning::{HostedCode, RunCode};
 use crate::workflows::envelope::EnvelopeHead;
 
 /// The per-step logic of a workflow: bytes in ([`Step::payload`]), a
@@ -65,6 +66,20 @@ pub trait StepRunner: Send + Sync {
     fn hosted(&self) -> Hosted {
         Hosted::Unknown
     }
+
+    /// What code this runner runs, per workflow: its version and the
+    /// patches it declares ([`versioning`](crate::versioning)), asked once
+    /// when the runtime is built. A submission records the version and
+    /// patches of its workflow's code in the run record; each step's
+    /// history entry records the version of the code that settled it;
+    /// [`Delivery::patched`] answers from the recorded patches.
+    /// `#[workflow]` types say theirs (`#[workflow(version = "...",
+    /// patches = [...])]`, the crate's version by default) and the
+    /// [`Workflows`](crate::workflows::Workflows) router merges them; the
+    /// default says nothing (no version, no patch).
+    fn code(&self) -> HostedCode {
+        HostedCode::default()
+    }
 }
 
 /// A shared runner runs steps as the runner it points to: hand one runner
@@ -81,6 +96,10 @@ impl<T: StepRunner + ?Sized> StepRunner for std::sync::Arc<T> {
 
     fn hosted(&self) -> Hosted {
         (**self).hosted()
+    }
+
+    fn code(&self) -> HostedCode {
+        (**self).code()
     }
 }
 
@@ -212,6 +231,9 @@ pub struct Delivery {
     pub effects: EffectsHandle,
     /// Reads of committed KV state.
     pub kv: KvReadHandle,
+    /// The run's code: the version and patches it started with, and the
+    /// code running this step ([`patched`](Self::patched)).
+    pub code: RunCode,
 }
 
 impl Delivery {
@@ -221,10 +243,24 @@ impl Delivery {
         self.attempts >= self.max_attempts
     }
 
+    /// Whether the run started on code that declared the patch `id`
+    /// ([`RunCode::patched`]): `true` for runs submitted on code declaring
+    /// it, `false` for runs submitted before, the same on every attempt of
+    /// every step of the run (see [`versioning`](crate::versioning)).
+    ///
+    /// # Errors
+    /// A permanent [`StepError`] naming the patch when the running code
+    /// does not declare `id`.
+    pub fn patched(&self, id: &str) -> Result<bool, StepError> {
+        self.code.patched(id)
+    }
+
     /// A delivery bound to no queue, for unit tests of runners: run id
     /// `"detached"`, first of three attempts, a token never fired by the
     /// runtime, a detached lease, memos in a private in-memory store,
-    /// effects that are staged and dropped, KV reads that find nothing.
+    /// effects that are staged and dropped, KV reads that find nothing, a
+    /// [`RunCode`] declaring no patch (set [`code`](Self::code) to test
+    /// [`patched`](Self::patched)).
     pub fn detached() -> Self {
         let run_id = RunId::new("detached").expect("a valid literal id");
         let memos = MemoStore::new(
@@ -243,6 +279,7 @@ impl Delivery {
             lease: LeaseHandle::detached(),
             effects: EffectsHandle::detached(),
             kv: KvReadHandle::detached(),
+            code: RunCode::default(),
         }
     }
 }

@@ -811,6 +811,7 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
                 naming: self.naming,
                 command_retention: self.command_retention,
                 hosted: self.runner.hosted(),
+                code: crate::versioning::CodeTable::new(self.runner.code()),
             },
         });
         WorkflowRuntime {

@@ -42,6 +42,12 @@ pub fn filter(args: &ListArgs, now_ms: u64) -> RunFilter {
     if let Some(after) = &args.after {
         filter = filter.after(after.clone());
     }
+    if let Some(version) = &args.version {
+        filter = filter.version(version.clone());
+    }
+    if let Some(patch) = &args.lacks_patch {
+        filter = filter.lacks_patch(patch.clone());
+    }
     filter
 }
 
@@ -90,6 +96,11 @@ pub fn summary_table(rows: &[SummaryJson], times: &Times) -> Table {
         "submitted",
         "ended",
     ];
+    // The version each run started on, when any run records one.
+    let versioned = rows.iter().any(|run| run.version.is_some());
+    if versioned {
+        header.insert(5, "version");
+    }
     if sharded {
         header.push("shard");
     }
@@ -104,6 +115,9 @@ pub fn summary_table(rows: &[SummaryJson], times: &Times) -> Table {
             times.maybe_at(run.submitted_at_ms),
             times.maybe_at(run.ended_at_ms),
         ];
+        if versioned {
+            row.insert(5, run.version.clone().unwrap_or_else(|| "-".to_string()));
+        }
         if sharded {
             row.push(run.shard.map_or_else(|| "-".to_string(), |k| k.to_string()));
         }
@@ -185,6 +199,10 @@ fn describe_card(json: &DescribeJson, times: &Times) -> Card {
             .unwrap_or_default();
         card.field("Group", format!("{group}{key}"));
     }
+    card.field_opt("Version", json.version.as_deref());
+    if !json.patches.is_empty() {
+        card.field("Patches", json.patches.join(", "));
+    }
     card.field("Submitted", times.maybe_at(json.submitted_at_ms));
     if json.termination.is_some() {
         card.field("Ended", times.maybe_at(json.ended_at_ms));
@@ -253,20 +271,30 @@ pub async fn steps(view: &WorkflowView, id: &RunId, out: &Output) -> CliResult<(
 }
 
 fn steps_table(attempts: &[AttemptJson], times: &Times) -> Table {
-    let mut table = Table::new(&["step", "name", "attempt", "claimed", "took", "outcome"]);
+    // The version that settled each step, when any step records one.
+    let versioned = attempts.iter().any(|a| a.version.is_some());
+    let mut header = vec!["step", "name", "attempt", "claimed", "took", "outcome"];
+    if versioned {
+        header.insert(2, "version");
+    }
+    let mut table = Table::new(&header);
     for a in attempts {
         let took = a
             .claimed_at_ms
             .map(|claimed| short_duration(a.settled_at_ms.saturating_sub(claimed)))
             .unwrap_or_else(|| "-".to_string());
-        table.row(vec![
+        let mut row = vec![
             a.step.to_string(),
             a.name.clone(),
             a.attempt.to_string(),
             times.maybe_at(a.claimed_at_ms.or(Some(a.settled_at_ms))),
             took,
             a.outcome_text(),
-        ]);
+        ];
+        if versioned {
+            row.insert(2, a.version.clone().unwrap_or_else(|| "-".to_string()));
+        }
+        table.row(row);
     }
     table
 }

@@ -54,6 +54,10 @@ pub struct SummaryJson {
     /// The cluster shard holding the run (listings of a cluster root only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shard: Option<u32>,
+    /// The version of the code that submitted the run.
+    pub version: Option<String>,
+    /// The patches the run started with.
+    pub patches: Vec<String>,
 }
 
 impl SummaryJson {
@@ -85,6 +89,8 @@ impl From<&RunSummary> for SummaryJson {
             ended_at_ms: run.ended_at_ms,
             error,
             shard: None,
+            version: run.version.clone(),
+            patches: run.patches.clone(),
         }
     }
 }
@@ -219,6 +225,11 @@ pub struct DescribeJson {
     pub termination: Option<TerminationJson>,
     /// Its committed outcome.
     pub outcome: Option<OutcomeJson>,
+    /// The version of the code that submitted the run.
+    pub version: Option<String>,
+    /// The patches the run started with (`patched` answers `true` for
+    /// these, `false` for any other).
+    pub patches: Vec<String>,
 }
 
 impl DescribeJson {
@@ -256,6 +267,8 @@ impl DescribeJson {
             }),
             termination,
             outcome,
+            version: run.version.clone(),
+            patches: run.patches.clone(),
         }
     }
 

@@ -34,6 +34,8 @@ pub struct AttemptJson {
     pub error_kind: Option<ErrorKindJson>,
     /// The error or reason.
     pub error: Option<String>,
+    /// The version of the code that settled the step.
+    pub version: Option<String>,
 }
 
 impl AttemptJson {
@@ -51,6 +53,7 @@ impl AttemptJson {
             signal_timeout_ms: None,
             error_kind: None,
             error: None,
+            version: None,
         };
         match &attempt.outcome {
             AttemptOutcome::Continued { delay_ms, signal } => {
@@ -131,6 +134,8 @@ pub struct HistoryJson {
     pub steps_taken: u32,
     /// Steps before the first retained one.
     pub steps_dropped: u32,
+    /// The version of the code that submitted the run.
+    pub version: Option<String>,
     /// Every retained attempt, in step then attempt order.
     pub attempts: Vec<AttemptJson>,
 }
@@ -140,13 +145,16 @@ impl From<&RunHistory> for HistoryJson {
         let mut attempts = Vec::new();
         for step in &history.steps {
             for attempt in &step.attempts {
-                attempts.push(AttemptJson::new(step.step, &step.name, attempt));
+                let mut json = AttemptJson::new(step.step, &step.name, attempt);
+                json.version.clone_from(&step.version);
+                attempts.push(json);
             }
         }
         HistoryJson {
             run_id: history.run_id.to_string(),
             steps_taken: history.steps_taken,
             steps_dropped: history.steps_dropped,
+            version: history.version.clone(),
             attempts,
         }
     }

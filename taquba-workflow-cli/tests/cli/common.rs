@@ -48,7 +48,7 @@ pub struct Demo {
     pub healed: Arc<AtomicBool>,
 }
 
-#[workflow(name = "cli-demo", output = Summary)]
+#[workflow(name = "cli-demo", output = Summary, version = "demo-1", patches = ["demo-patch"])]
 impl Demo {
     #[step(start)]
     async fn begin(

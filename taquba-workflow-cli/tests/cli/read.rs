@@ -348,6 +348,42 @@ async fn runs_are_listed_filtered_and_paged() {
         .is_empty()
     );
 
+    // Versions and patches: every run started on `demo-1` with
+    // `demo-patch`.
+    assert_eq!(
+        ids(&json(
+            &list(&["--status", "all", "--version", "demo-1"])
+                .await
+                .success()
+        ))
+        .len(),
+        4
+    );
+    assert!(
+        ids(&json(
+            &list(&["--status", "all", "--version", "demo-0"])
+                .await
+                .success()
+        ))
+        .is_empty()
+    );
+    assert!(
+        ids(&json(
+            &list(&["--lacks-patch", "demo-patch"]).await.success()
+        ))
+        .is_empty(),
+        "no active run lacks the patch: it can be retired"
+    );
+    assert_eq!(
+        ids(&json(
+            &list(&["--lacks-patch", "other-patch"]).await.success()
+        )),
+        ["list-c", "list-d"]
+    );
+    let listed = json(&list(&["--status", "all"]).await.success());
+    assert_eq!(listed[0]["version"], "demo-1");
+    assert_eq!(listed[0]["patches"][0], "demo-patch");
+
     // Pages: the text footer names the cursor, `--after` continues.
     let first = run(cli(
         dir.path(),
@@ -445,6 +481,8 @@ async fn steps_show_each_attempt_of_a_run() {
     assert_eq!(attempts[1]["attempt"], 2);
     assert_eq!(attempts[1]["outcome"], "failed");
     assert_eq!(attempts[1]["error_kind"], "transient");
+    assert_eq!(value["version"], "demo-1");
+    assert_eq!(attempts[1]["version"], "demo-1");
 
     run(cli(dir.path(), &["runs", "steps", "steps-none"]))
         .await

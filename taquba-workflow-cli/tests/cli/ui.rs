@@ -157,6 +157,10 @@ async fn every_page_shows_a_live_store() {
         "team",
         "search",
         r#"data-refresh="off""#,
+        // The version it started on, its patches, each step's version.
+        r#"<dd id="run-version">demo-1</dd>"#,
+        "<code>demo-patch</code>",
+        "version demo-1",
     ]);
     // A waiting run: the signal it waits for, its timeout, the actions;
     // the page refreshes.

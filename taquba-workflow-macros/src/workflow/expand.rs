@@ -305,6 +305,12 @@ fn workflow_impl(model: &WorkflowModel, krate: &TokenStream, fallback: bool) -> 
         ),
     };
     let step = Ident::new("__taquba_step", Span::mixed_site());
+    // The crate's version by default: `env!` expands in the user's crate.
+    let version = match &model.options.version {
+        Some(version) => quote!(#version),
+        None => quote!(::core::env!("CARGO_PKG_VERSION")),
+    };
+    let patches = &model.options.patches;
     let start_name = model
         .start
         .map(|i| model.steps[i].name.clone())
@@ -365,6 +371,9 @@ fn workflow_impl(model: &WorkflowModel, krate: &TokenStream, fallback: bool) -> 
             const START: &'static str = #start_name;
             const STEPS: &'static [&'static str] = &[#(#names),*];
             const ALIASES: &'static [(&'static str, &'static str)] = &[#(#aliases),*];
+            const VERSION: ::core::option::Option<&'static str> =
+                ::core::option::Option::Some(#version);
+            const PATCHES: &'static [&'static str] = &[#(#patches),*];
             #output_item
         }
 
@@ -379,6 +388,10 @@ fn workflow_impl(model: &WorkflowModel, krate: &TokenStream, fallback: bool) -> 
 
             fn hosted(&self) -> #krate::Hosted {
                 #krate::__private::hosted_workflow::<Self>()
+            }
+
+            fn code(&self) -> #krate::versioning::HostedCode {
+                #krate::__private::workflow_code::<Self>()
             }
         }
     }

@@ -14,6 +14,8 @@ pub(crate) const OPTIONS: &[&str] = &[
     "vis",
     "derive",
     "crate",
+    "version",
+    "patches",
 ];
 
 /// Every option `#[step]` accepts.
@@ -37,6 +39,11 @@ pub(crate) struct WorkflowOptions {
     pub(crate) derives: Vec<Path>,
     /// `crate = path`.
     pub(crate) krate: Option<Path>,
+    /// `version = "2.1.0"`: the code's version, recorded with its runs and
+    /// steps (default: the crate's `CARGO_PKG_VERSION`).
+    pub(crate) version: Option<LitStr>,
+    /// `patches = ["skip-slack-post"]`: the patch ids the code declares.
+    pub(crate) patches: Vec<LitStr>,
     /// Whether the output is unknown: none was read, and one may have been
     /// meant (an `output` option, maybe misspelt, whose value could not be
     /// read, or an option that could not be read at all). The stand-in
@@ -72,11 +79,76 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> WorkflowOptions {
             "vis" => options.vis = arg.parse_value("a visibility", "vis = pub(crate)", errors),
             "derive" => options.derives = arg.derives(errors),
             "crate" => options.krate = arg.crate_path(errors),
+            "version" => options.version = version(arg, errors),
+            "patches" => options.patches = patches(arg, errors),
             _ => {}
         },
     );
     options.output_unknown = options.output.is_none() && (output_written || unread);
     options
+}
+
+/// The longest `version`, in bytes: the runtime keeps no more.
+const MAX_VERSION_LEN: usize = 256;
+
+/// `version = "2.1.0"`: a non-empty string of at most 256 bytes.
+fn version(arg: &crate::common::OptionArg, errors: &mut Errors) -> Option<LitStr> {
+    let lit = arg.name_str("version = \"2.1.0\"", errors)?;
+    if lit.value().len() > MAX_VERSION_LEN {
+        errors.spanned(
+            &lit,
+            format!(
+                "`version` is {} bytes long; the runtime keeps at most {MAX_VERSION_LEN}",
+                lit.value().len()
+            ),
+        );
+        return None;
+    }
+    Some(lit)
+}
+
+/// `patches = ["skip-slack-post", ...]`: distinct non-empty string
+/// literals.
+fn patches(arg: &crate::common::OptionArg, errors: &mut Errors) -> Vec<LitStr> {
+    const EXAMPLE: &str = "patches = [\"skip-slack-post\"]";
+    let Some(tokens) = arg.value(EXAMPLE, errors) else {
+        return Vec::new();
+    };
+    let Ok(array) = syn::parse2::<syn::ExprArray>(tokens.clone()) else {
+        errors.spanned(
+            tokens,
+            format!("`patches` takes a list of string literals: write `{EXAMPLE}`"),
+        );
+        return Vec::new();
+    };
+    let mut patches: Vec<LitStr> = Vec::new();
+    for elem in &array.elems {
+        let syn::Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Str(lit),
+            ..
+        }) = elem
+        else {
+            errors.spanned(
+                elem,
+                format!("a patch id is a string literal: write `{EXAMPLE}`"),
+            );
+            continue;
+        };
+        let value = lit.value();
+        if value.trim().is_empty() || value.trim() != value || value.chars().any(char::is_control) {
+            errors.spanned(
+                lit,
+                "a patch id cannot be empty, start or end with whitespace, or contain control characters",
+            );
+            continue;
+        }
+        if patches.iter().any(|p| p.value() == value) {
+            errors.spanned(lit, format!("patch {value:?} is declared twice"));
+            continue;
+        }
+        patches.push(lit.clone());
+    }
+    patches
 }
 
 /// `#[step(...)]` as written.
@@ -175,6 +247,38 @@ mod tests {
         assert!(options.output.is_some());
         assert!(matches!(options.vis, Some(Visibility::Restricted(_))));
         assert_eq!(options.derives.len(), 1);
+    }
+
+    #[test]
+    fn version_and_patches_parse_and_their_mistakes_are_named() {
+        let mut errors = Errors::new();
+        let options = parse(
+            quote!(
+                version = "2.1.0",
+                patches = ["skip-slack-post", "new-pricing"]
+            ),
+            &mut errors,
+        );
+        assert!(errors.is_empty(), "{:?}", errors.messages());
+        assert_eq!(options.version.map(|v| v.value()).as_deref(), Some("2.1.0"));
+        assert_eq!(options.patches.len(), 2);
+
+        let mut errors = Errors::new();
+        parse(
+            quote!(version = 2, patches = ["a", "a", 3, ""], version = "x"),
+            &mut errors,
+        );
+        let messages = errors.messages();
+        assert_eq!(messages.len(), 5, "{messages:?}");
+        assert!(messages[0].contains("`version` takes a string literal"));
+        assert!(messages[1].contains("patch \"a\" is declared twice"));
+        assert!(messages[2].contains("a patch id is a string literal"));
+        assert!(messages[3].contains("cannot be empty"));
+        assert!(messages[4].contains("duplicate option `version`"));
+
+        let mut errors = Errors::new();
+        parse(quote!(patches = "a"), &mut errors);
+        assert!(errors.messages()[0].contains("takes a list of string literals"));
     }
 
     #[test]

@@ -122,6 +122,14 @@ impl RuntimeCore {
         let name = crate::history::cut_cow(&name, crate::history::naming::MAX_NAME_LEN);
         // The step's input rides on its entry (what a fork starts from).
         let input = RecordedInput::of(job, self.ops.step_input_limit);
+        // The settling code's version, kept when it is not the run's start.
+        let version = self
+            .ops
+            .code
+            .of(run.workflow.as_deref())
+            .version
+            .as_deref()
+            .filter(|version| Some(*version) != run.version.as_deref());
         if job.attempts > 1 {
             // The job's earlier attempts (retries, lost leases) are in the
             // queue's attempt history, committed with each.
@@ -133,7 +141,7 @@ impl RuntimeCore {
                 }
             };
             attempts.push(this);
-            pending.push_step(claimed.step_number, &name, &attempts, 0, input);
+            pending.push_step(claimed.step_number, &name, &attempts, 0, input, version);
         } else {
             pending.push_step(
                 claimed.step_number,
@@ -141,6 +149,7 @@ impl RuntimeCore {
                 std::slice::from_ref(&this),
                 0,
                 input,
+                version,
             );
         }
         let effects = match &mut settlement.kind {

@@ -52,12 +52,23 @@ impl RuntimeCore {
         }
         let payload = self.view.step_input(run_id, from_step).await?;
         // The submitter's headers carry over, from the recorded outcome.
-        let headers = self
-            .view
-            .run(run_id)
-            .await?
-            .map(|details| details.headers)
+        let original = self.view.run(run_id).await?;
+        let headers = original
+            .as_ref()
+            .map(|details| details.headers.clone())
             .unwrap_or_default();
+        let workflow = self.workflow_name_of(&payload);
+        // A fork goes on from where the original was, so it keeps the code
+        // version and patches the original started with: a later step
+        // branches as the original's earlier steps did. A restart runs
+        // every step again on the code at hand, so it is a new start.
+        let (version, patches) = match original {
+            Some(details) if from_step > 0 => (details.version, details.patches),
+            _ => {
+                let code = self.ops.code.of(workflow.as_deref());
+                (code.version.clone(), code.patches.iter().cloned().collect())
+            }
+        };
         let new_id = options.run_id.clone().unwrap_or_else(|| self.new_run_id());
         let run_key = run_kv_key(&new_id);
         for _ in 0..FORK_RACE_RETRIES {
@@ -80,10 +91,12 @@ impl RuntimeCore {
                 cancel_requested: false,
                 cancel_delivered_to: None,
                 execution: Some(job_id.clone()),
-                workflow: self.workflow_name_of(&payload),
+                workflow: workflow.clone(),
                 group: None,
                 cancel_reason: None,
                 forked_from: Some(link.clone()),
+                version: version.clone(),
+                patches: patches.clone(),
             };
             let effects =
                 Self::step_effects(&new_id, from_step, step, SettlementEffects::default())

@@ -721,6 +721,8 @@ mod tests {
                 cancel_reason: None,
                 member: Some(membership(key).durable()),
                 forked_from: None,
+                version: None,
+                patches: Vec::new(),
             }),
             key: None,
             version: None,

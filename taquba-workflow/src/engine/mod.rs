@@ -112,6 +112,8 @@ pub(crate) struct OpsSettings {
     pub(crate) command_retention: Duration,
     /// What the runner can run, checked against inbox submits.
     pub(crate) hosted: crate::runner::Hosted,
+    /// What code the runner runs (its version and patches), per workflow.
+    pub(crate) code: crate::versioning::CodeTable,
 }
 
 /// The engine of one runtime.
@@ -388,6 +390,8 @@ impl RuntimeCore {
             cancel_reason: run.cancel_reason.clone(),
             member: membership.map(Membership::durable),
             forked_from: run.forked_from.clone(),
+            version: run.version.clone(),
+            patches: run.patches.clone(),
         }
     }
 

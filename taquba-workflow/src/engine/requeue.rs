@@ -102,6 +102,8 @@ impl RuntimeCore {
             group: termination.group.clone(),
             cancel_reason: None,
             forked_from: termination.forked_from.clone(),
+            version: termination.version.clone(),
+            patches: termination.patches.clone(),
         };
         // The history continues: the terminal record's pending entries go
         // back on the pointer, after a `Requeued` marker.

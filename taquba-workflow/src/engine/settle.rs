@@ -485,6 +485,12 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
                 run_memo: core.memo_store.new_run_memo(run_id),
                 effects: effects_handle.clone(),
                 kv: KvReadHandle::for_queue(core.queue.clone()),
+                code: crate::versioning::RunCode::recorded(
+                    record.workflow.as_deref(),
+                    record.version.as_deref(),
+                    &record.patches,
+                    core.ops.code.of(record.workflow.as_deref()).clone(),
+                ),
             },
             step_number,
             payload: job.payload.clone(),

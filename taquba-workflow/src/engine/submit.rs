@@ -232,16 +232,21 @@ impl RuntimeCore {
             SubmittedAs::Member(membership) => (Some(membership), None),
             SubmittedAs::KeyedJob(key) => (None, Some(key)),
         };
+        let workflow = self.workflow_name_of(&input);
+        // The submitting code's version and patches: the run's for good.
+        let code = self.ops.code.of(workflow.as_deref());
         let mut record = DurableRunRecord {
             input_hash: input_hash.to_vec(),
             submitted_at_ms: self.now_ms(),
             cancel_requested: false,
             cancel_delivered_to: None,
             execution: None,
-            workflow: self.workflow_name_of(&input),
+            workflow,
             group: membership.map(|m| m.group_id.clone()),
             cancel_reason: None,
             forked_from: None,
+            version: code.version.clone(),
+            patches: code.patches.iter().cloned().collect(),
         };
         #[allow(unused_mut)]
         let mut reserved_headers = membership

@@ -56,6 +56,10 @@ pub struct RunHistory {
     /// Steps before the first retained one (dropped to keep the last
     /// `history_limit` entries, or taken while history was off).
     pub steps_dropped: u32,
+    /// The version of the code that submitted the run
+    /// ([`versioning`](crate::versioning)); `None` when that code said
+    /// none, or the run was submitted before versions were recorded.
+    pub version: Option<String>,
 }
 
 /// The history of one step of a run.
@@ -77,6 +81,9 @@ pub struct StepHistory {
     pub attempts: Vec<StepAttempt>,
     /// Earlier attempts of this step not kept in `attempts`.
     pub attempts_dropped: u32,
+    /// The version of the code that settled the step (its last entry's), or
+    /// else the version the run started on ([`RunHistory::version`]).
+    pub version: Option<String>,
 }
 
 /// One settled attempt of a step.

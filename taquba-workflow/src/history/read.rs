@@ -33,6 +33,7 @@ pub(crate) async fn run_history(
         steps,
         steps_taken,
         steps_dropped,
+        version: None,
     })
 }
 
@@ -60,6 +61,18 @@ pub(crate) async fn execution_entries(
     Ok(entries)
 }
 
+/// Say the run started on `version`: the steps whose entries name no
+/// version of their own were settled by code of that version.
+pub(crate) fn with_version(mut history: RunHistory, version: Option<&str>) -> RunHistory {
+    history.version = version.map(str::to_string);
+    for step in &mut history.steps {
+        if step.version.is_none() {
+            step.version = history.version.clone();
+        }
+    }
+    history
+}
+
 /// One [`StepHistory`] per run of consecutive entries of a step (a step
 /// has several entries when it was requeued or ended from outside after
 /// attempts), keeping each step's last [`MAX_ATTEMPTS_PER_STEP`] attempts.
@@ -69,6 +82,9 @@ pub(crate) fn merge_steps(entries: Vec<DurableStepEntry>) -> Vec<StepHistory> {
         let attempts = entry.attempts.into_iter().map(Into::into);
         match steps.last_mut() {
             Some(last) if last.step == entry.step => {
+                if entry.version.is_some() {
+                    last.version = entry.version;
+                }
                 last.attempts.extend(attempts);
                 last.attempts_dropped =
                     last.attempts_dropped.saturating_add(entry.attempts_dropped);
@@ -78,6 +94,7 @@ pub(crate) fn merge_steps(entries: Vec<DurableStepEntry>) -> Vec<StepHistory> {
                 name: entry.name,
                 attempts: attempts.collect(),
                 attempts_dropped: entry.attempts_dropped,
+                version: entry.version,
             }),
         }
     }

@@ -69,6 +69,11 @@ pub(crate) struct DurableStepEntry {
     /// limit, or offloaded): a fork reads it while the queue keeps the job.
     #[serde(rename = "j", default, skip_serializing_if = "Option::is_none")]
     pub(crate) job_id: Option<String>,
+    /// The version of the code that settled the step, when it differs from
+    /// the version the run started on (absent: the start version; see
+    /// `versioning`).
+    #[serde(rename = "v", default, skip_serializing_if = "Option::is_none")]
+    pub(crate) version: Option<String>,
 }
 
 /// What an entry records of its step's input: the payload itself when it
@@ -129,6 +134,7 @@ impl DurableStepEntry {
             attempts_dropped: u32::try_from(excess).unwrap_or(u32::MAX),
             payload: None,
             job_id: None,
+            version: None,
         }
     }
 
@@ -436,6 +442,8 @@ struct EntryRef<'a> {
     p: Option<&'a serde_bytes::Bytes>,
     #[serde(skip_serializing_if = "Option::is_none")]
     j: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    v: Option<&'a str>,
 }
 
 impl PendingHistory {
@@ -452,13 +460,15 @@ impl PendingHistory {
             &entry.attempts,
             entry.attempts_dropped,
             input,
+            entry.version.as_deref(),
         );
     }
 
     /// Append the entry of step `step` named `name` with `attempts` (the
     /// last [`MAX_ATTEMPTS_PER_STEP`](crate::history::MAX_ATTEMPTS_PER_STEP)
     /// of them are kept, the rest counted with `dropped`), recording
-    /// `input`.
+    /// `input`, settled by code at `version` (`None`: the version the run
+    /// started on).
     pub(crate) fn push_step(
         &mut self,
         step: u32,
@@ -466,6 +476,7 @@ impl PendingHistory {
         attempts: &[DurableAttempt],
         dropped: u32,
         input: RecordedInput<'_>,
+        version: Option<&str>,
     ) {
         let excess = attempts
             .len()
@@ -483,6 +494,7 @@ impl PendingHistory {
                 RecordedInput::Job(job_id) => Some(job_id),
                 _ => None,
             },
+            v: version,
         };
         durable::encode_into(&entry, &mut self.entries);
         self.count = self.count.saturating_add(1);
@@ -717,15 +729,16 @@ mod tests {
         let input = |payload: &'static [u8], limit| {
             RecordedInput::from_parts(payload, false, "01JOB", limit)
         };
-        pending.push_step(0, "a", &[], 0, input(b"small", 5));
-        pending.push_step(1, "b", &[], 0, input(b"larger", 5));
-        pending.push_step(2, "c", &[], 0, input(b"small", 0));
+        pending.push_step(0, "a", &[], 0, input(b"small", 5), None);
+        pending.push_step(1, "b", &[], 0, input(b"larger", 5), None);
+        pending.push_step(2, "c", &[], 0, input(b"small", 0), None);
         pending.push_step(
             3,
             "d",
             &[],
             0,
             RecordedInput::from_parts(b"x", true, "01OFF", 5),
+            None,
         );
         let entries = decode_entries(&pending.entries);
         assert_eq!(
@@ -748,6 +761,26 @@ mod tests {
         let mut again = PendingHistory::default();
         again.push(&entries[0]);
         assert_eq!(decode_entries(&again.entries)[0], entries[0]);
+    }
+
+    #[test]
+    fn an_entry_keeps_the_version_that_settled_it() {
+        let mut pending = PendingHistory::default();
+        let plain = entry(0);
+        pending.push(&plain);
+        let newer = DurableStepEntry {
+            version: Some("2.0.0".into()),
+            ..entry(1)
+        };
+        pending.push_step(
+            1,
+            "charge",
+            &newer.attempts,
+            0,
+            RecordedInput::None,
+            Some("2.0.0"),
+        );
+        assert_eq!(decode_entries(&pending.entries), vec![plain, newer]);
     }
 
     #[test]

@@ -104,6 +104,17 @@ pub(crate) struct DurableRunRecord {
     /// The reason given to a cancellation request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) cancel_reason: Option<String>,
+    /// The version of the code that submitted the run
+    /// ([`StepRunner::code`](crate::StepRunner::code)); absent when it
+    /// says none, and in records written before versions were kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) version: Option<String>,
+    /// The patches the submitting code declared, sorted: what
+    /// `Delivery::patched` answers from for the whole run (see
+    /// `versioning`). Empty when it declared none, and in records written
+    /// before patches were kept (such runs answer `false`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) patches: Vec<String>,
     /// The run and step this run was forked from
     /// (`WorkflowRuntime::fork`); absent for a run submitted otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -249,6 +260,12 @@ pub(crate) struct DurableTermination {
     /// The run and step this run was forked from, from its run record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) forked_from: Option<DurableForkLink>,
+    /// The run record's `version`, kept (absent in records written before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) version: Option<String>,
+    /// The run record's `patches`, kept (empty in records written before).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) patches: Vec<String>,
 }
 
 impl DurableTermination {
@@ -273,6 +290,8 @@ impl DurableTermination {
             cancel_reason,
             member,
             forked_from,
+            version,
+            patches,
         } = self;
         *status == other.status
             && *error == other.error
@@ -288,6 +307,8 @@ impl DurableTermination {
             && *cancel_reason == other.cancel_reason
             && *member == other.member
             && *forked_from == other.forked_from
+            && *version == other.version
+            && *patches == other.patches
     }
 }
 
@@ -490,6 +511,8 @@ mod tests {
                 run_id: RunId::new("o").unwrap(),
                 step: 3,
             }),
+            version: Some("1.2.0".into()),
+            patches: vec!["skip-slack-post".into()],
         };
         let back: DurableRunRecord = decode(&encode(&record)).unwrap();
         assert_eq!(back, record);
@@ -497,6 +520,36 @@ mod tests {
         assert!(
             decode_or_absent::<DurableRunRecord>(b"\xff\x00garbage", "run record", &id).is_none()
         );
+    }
+
+    #[test]
+    fn a_version_and_a_patch_cost_a_run_record_a_few_dozen_bytes() {
+        let plain = DurableRunRecord {
+            input_hash: vec![7; 32],
+            submitted_at_ms: 1_700_000_000_000,
+            cancel_requested: false,
+            cancel_delivered_to: None,
+            execution: Some("01J00000000000000000000000".into()),
+            workflow: Some("notify".into()),
+            group: None,
+            cancel_reason: None,
+            version: None,
+            patches: Vec::new(),
+            forked_from: None,
+        };
+        let versioned = DurableRunRecord {
+            version: Some("2.0.0".into()),
+            patches: vec!["skip-slack-post".into()],
+            ..plain.clone()
+        };
+        let (before, after) = (encode(&plain).len(), encode(&versioned).len());
+        println!("run record: {before} bytes, with a version and a patch: {after} bytes");
+        assert!(after - before <= 48, "{before} -> {after}");
+        // Nothing of either is written when the code says none.
+        let bytes = encode(&plain);
+        for field in [&b"version"[..], b"patches"] {
+            assert!(!bytes.windows(field.len()).any(|w| w == field));
+        }
     }
 
     #[test]
@@ -516,5 +569,6 @@ mod tests {
         assert_eq!(record.cancel_delivered_to, None);
         assert!(record.execution.is_none() && record.workflow.is_none());
         assert!(record.group.is_none() && record.cancel_reason.is_none());
+        assert!(record.version.is_none() && record.patches.is_empty());
     }
 }

@@ -136,6 +136,10 @@ impl<R: StepRunner> StepRunner for TestRunner<R> {
     fn hosted(&self) -> crate::runner::Hosted {
         self.runner.hosted()
     }
+
+    fn code(&self) -> crate::versioning::HostedCode {
+        self.runner.code()
+    }
 }
 
 /// The application's terminal hook, shared by every runtime the

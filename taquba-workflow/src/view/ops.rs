@@ -97,6 +97,20 @@ impl Row {
         }
     }
 
+    fn version(&self) -> Option<&str> {
+        match self {
+            Row::Active(record) => record.version.as_deref(),
+            Row::Terminated(record) => record.version.as_deref(),
+        }
+    }
+
+    fn patches(&self) -> &[String] {
+        match self {
+            Row::Active(record) => &record.patches,
+            Row::Terminated(record) => &record.patches,
+        }
+    }
+
     fn submitted_at_ms(&self) -> Option<u64> {
         match self {
             Row::Active(record) => Some(record.submitted_at_ms),
@@ -116,6 +130,14 @@ impl Row {
             && filter
                 .submitted_since_ms
                 .is_none_or(|since| self.submitted_at_ms().is_some_and(|at| at >= since))
+            && filter
+                .version
+                .as_deref()
+                .is_none_or(|version| self.version() == Some(version))
+            && filter
+                .lacks_patch
+                .as_deref()
+                .is_none_or(|patch| !self.patches().iter().any(|p| p == patch))
     }
 }
 
@@ -307,6 +329,8 @@ impl WorkflowView {
                     attempts: job.attempts,
                     submitted_at_ms: Some(record.submitted_at_ms),
                     ended_at_ms: None,
+                    version: record.version,
+                    patches: record.patches,
                 }))
             }
             Row::Terminated(termination) => {
@@ -333,6 +357,8 @@ impl WorkflowView {
                 .map_or(0, |attempt| attempt.attempt),
             submitted_at_ms: termination.submitted_at_ms,
             ended_at_ms: Some(termination.terminated_at_ms),
+            version: termination.version.clone(),
+            patches: termination.patches.clone(),
             state: RunState::Terminated(termination.into()),
         })
     }
@@ -425,6 +451,8 @@ impl WorkflowView {
             cancel_requested: record.cancel_requested,
             cancel_reason: record.cancel_reason,
             forked_from: record.forked_from.map(Into::into),
+            version: record.version,
+            patches: record.patches,
         })
     }
 
@@ -462,6 +490,8 @@ impl WorkflowView {
                     && public.error.is_none()),
             cancel_reason: termination.cancel_reason,
             forked_from: termination.forked_from.map(Into::into),
+            version: termination.version,
+            patches: termination.patches,
             state: RunState::Terminated(public),
         })
     }
@@ -483,7 +513,7 @@ impl WorkflowView {
             let pending = current
                 .as_ref()
                 .and_then(|(pointer, _)| pointer.history.as_ref());
-            let mut history = read::run_history(
+            let history = read::run_history(
                 &self.queue,
                 run_id,
                 record.execution.as_deref(),
@@ -491,6 +521,7 @@ impl WorkflowView {
                 step,
             )
             .await?;
+            let mut history = read::with_version(history, record.version.as_deref());
             if let Some((_, job)) = current {
                 self.add_attempts_in_progress(&mut history, step, &job)
                     .await?;
@@ -508,7 +539,7 @@ impl WorkflowView {
             termination.final_step,
         )
         .await
-        .map(Some)
+        .map(|history| Some(read::with_version(history, termination.version.as_deref())))
     }
 
     /// Add the attempts of the current step's job that the queue recorded
@@ -543,6 +574,7 @@ impl WorkflowView {
                     name: inline_step_name(job).unwrap_or_default(),
                     attempts: attempts.collect(),
                     attempts_dropped: 0,
+                    version: history.version.clone(),
                 });
                 if history.steps.len() == 1 {
                     history.steps_dropped = step;

@@ -50,6 +50,15 @@ pub struct RunFilter {
     pub after: Option<RunId>,
     /// The most runs on the page (at least 1, at most [`MAX_PAGE_LIMIT`]).
     pub limit: usize,
+    /// Only runs submitted on code of this version ([`RunSummary::version`];
+    /// a run recorded before versions were kept never matches).
+    pub version: Option<String>,
+    /// Only runs whose recorded patches lack this one: the runs for which
+    /// [`Delivery::patched`](crate::Delivery::patched) answers `false` (see
+    /// [`versioning`](crate::versioning)). With [`StatusFilter::Active`]:
+    /// the runs that still need the patch's old branch; none listed means
+    /// the patch can be retired.
+    pub lacks_patch: Option<String>,
 }
 
 impl Default for RunFilter {
@@ -61,6 +70,8 @@ impl Default for RunFilter {
             submitted_since_ms: None,
             after: None,
             limit: DEFAULT_PAGE_LIMIT,
+            version: None,
+            lacks_patch: None,
         }
     }
 }
@@ -106,6 +117,19 @@ impl RunFilter {
         self.limit = limit;
         self
     }
+
+    /// Only runs submitted on code of `version`.
+    pub fn version(mut self, version: impl Into<String>) -> Self {
+        self.version = Some(version.into());
+        self
+    }
+
+    /// Only runs whose recorded patches lack `patch` (see
+    /// [`RunFilter::lacks_patch`](#structfield.lacks_patch)).
+    pub fn lacks_patch(mut self, patch: impl Into<String>) -> Self {
+        self.lacks_patch = Some(patch.into());
+        self
+    }
 }
 
 /// One page of a run listing.
@@ -147,6 +171,13 @@ pub struct RunSummary {
     pub submitted_at_ms: Option<u64>,
     /// When it terminated, ms since the UNIX epoch; `None` while active.
     pub ended_at_ms: Option<u64>,
+    /// The version of the code that submitted the run
+    /// ([`versioning`](crate::versioning)); `None` when that code said
+    /// none, or the run was recorded before versions were kept.
+    pub version: Option<String>,
+    /// The patches the run started with, sorted: those
+    /// [`Delivery::patched`](crate::Delivery::patched) answers `true` for.
+    pub patches: Vec<String>,
 }
 
 /// The signal a waiting step waits for.
@@ -213,6 +244,15 @@ pub struct RunDetails {
     /// [`restart`](crate::WorkflowRuntime::restart): step 0); `None` for a
     /// run submitted otherwise.
     pub forked_from: Option<crate::ForkedFrom>,
+    /// The version of the code that submitted the run
+    /// ([`versioning`](crate::versioning)); `None` when that code said
+    /// none, or the run was recorded before versions were kept. Each
+    /// step's is in its history ([`StepHistory::version`](crate::history::StepHistory::version)).
+    pub version: Option<String>,
+    /// The patches the run started with, sorted: those
+    /// [`Delivery::patched`](crate::Delivery::patched) answers `true` for
+    /// (empty for a run recorded before patches were kept).
+    pub patches: Vec<String>,
 }
 
 /// One page of a group listing, from

@@ -60,7 +60,14 @@
 //!   of the `#[step(start)]` step, submitted with
 //!   [`WorkflowRuntime::start`];
 //! - `impl` [`Workflow`] and `impl` [`StepRunner`]: decode the payload,
-//!   dispatch to the step fn, encode the [`Transition`] it returns;
+//!   dispatch to the step fn, encode the [`Transition`] it returns; say the
+//!   code's version and patches ([`Workflow::VERSION`],
+//!   [`Workflow::PATCHES`], from `#[workflow(version = "...", patches =
+//!   [...])]`, the crate's version by default) through
+//!   [`StepRunner::code`], so a run records the version it started on and
+//!   each step the version it ran on, and `ctx.patched("id")?` branches on
+//!   whether the run started on code declaring the patch
+//!   ([`versioning`](crate::versioning));
 //! - a registration entry, so [`Workflows::registered`] hosts every
 //!   workflow linked into the binary.
 //!
@@ -127,6 +134,16 @@ pub trait Workflow: StepRunner + Sized + 'static {
     /// step name)`: a run parked under an alias resumes in the step. None
     /// by default.
     const ALIASES: &'static [(&'static str, &'static str)] = &[];
+    /// The code's version (`#[workflow(version = "...")]`, by default the
+    /// crate's `CARGO_PKG_VERSION`), recorded with every run it submits and
+    /// every step it settles (see [`versioning`](crate::versioning)).
+    /// `None` by default.
+    const VERSION: Option<&'static str> = None;
+    /// The patches the code declares (`#[workflow(patches = ["..."])]`),
+    /// recorded with every run it submits: what
+    /// [`Delivery::patched`](crate::Delivery::patched) answers from (see
+    /// [`versioning`](crate::versioning)). None by default.
+    const PATCHES: &'static [&'static str] = &[];
     /// What a run that succeeds returns ([`Transition::done`]): any
     /// `Serialize + DeserializeOwned + Send + 'static` type (see
     /// [`WorkflowOutput`]).
@@ -1030,6 +1047,15 @@ impl StepRunner for Workflows {
                 })
                 .collect(),
         )
+    }
+
+    /// Every hosted workflow's code.
+    fn code(&self) -> crate::versioning::HostedCode {
+        self.entries
+            .values()
+            .fold(crate::versioning::HostedCode::default(), |all, workflow| {
+                all.merge(workflow.code())
+            })
     }
 
     async fn run_step(&self, step: &Step) -> std::result::Result<StepOutcome, StepError> {

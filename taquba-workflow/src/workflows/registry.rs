@@ -47,6 +47,17 @@ pub fn hosted_workflow<W: Workflow>() -> crate::runner::Hosted {
     crate::runner::Hosted::workflow(W::NAME, &names)
 }
 
+/// What the `StepRunner` impl `#[workflow]` writes answers to
+/// `StepRunner::code`: the workflow `W` with its version and patches.
+pub fn workflow_code<W: Workflow>() -> crate::versioning::HostedCode {
+    let mut code = crate::versioning::CodeInfo::new();
+    code.version = W::VERSION.map(str::to_string);
+    for patch in W::PATCHES {
+        code = code.patch(*patch);
+    }
+    crate::versioning::HostedCode::workflow(W::NAME, code)
+}
+
 /// A boxed step future.
 pub type BoxStepFuture<'a> =
     Pin<Box<dyn Future<Output = Result<StepOutcome, StepError>> + Send + 'a>>;
@@ -57,6 +68,10 @@ pub trait ErasedWorkflow: Send + Sync + 'static {
     fn type_name(&self) -> &'static str;
     /// `StepRunner::run_step`, boxed.
     fn run_erased<'a>(&'a self, step: &'a Step) -> BoxStepFuture<'a>;
+    /// `StepRunner::code` (none by default).
+    fn code(&self) -> crate::versioning::HostedCode {
+        crate::versioning::HostedCode::default()
+    }
     /// `Workflow::STEPS`.
     fn steps(&self) -> &'static [&'static str];
 }
@@ -68,6 +83,10 @@ impl<W: Workflow> ErasedWorkflow for W {
 
     fn steps(&self) -> &'static [&'static str] {
         W::STEPS
+    }
+
+    fn code(&self) -> crate::versioning::HostedCode {
+        StepRunner::code(self)
     }
 
     fn run_erased<'a>(&'a self, step: &'a Step) -> BoxStepFuture<'a> {

@@ -157,6 +157,13 @@ fn status_card(app: &App, json: &DescribeJson, times: &Times) -> Markup {
             dt { @if terminated { "Final step" } @else { "Current step" } }
             dd { (step_text(json.current_step, json.step_name.as_deref())) }
             dt { "Attempts" } dd { (attempts) }
+            @if let Some(version) = &json.version {
+                dt { "Version" } dd #run-version { (version) }
+            }
+            @if !json.patches.is_empty() {
+                dt { "Patches" }
+                dd #run-patches { @for (i, patch) in json.patches.iter().enumerate() { @if i > 0 { ", " } code { (patch) } } }
+            }
             dt { "Submitted" } dd { (layout::maybe_time(times, json.submitted_at_ms)) }
             @if terminated {
                 dt { "Ended" } dd { (layout::maybe_time(times, json.ended_at_ms)) }
@@ -340,6 +347,7 @@ fn timeline(history: &HistoryJson, run: &DescribeJson, times: &Times) -> Markup 
                             span.what { (a.outcome_word()) }
                             span.meta {
                                 "attempt " (a.attempt)
+                                @if let Some(version) = &a.version { " · version " (version) }
                                 " · " (layout::maybe_time(times, a.claimed_at_ms.or(Some(a.settled_at_ms))))
                                 @if let Some(ms) = took(a) { " · took " (short_duration(ms)) }
                             }
