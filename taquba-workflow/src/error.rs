@@ -214,6 +214,14 @@ pub enum Error {
     /// requeue of a run that did not fail by a dead letter.
     #[error("command refused: {0}")]
     CommandRefused(String),
+    /// A schedule's name, spec, options or size is refused, or the change
+    /// cannot be applied (another runtime's schedule); the message names
+    /// the value. Nothing was committed.
+    #[error("invalid schedule: {0}")]
+    InvalidSchedule(String),
+    /// No schedule has this name.
+    #[error("schedule `{0}` not found")]
+    ScheduleNotFound(String),
 }
 
 impl From<taquba::Error> for Error {

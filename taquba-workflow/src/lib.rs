@@ -123,6 +123,7 @@ mod model;
 mod run;
 pub mod runner;
 mod runtime;
+pub mod schedule;
 mod settled;
 mod store;
 mod telemetry;
