@@ -84,6 +84,15 @@ pub enum AnswerJson {
         /// Its new job.
         job_id: String,
     },
+    /// A schedule paused or resumed.
+    Schedule {
+        /// The schedule.
+        name: String,
+        /// Whether it is paused.
+        paused: bool,
+        /// Its next tick, ms since the UNIX epoch (`None` while paused).
+        next_fire_ms: Option<u64>,
+    },
     /// An answer of a later runtime version.
     Other,
 }
@@ -114,6 +123,15 @@ impl From<&CommandAnswer> for AnswerJson {
                 run_id: run_id.to_string(),
                 step: *step,
                 job_id: job_id.clone(),
+            },
+            CommandAnswer::Schedule {
+                name,
+                paused,
+                next_fire_ms,
+            } => AnswerJson::Schedule {
+                name: name.clone(),
+                paused: *paused,
+                next_fire_ms: *next_fire_ms,
             },
             _ => AnswerJson::Other,
         }
@@ -154,6 +172,10 @@ impl AnswerJson {
                 step,
                 job_id,
             } => format!("run {run_id} is active again: step {step} requeued as job {job_id}"),
+            AnswerJson::Schedule {
+                name, paused: true, ..
+            } => format!("schedule {name} is paused"),
+            AnswerJson::Schedule { name, .. } => format!("schedule {name} is active"),
             AnswerJson::Other => "applied".to_string(),
         }
     }

@@ -144,6 +144,20 @@ pub enum Command {
         /// The signal's payload (at most [`taquba::MAX_KV_VALUE_SIZE`]).
         payload: Vec<u8>,
     },
+    /// Pause a schedule, as
+    /// [`WorkflowRuntime::pause_schedule`](crate::WorkflowRuntime::pause_schedule)
+    /// does (a paused one stays paused); rejected for an unknown schedule.
+    PauseSchedule {
+        /// The schedule's name.
+        name: String,
+    },
+    /// Resume a schedule, as
+    /// [`WorkflowRuntime::resume_schedule`](crate::WorkflowRuntime::resume_schedule)
+    /// does: it fires next at its first tick after the command is applied.
+    ResumeSchedule {
+        /// The schedule's name.
+        name: String,
+    },
 }
 
 impl Command {
@@ -174,7 +188,18 @@ impl Command {
         }
     }
 
-    /// `"submit"`, `"cancel"`, `"signal"`, `"requeue"` or `"signal-run"`.
+    /// [`Command::PauseSchedule`].
+    pub fn pause_schedule(name: impl Into<String>) -> Self {
+        Self::PauseSchedule { name: name.into() }
+    }
+
+    /// [`Command::ResumeSchedule`].
+    pub fn resume_schedule(name: impl Into<String>) -> Self {
+        Self::ResumeSchedule { name: name.into() }
+    }
+
+    /// `"submit"`, `"cancel"`, `"signal"`, `"requeue"`, `"signal-run"`,
+    /// `"pause-schedule"` or `"resume-schedule"`.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Submit(_) => "submit",
@@ -182,6 +207,8 @@ impl Command {
             Self::Signal { .. } => "signal",
             Self::Requeue { .. } => "requeue",
             Self::SignalRun { .. } => "signal-run",
+            Self::PauseSchedule { .. } => "pause-schedule",
+            Self::ResumeSchedule { .. } => "resume-schedule",
         }
     }
 }
@@ -317,6 +344,15 @@ pub enum CommandAnswer {
         step: u32,
         /// Its new queue job.
         job_id: String,
+    },
+    /// The schedule's state after a pause or resume.
+    Schedule {
+        /// The schedule.
+        name: String,
+        /// Whether it is paused.
+        paused: bool,
+        /// Its next tick (ms since the UNIX epoch); `None` while paused.
+        next_fire_ms: Option<u64>,
     },
 }
 

@@ -62,6 +62,12 @@ pub(crate) enum DurableAnswer {
         step: u32,
         job_id: String,
     },
+    Schedule {
+        name: String,
+        paused: bool,
+        #[serde(default)]
+        next_fire_ms: Option<u64>,
+    },
 }
 
 impl DurableCommandRecord {
@@ -95,6 +101,15 @@ impl From<&CommandAnswer> for DurableAnswer {
                 step,
                 job_id,
             },
+            CommandAnswer::Schedule {
+                name,
+                paused,
+                next_fire_ms,
+            } => Self::Schedule {
+                name,
+                paused,
+                next_fire_ms,
+            },
         }
     }
 }
@@ -126,6 +141,15 @@ impl From<DurableAnswer> for CommandAnswer {
                 run_id,
                 step,
                 job_id,
+            },
+            DurableAnswer::Schedule {
+                name,
+                paused,
+                next_fire_ms,
+            } => Self::Schedule {
+                name,
+                paused,
+                next_fire_ms,
             },
         }
     }

@@ -10,7 +10,10 @@
 //!              max_attempts_per_step: <u32>?, run_at_ms: <u64>? }
 //!          | { kind: "cancel", run_id: "<id>", reason: "<text>"? }
 //!          | { kind: "signal", correlation_key: "<text>", payload: <bin> }
-//!          | { kind: "requeue", run_id: "<id>" } }
+//!          | { kind: "requeue", run_id: "<id>" }
+//!          | { kind: "signal_run", run_id: "<id>", correlation_key: "<text>", payload: <bin> }
+//!          | { kind: "pause_schedule", name: "<name>" }
+//!          | { kind: "resume_schedule", name: "<name>" } }
 //! ```
 //!
 //! then a rewrite of `{memo_prefix}/inbox/touch` (any content that differs
@@ -75,6 +78,12 @@ enum WireKind {
     Requeue {
         run_id: String,
     },
+    PauseSchedule {
+        name: String,
+    },
+    ResumeSchedule {
+        name: String,
+    },
     SignalRun {
         run_id: String,
         correlation_key: String,
@@ -125,6 +134,8 @@ pub(crate) fn encode(
         Command::Requeue { run_id } => WireKind::Requeue {
             run_id: run_id.to_string(),
         },
+        Command::PauseSchedule { name } => WireKind::PauseSchedule { name: name.clone() },
+        Command::ResumeSchedule { name } => WireKind::ResumeSchedule { name: name.clone() },
         Command::SignalRun {
             run_id,
             correlation_key,
@@ -212,6 +223,8 @@ pub(crate) fn decode(id: &CommandId, bytes: &[u8]) -> Result<Received> {
         WireKind::Requeue { run_id } => Command::Requeue {
             run_id: RunId::new(run_id)?,
         },
+        WireKind::PauseSchedule { name } => Command::PauseSchedule { name },
+        WireKind::ResumeSchedule { name } => Command::ResumeSchedule { name },
         WireKind::SignalRun {
             run_id,
             correlation_key,
@@ -279,6 +292,9 @@ pub(crate) fn validate(command: &Command) -> Result<()> {
             Ok(())
         }
         Command::Requeue { .. } => Ok(()),
+        Command::PauseSchedule { name } | Command::ResumeSchedule { name } => {
+            crate::schedule::check_name(name)
+        }
     }
 }
 

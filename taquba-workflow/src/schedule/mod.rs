@@ -26,6 +26,10 @@
 //! run as of the latest, [`CatchUp::All`] each of them, at most
 //! [`MAX_CATCH_UP_TICKS`].
 //!
+//! Another process pauses and resumes a schedule through the store's inbox
+//! ([`Command::PauseSchedule`](crate::inbox::Command::PauseSchedule),
+//! [`Command::ResumeSchedule`](crate::inbox::Command::ResumeSchedule)).
+//!
 //! One writer: a store has one process that writes it, and its worker
 //! fires the schedules. A cluster (`cluster`) is many stores, each with its
 //! own schedules; a schedule is fired by the process that owns the store
@@ -38,6 +42,7 @@ mod spec;
 
 pub use fire::tick_run_id;
 pub use record::ScheduleInfo;
+pub(crate) use spec::check_name;
 pub use spec::{
     CatchUp, MAX_CATCH_UP_TICKS, MAX_SCHEDULE_NAME_LEN, MIN_SCHEDULE_INTERVAL, MISFIRE_THRESHOLD,
     ScheduleSpec,
