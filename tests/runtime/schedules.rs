@@ -24,11 +24,13 @@ const MINUTE: Duration = Duration::from_secs(60);
 const HOUR: Duration = Duration::from_secs(3600);
 const HOUR_MS: u64 = 3_600_000;
 
-/// A one-step runner that records every call: the run, its step job and
-/// its input; it succeeds with the input.
+/// One runner call: the run, its step job, its input.
+type Call = (String, String, Vec<u8>);
+
+/// A one-step runner that records every call; it succeeds with the input.
 #[derive(Clone, Default)]
 struct Ticks {
-    calls: Arc<Mutex<Vec<(String, String, Vec<u8>)>>>,
+    calls: Arc<Mutex<Vec<Call>>>,
 }
 
 impl Ticks {
@@ -52,7 +54,7 @@ impl Ticks {
         jobs
     }
 
-    fn calls(&self) -> Vec<(String, String, Vec<u8>)> {
+    fn calls(&self) -> Vec<Call> {
         self.calls.lock().expect("calls lock").clone()
     }
 }
