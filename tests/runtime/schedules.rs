@@ -16,7 +16,7 @@ use taquba_workflow::testing::{TEST_EPOCH_MS, TestRuntime};
 use taquba_workflow::{
     Error, NoopTerminalHook, RunOptions, Step, StepError, StepOutcome, StepRunner, WorkflowRuntime,
 };
-use taquba_workflow_suite::testing::poll_then_drop;
+use taquba_workflow_suite::testing::{drop_at_each_poll, no_setup, poll_then_drop};
 
 use crate::common::options;
 
@@ -445,6 +445,47 @@ async fn a_crash_at_every_await_of_a_firing_round_neither_loses_nor_doubles_a_ti
         n += 1;
         assert!(n < 5_000, "the round never completed on its own");
     }
+}
+
+/// `schedule` dropped at each await (a request handler whose client went
+/// away): the schedule is written whole, once, and fires once per tick.
+#[tokio::test(start_paused = true)]
+async fn a_schedule_call_dropped_at_any_await_is_written_whole() {
+    let env = TestRuntime::new(Ticks::default()).await.unwrap();
+    let runtime = env.runtime().unwrap();
+    let created_at = env.now_ms();
+    let last = drop_at_each_poll(
+        50,
+        no_setup,
+        |n| {
+            let runtime = runtime.clone();
+            async move {
+                let name = format!("s{n}");
+                let spec = ScheduleSpec::every(HOUR).unwrap();
+                runtime.schedule(&name, spec, vec![0]).await
+            }
+        },
+        |n, _| {
+            let runtime = runtime.clone();
+            async move {
+                // The call ran on, detached: the record is there, whole.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let info = runtime
+                    .view()
+                    .schedule(&format!("s{n}"))
+                    .await
+                    .unwrap()
+                    .unwrap_or_else(|| panic!("s{n} was lost"));
+                assert_eq!(info.input_len, 1);
+                assert_eq!(info.next_fire_ms, Some(created_at + HOUR_MS));
+            }
+        },
+    )
+    .await;
+    env.advance(HOUR).await.unwrap();
+    let jobs = env.runner().jobs_by_run();
+    assert_eq!(jobs.len(), last, "one run per schedule");
+    assert!(jobs.values().all(|jobs| jobs.len() == 1));
 }
 
 /// Two runtimes of one queue over one store (one process) race for every
