@@ -147,9 +147,9 @@ impl ScheduleSpec {
 
     /// Evaluate the cron expression in the IANA zone `zone`
     /// (`"Europe/Paris"`, `"America/New_York"`, `"UTC"`): `0 9 * * *` fires
-    /// at 09:00 local time, across daylight-saving changes (a time the
-    /// clocks skip fires right after the gap, a time they repeat fires
-    /// once).
+    /// at 09:00 local time, across daylight-saving changes (croner's rules:
+    /// a fixed time the clocks skip fires right after the gap, one they
+    /// repeat fires once; wildcard and step fields follow the wall clock).
     ///
     /// # Errors
     /// [`Error::InvalidSchedule`] naming the zone when the database has no
