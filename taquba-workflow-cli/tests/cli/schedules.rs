@@ -12,23 +12,23 @@ use crate::common::{Owner, cli, demo_input, json, run, stderr, stdout};
 async fn owner_with_schedules(dir: &std::path::Path) -> Owner {
     let owner = Owner::open(dir).await;
     let paris = ScheduleSpec::cron("0 9 * * *")
-        .unwrap()
+        .expect("a valid expression")
         .in_zone("Europe/Paris")
-        .unwrap();
+        .expect("a known zone");
     owner
         .runtime
         .schedule("morning", paris, demo_input(1, "ok"))
         .await
-        .unwrap();
+        .expect("create the schedule");
     owner
         .runtime
         .schedule(
             "hourly",
-            ScheduleSpec::every(Duration::from_secs(3600)).unwrap(),
+            ScheduleSpec::every(Duration::from_secs(3600)).expect("a valid interval"),
             demo_input(1, "ok"),
         )
         .await
-        .unwrap();
+        .expect("create the schedule");
     owner
 }
 
@@ -54,7 +54,7 @@ async fn schedules_until(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schedules_are_listed_described_paused_and_resumed() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("a temp dir");
     let owner = owner_with_schedules(dir.path()).await;
     let listed = schedules_until(dir.path(), |v| v.as_array().is_some_and(|a| a.len() == 2)).await;
     assert_eq!(listed[0]["name"], "hourly");
@@ -62,7 +62,10 @@ async fn schedules_are_listed_described_paused_and_resumed() {
     assert_eq!(listed[1]["name"], "morning");
     assert_eq!(listed[1]["zone"], "Europe/Paris");
     assert_eq!(listed[1]["catch_up"], "one");
-    let local = listed[1]["next_fire_local"].as_str().unwrap().to_string();
+    let local = listed[1]["next_fire_local"]
+        .as_str()
+        .expect("a local next tick")
+        .to_string();
     assert!(local.contains("T09:00:00+0"), "{local}");
 
     let text = stdout(&run(cli(dir.path(), &["schedules", "list"])).await.success());
@@ -103,16 +106,8 @@ async fn schedules_are_listed_described_paused_and_resumed() {
         v[1]["paused"] == true && v[1]["next_fire_ms"].is_null()
     })
     .await;
-    assert!(
-        owner
-            .runtime
-            .view()
-            .schedule("morning")
-            .await
-            .unwrap()
-            .unwrap()
-            .paused
-    );
+    let morning = owner.runtime.view().schedule("morning").await;
+    assert!(morning.expect("read").expect("the schedule").paused);
 
     let resumed = json(
         &run(cli(
@@ -143,7 +138,7 @@ async fn the_dashboard_lists_schedules_and_pauses_one() {
     use crate::ui::{command_path, page_with};
     use crate::web::Dashboard;
 
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("a temp dir");
     let owner = owner_with_schedules(dir.path()).await;
     let ui = Dashboard::start(dir.path(), &[]).await;
     let page = page_with(&ui, "/schedules", "morning").await;

@@ -13,9 +13,8 @@
 //! [`poll_interval`](crate::WorkflowRuntimeBuilder::poll_interval), 500 ms
 //! by default, so a tick starts its run up to that late) it reads its
 //! queue's schedules and fires the due ones on the runtime's clock (a
-//! [`taquba::MockClock`] in tests: the test kit's
-//! [`advance`](crate::testing::TestRuntime::advance) fires ticks on virtual
-//! time). A tick's run has the run id `schedule-{name}-{tick ms}`
+//! [`taquba::MockClock`] in tests: the test kit's `TestRuntime::advance`
+//! (feature `testing`) fires ticks on virtual time). A tick's run has the run id `schedule-{name}-{tick ms}`
 //! ([`tick_run_id`]) and is committed in one transaction with the schedule's
 //! record advanced past the tick, guarded by the record as read: a crash
 //! between two commits neither loses nor repeats a tick, and a run id that
