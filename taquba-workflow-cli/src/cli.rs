@@ -107,6 +107,9 @@ pub enum Command {
     /// Commands sent to the owner's inbox.
     #[command(subcommand)]
     Commands(CommandsCommand),
+    /// List, inspect, pause and resume schedules.
+    #[command(subcommand)]
+    Schedules(SchedulesCommand),
     /// Serve a web dashboard of the store: runs, their steps, groups,
     /// dead letters and the store, with cancel, signal and requeue sent
     /// through the inbox. Loopback only unless `--allow-remote`.
@@ -338,6 +341,35 @@ pub struct SendArgs {
     /// DB client") and its running steps run again.
     #[arg(long, requires = "offline")]
     pub force: bool,
+}
+
+/// `schedules ...`
+#[derive(Debug, Subcommand)]
+pub enum SchedulesCommand {
+    /// A table of the store's schedules: timer, state, next tick, last run.
+    List,
+    /// One schedule as a key/value card: timer and zone, catch-up policy,
+    /// next tick in UTC and in its zone, last tick and run.
+    Describe {
+        /// The schedule's name.
+        name: String,
+    },
+    /// Pause a schedule: no tick fires until it is resumed.
+    Pause {
+        /// The schedule's name.
+        name: String,
+        /// How the command reaches the store.
+        #[command(flatten)]
+        send: SendArgs,
+    },
+    /// Resume a paused schedule: it fires next at its first tick after now.
+    Resume {
+        /// The schedule's name.
+        name: String,
+        /// How the command reaches the store.
+        #[command(flatten)]
+        send: SendArgs,
+    },
 }
 
 /// `groups ...`

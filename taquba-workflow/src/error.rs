@@ -239,6 +239,14 @@ pub enum Error {
     /// another run or step).
     #[error("run id `{0}` is taken by a run that is not this fork")]
     ForkRunIdTaken(RunId),
+    /// A schedule's name, spec, options or size is refused, or the change
+    /// cannot be applied (another runtime's schedule); the message names
+    /// the value. Nothing was committed.
+    #[error("invalid schedule: {0}")]
+    InvalidSchedule(String),
+    /// No schedule has this name.
+    #[error("schedule `{0}` not found")]
+    ScheduleNotFound(String),
 }
 
 impl From<taquba::Error> for Error {

@@ -125,6 +125,7 @@ mod model;
 mod run;
 pub mod runner;
 mod runtime;
+pub mod schedule;
 mod settled;
 mod store;
 mod telemetry;

@@ -30,7 +30,7 @@ pub const MAX_HEADERS: usize = 128;
 pub const MAX_HEADERS_SIZE: usize = 16 * 1024;
 
 /// Per-run options, applied to every step of the run.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RunOptions {
     /// Headers threaded through every step ([`Delivery::headers`](crate::Delivery::headers))
     /// and reported to the terminal hook ([`RunOutcome::headers`]). Names

@@ -124,6 +124,11 @@ impl WorkflowView {
         }))
     }
 
+    /// The queue view it reads.
+    pub(crate) fn queue_view(&self) -> &QueueView {
+        &self.queue
+    }
+
     pub(crate) async fn run_record(&self, run_id: &RunId) -> Result<Option<DurableRunRecord>> {
         durable::kv_record(&self.queue, &run_kv_key(run_id)).await
     }

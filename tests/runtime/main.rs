@@ -34,6 +34,7 @@
 //! * `retention_replay`: step-output replay after a lease expiry, and memo retention.
 //! * `run_ids`: run ids validated at their bounds; generated ids are ordered ULIDs.
 //! * `runs`: submission (racing re-submissions), the step loop, panicking runners.
+//! * `schedules`: schedules firing on virtual time, catch-up after a downtime, pause/resume, crashes mid-round, two runtimes racing.
 //! * `signal_run`: signals that outlive their wait, and `signal_run`.
 //! * `signals`: signal delivery, buffering, timeouts, races, oversized keys, crashes.
 //! * `single_writer`: a process whose store another opened stops instead of running on.
@@ -78,6 +79,7 @@ mod reruns;
 mod retention_replay;
 mod run_ids;
 mod runs;
+mod schedules;
 mod signal_run;
 mod signals;
 mod single_writer;

@@ -9,12 +9,15 @@ pub mod groups;
 pub mod mutate;
 pub mod offline;
 pub mod runs;
+pub mod schedules;
 pub mod store_info;
 
 use std::io::Read;
 use std::path::Path;
 
-use crate::cli::{Cli, Command, CommandsCommand, GroupsCommand, RunsCommand, StoreCommand};
+use crate::cli::{
+    Cli, Command, CommandsCommand, GroupsCommand, RunsCommand, SchedulesCommand, StoreCommand,
+};
 use crate::cluster::{self, ClusterSession, Reads, ShardSession};
 use crate::error::{CliError, CliResult};
 use crate::output::Output;
@@ -140,6 +143,10 @@ async fn dispatch_cluster(
         Command::Commands(CommandsCommand::Describe { id }) => {
             mutate::describe_cluster_command(cluster, id, out).await
         }
+        Command::Schedules(_) => Err(CliError::Refused(format!(
+            "the store at {} is a cluster: schedules belong to each shard's store; name one shard's location with --store",
+            cluster.location
+        ))),
         // `run` serves the dashboard before opening a session here.
         #[cfg(feature = "ui")]
         Command::Ui(_) => unreachable!("`ui` is dispatched by `commands::run`"),
@@ -202,6 +209,16 @@ async fn dispatch(
         Command::Groups(GroupsCommand::Describe { id }) => groups::describe(view, id, out).await,
         Command::Commands(CommandsCommand::Describe { id }) => {
             mutate::describe_command(session, &runtime, id, out).await
+        }
+        Command::Schedules(SchedulesCommand::List) => schedules::list(view, out).await,
+        Command::Schedules(SchedulesCommand::Describe { name }) => {
+            schedules::describe(view, name, out).await
+        }
+        Command::Schedules(SchedulesCommand::Pause { name, send }) => {
+            schedules::set_paused(session, &runtime, name, true, send, out).await
+        }
+        Command::Schedules(SchedulesCommand::Resume { name, send }) => {
+            schedules::set_paused(session, &runtime, name, false, send, out).await
         }
         // `run` serves the dashboard before opening a session here.
         #[cfg(feature = "ui")]

@@ -446,7 +446,7 @@ fn confirm(question: &str) -> CliResult<bool> {
 
 /// Send `change` to the inbox (or, `--offline`, apply it), then with
 /// `--wait` follow it to its answer.
-async fn deliver(
+pub(crate) async fn deliver(
     session: &Session,
     runtime: &Runtime,
     change: Change,

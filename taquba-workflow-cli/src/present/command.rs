@@ -93,6 +93,15 @@ pub enum AnswerJson {
         /// The new run.
         new_run_id: String,
     },
+    /// A schedule paused or resumed.
+    Schedule {
+        /// The schedule.
+        name: String,
+        /// Whether it is paused.
+        paused: bool,
+        /// Its next tick, ms since the UNIX epoch (`None` while paused).
+        next_fire_ms: Option<u64>,
+    },
     /// An answer of a later runtime version.
     Other,
 }
@@ -132,6 +141,15 @@ impl From<&CommandAnswer> for AnswerJson {
                 run_id: run_id.to_string(),
                 from_step: *from_step,
                 new_run_id: new_run_id.to_string(),
+            },
+            CommandAnswer::Schedule {
+                name,
+                paused,
+                next_fire_ms,
+            } => AnswerJson::Schedule {
+                name: name.clone(),
+                paused: *paused,
+                next_fire_ms: *next_fire_ms,
             },
             _ => AnswerJson::Other,
         }
@@ -177,6 +195,10 @@ impl AnswerJson {
                 from_step,
                 new_run_id,
             } => format!("run {new_run_id} started from step {from_step} of run {run_id}"),
+            AnswerJson::Schedule {
+                name, paused: true, ..
+            } => format!("schedule {name} is paused"),
+            AnswerJson::Schedule { name, .. } => format!("schedule {name} is active"),
             AnswerJson::Other => "applied".to_string(),
         }
     }

@@ -16,12 +16,14 @@
 //!   result.
 //! - [`step`]: a run's step history.
 //! - [`group`]: a group's counts and members.
+//! - [`schedule`]: a schedule and its next tick.
 //! - [`command`]: an inbox command's state and answer.
 //! - [`store`]: the store as a whole.
 
 pub mod command;
 pub mod group;
 pub mod run;
+pub mod schedule;
 pub mod state;
 pub mod step;
 pub mod store;

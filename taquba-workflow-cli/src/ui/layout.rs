@@ -19,6 +19,8 @@ pub enum Section {
     Groups,
     /// Dead letters.
     DeadLetters,
+    /// Schedules.
+    Schedules,
     /// The store.
     Store,
     /// The signal form.
@@ -54,6 +56,7 @@ fn shell(app: Option<&App>, section: Section, title: &str, body: Markup) -> Mark
         (Section::Runs, "/runs", "Runs"),
         (Section::Groups, "/groups", "Groups"),
         (Section::DeadLetters, "/dead-letters", "Dead letters"),
+        (Section::Schedules, "/schedules", "Schedules"),
         (Section::Store, "/store", "Store"),
         (Section::Signal, "/signal", "Signal"),
     ];

@@ -17,7 +17,7 @@ use axum::routing::get;
 
 use crate::ui::app::App;
 use crate::ui::error::UiError;
-use crate::ui::pages::{actions, dead, groups, login, run, runs, store};
+use crate::ui::pages::{actions, dead, groups, login, run, runs, schedules, store};
 use crate::ui::security::CONTENT_SECURITY_POLICY;
 use crate::ui::{assets, error};
 
@@ -47,6 +47,15 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/groups", get(groups::list))
         .route("/groups/{id}", get(groups::page))
         .route("/dead-letters", get(dead::page))
+        .route("/schedules", get(schedules::page))
+        .route(
+            "/schedules/{name}/pause",
+            axum::routing::post(schedules::pause),
+        )
+        .route(
+            "/schedules/{name}/resume",
+            axum::routing::post(schedules::resume),
+        )
         .route("/store", get(store::page))
         .route(assets::HTMX_PATH, get(assets::htmx))
         .route(assets::STYLE_PATH, get(assets::style))

@@ -4,6 +4,7 @@
 //! copy of a store no process owns). One test binary: `read` (listing,
 //! describing, history, results, store info, discovery, exit codes) and
 //! `steer` (cancel, signal, requeue through the inbox and `--offline`),
+//! `schedules` (list, describe, pause and resume; the Schedules page),
 //! `ui` (the dashboard over HTTP, with `web` its client), `login` (the
 //! dashboard's token, sessions and refusals), `cluster`
 //! (a cluster root of four shards: merged listings, routed reads and
@@ -23,6 +24,7 @@ mod privilege;
 mod read;
 #[cfg(feature = "aws")]
 mod s3;
+mod schedules;
 mod steer;
 #[cfg(feature = "ui")]
 mod ui;

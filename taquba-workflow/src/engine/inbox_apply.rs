@@ -463,6 +463,8 @@ impl RuntimeCore {
                 Ok(Some(answer))
             }
             Command::Cancel { run_id, reason } => self.apply_cancel(envelope, run_id, reason).await,
+            Command::PauseSchedule { name } => self.apply_schedule(envelope, &name, true).await,
+            Command::ResumeSchedule { name } => self.apply_schedule(envelope, &name, false).await,
             Command::Signal {
                 correlation_key,
                 payload,
@@ -550,6 +552,25 @@ impl RuntimeCore {
                 Ok(Some(answer))
             }
         }
+    }
+
+    /// Pause (`paused`) or resume a schedule, then record the answer. Both
+    /// are idempotent, so a round that ends between the two commits is
+    /// redone whole by the next.
+    async fn apply_schedule(
+        &self,
+        envelope: &Envelope,
+        name: &str,
+        paused: bool,
+    ) -> Result<Option<CommandAnswer>> {
+        let info = self.set_schedule_paused(name, paused).await?;
+        let answer = CommandAnswer::Schedule {
+            name: info.name,
+            paused: info.paused,
+            next_fire_ms: info.next_fire_ms,
+        };
+        self.commit_record(envelope, applied(&answer)).await?;
+        Ok(Some(answer))
     }
 
     /// Apply a cancellation: the request is recorded with the command's

@@ -187,11 +187,53 @@ impl RuntimeCore {
         Err(Error::InconsistentRunState(run_id))
     }
 
+    /// The submission of a schedule's tick: `spec` (its run id given) with
+    /// `extra` (the schedule's advanced record, under the reserved prefix)
+    /// in one transaction, committed only while the KV key `guard` holds
+    /// `expected` (the schedule record as read). `Ok(None)` when it did
+    /// not: nothing was committed. The caller has found the run id free
+    /// (no run record, no terminal record).
+    ///
+    /// # Errors
+    /// As [`submit`](Self::submit)'s checks; storage errors.
+    pub(crate) async fn submit_guarded(
+        &self,
+        spec: RunSpec,
+        guard: &[u8],
+        expected: &[u8],
+        extra: SettlementEffects,
+    ) -> Result<Option<SubmitOutcome>> {
+        self.check_effects(&spec)?;
+        let input_hash = sha256(&spec.input).to_vec();
+        let run_id = spec.run_id.clone().unwrap_or_else(|| self.new_run_id());
+        #[cfg(feature = "metrics")]
+        let workflow = self.workflow_name_of(&spec.input);
+        let (mut effects, job_id) = self.submission_effects(
+            &run_id,
+            spec.input,
+            &input_hash,
+            &spec.options,
+            SubmittedAs::Plain,
+            &spec.effects,
+        );
+        crate::run::compose::merge_effects(&mut effects, extra);
+        let Some(results) = self
+            .commits
+            .compare_commit(guard, Some(expected), effects)
+            .await?
+        else {
+            return Ok(None);
+        };
+        #[cfg(feature = "metrics")]
+        crate::telemetry::metrics::run_submitted(&self.queue_name, workflow.as_deref());
+        self.submitted(run_id, job_id, &results).await.map(Some)
+    }
+
     /// Reject what no submission may carry: a reserved header name in
     /// `options` ([`Error::ReservedHeaderInSubmit`]), options past their
     /// limits ([`Error::InvalidRunOptions`]) or a KV key under the
     /// reserved prefix in `user_effects`.
-    pub(super) fn check_submission(
+    pub(crate) fn check_submission(
         options: &RunOptions,
         user_effects: &SettlementEffects,
     ) -> Result<()> {

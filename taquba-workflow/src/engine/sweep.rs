@@ -46,6 +46,7 @@ impl RuntimeCore {
             warn!(queue = %self.queue_name, "dead-letter reconciliation failed: {err}");
         }
         self.maintain_operator_surface().await;
+        self.fire_schedules().await;
         if let Err(err) = self.sweep_once().await {
             self.note_error(&err);
             warn!(queue = %self.queue_name, "retention sweep failed: {err}");

@@ -158,6 +158,20 @@ pub enum Command {
         /// The new run's id.
         new_run_id: Option<RunId>,
     },
+    /// Pause a schedule, as
+    /// [`WorkflowRuntime::pause_schedule`](crate::WorkflowRuntime::pause_schedule)
+    /// does (a paused one stays paused); rejected for an unknown schedule.
+    PauseSchedule {
+        /// The schedule's name.
+        name: String,
+    },
+    /// Resume a schedule, as
+    /// [`WorkflowRuntime::resume_schedule`](crate::WorkflowRuntime::resume_schedule)
+    /// does: it fires next at its first tick after the command is applied.
+    ResumeSchedule {
+        /// The schedule's name.
+        name: String,
+    },
 }
 
 impl Command {
@@ -197,8 +211,18 @@ impl Command {
         }
     }
 
-    /// `"submit"`, `"cancel"`, `"signal"`, `"requeue"`, `"signal-run"` or
-    /// `"fork"`.
+    /// [`Command::PauseSchedule`].
+    pub fn pause_schedule(name: impl Into<String>) -> Self {
+        Self::PauseSchedule { name: name.into() }
+    }
+
+    /// [`Command::ResumeSchedule`].
+    pub fn resume_schedule(name: impl Into<String>) -> Self {
+        Self::ResumeSchedule { name: name.into() }
+    }
+
+    /// `"submit"`, `"cancel"`, `"signal"`, `"requeue"`, `"signal-run"`,
+    /// `"fork"`, `"pause-schedule"` or `"resume-schedule"`.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Submit(_) => "submit",
@@ -207,6 +231,8 @@ impl Command {
             Self::Requeue { .. } => "requeue",
             Self::SignalRun { .. } => "signal-run",
             Self::Fork { .. } => "fork",
+            Self::PauseSchedule { .. } => "pause-schedule",
+            Self::ResumeSchedule { .. } => "resume-schedule",
         }
     }
 }
@@ -351,6 +377,15 @@ pub enum CommandAnswer {
         from_step: u32,
         /// The new run.
         new_run_id: RunId,
+    },
+    /// The schedule's state after a pause or resume.
+    Schedule {
+        /// The schedule.
+        name: String,
+        /// Whether it is paused.
+        paused: bool,
+        /// Its next tick (ms since the UNIX epoch); `None` while paused.
+        next_fire_ms: Option<u64>,
     },
 }
 

@@ -67,6 +67,12 @@ pub(crate) enum DurableAnswer {
         from_step: u32,
         new_run_id: RunId,
     },
+    Schedule {
+        name: String,
+        paused: bool,
+        #[serde(default)]
+        next_fire_ms: Option<u64>,
+    },
 }
 
 impl DurableCommandRecord {
@@ -109,6 +115,15 @@ impl From<&CommandAnswer> for DurableAnswer {
                 from_step,
                 new_run_id,
             },
+            CommandAnswer::Schedule {
+                name,
+                paused,
+                next_fire_ms,
+            } => Self::Schedule {
+                name,
+                paused,
+                next_fire_ms,
+            },
         }
     }
 }
@@ -149,6 +164,15 @@ impl From<DurableAnswer> for CommandAnswer {
                 run_id,
                 from_step,
                 new_run_id,
+            },
+            DurableAnswer::Schedule {
+                name,
+                paused,
+                next_fire_ms,
+            } => Self::Schedule {
+                name,
+                paused,
+                next_fire_ms,
             },
         }
     }

@@ -11,8 +11,11 @@
 //!          | { kind: "cancel", run_id: "<id>", reason: "<text>"? }
 //!          | { kind: "signal", correlation_key: "<text>", payload: <bin> }
 //!          | { kind: "requeue", run_id: "<id>" }
+//!          | { kind: "signal_run", run_id: "<id>", correlation_key: "<text>", payload: <bin> }
 //!          | { kind: "fork", run_id: "<id>", from_step: <u32>,
-//!              new_run_id: "<id>"? } }
+//!              new_run_id: "<id>"? }
+//!          | { kind: "pause_schedule", name: "<name>" }
+//!          | { kind: "resume_schedule", name: "<name>" } }
 //! ```
 //!
 //! then a rewrite of `{memo_prefix}/inbox/touch` (any content that differs
@@ -77,6 +80,12 @@ enum WireKind {
     Requeue {
         run_id: String,
     },
+    PauseSchedule {
+        name: String,
+    },
+    ResumeSchedule {
+        name: String,
+    },
     SignalRun {
         run_id: String,
         correlation_key: String,
@@ -133,6 +142,8 @@ pub(crate) fn encode(
         Command::Requeue { run_id } => WireKind::Requeue {
             run_id: run_id.to_string(),
         },
+        Command::PauseSchedule { name } => WireKind::PauseSchedule { name: name.clone() },
+        Command::ResumeSchedule { name } => WireKind::ResumeSchedule { name: name.clone() },
         Command::SignalRun {
             run_id,
             correlation_key,
@@ -229,6 +240,8 @@ pub(crate) fn decode(id: &CommandId, bytes: &[u8]) -> Result<Received> {
         WireKind::Requeue { run_id } => Command::Requeue {
             run_id: RunId::new(run_id)?,
         },
+        WireKind::PauseSchedule { name } => Command::PauseSchedule { name },
+        WireKind::ResumeSchedule { name } => Command::ResumeSchedule { name },
         WireKind::SignalRun {
             run_id,
             correlation_key,
@@ -305,6 +318,9 @@ pub(crate) fn validate(command: &Command) -> Result<()> {
             Ok(())
         }
         Command::Requeue { .. } | Command::Fork { .. } => Ok(()),
+        Command::PauseSchedule { name } | Command::ResumeSchedule { name } => {
+            crate::schedule::check_name(name)
+        }
     }
 }
 

@@ -281,6 +281,15 @@ pub(crate) fn worker_kv_key(queue_name: &str) -> Vec<u8> {
     kv_key(&["workers", queue_name])
 }
 
+/// The record of the schedule `name` (a schedule name is a run-id-safe
+/// word, so it needs no escaping).
+pub(crate) fn schedule_kv_key(name: &str) -> Vec<u8> {
+    kv_key(&["schedules", name])
+}
+
+/// The prefix of the schedule records.
+pub(crate) const SCHEDULES_PREFIX: &str = "workflow/schedules/";
+
 /// The expiry index of run terminal markers (memo retention).
 pub(crate) const TERMINALS_PREFIX: &str = "workflow/terminals/";
 /// The expiry index of group terminal markers (group retention).

@@ -4,7 +4,7 @@
 //! backoffs of steps and of terminal notifications, delayed starts), the
 //! earliest lease expiry of its claimed jobs, and (for a window of time
 //! that passes) the earliest retention expiry of its run, group and
-//! command records. The time-skipping loop ([`super::skip`]) steps the
+//! command records, and the next ticks of its schedules. The time-skipping loop ([`super::skip`]) steps the
 //! clock from one to the next.
 
 use std::time::Duration;
@@ -60,6 +60,7 @@ pub(crate) async fn next_due(
         for (prefix, window) in retention_windows(core) {
             next = earliest(next, next_expiry(core, prefix, window, after_ms).await?);
         }
+        next = earliest(next, next_tick(core, after_ms).await?);
     }
     Ok(next)
 }
@@ -126,6 +127,24 @@ async fn next_lease(core: &RuntimeCore, after_ms: u64) -> Result<Option<Due>> {
         }
     }
     Ok(next)
+}
+
+/// The earliest next tick after `after_ms` of the runtime's schedules that
+/// are not paused (the maintenance round fires it).
+async fn next_tick(core: &RuntimeCore, after_ms: u64) -> Result<Option<Due>> {
+    let at_ms = core
+        .view
+        .schedules()
+        .await?
+        .into_iter()
+        .filter(|schedule| schedule.queue_name == core.queue_name)
+        .filter_map(|schedule| schedule.next_fire_ms)
+        .filter(|at| *at > after_ms)
+        .min();
+    Ok(at_ms.map(|at_ms| Due {
+        at_ms,
+        run_id: None,
+    }))
 }
 
 /// The runtime's expiry indexes with their retention windows: an entry

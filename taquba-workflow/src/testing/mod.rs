@@ -12,7 +12,8 @@
 //!   that is due, and what those make due, and returns once nothing is.
 //! - [`advance`](TestRuntime::advance)`(d)` lets `d` pass on the clock:
 //!   everything that falls due meanwhile (durable timers, signal timeouts,
-//!   retry backoffs, expired leases), what the window itself schedules
+//!   retry backoffs, expired leases, the ticks of
+//!   [schedules](crate::schedule)), what the window itself schedules
 //!   included, runs at its own time and in time order, and the clock ends
 //!   at exactly now + `d`.
 //!   [`run_until_ended`](TestRuntime::run_until_ended) skips time from due

@@ -84,7 +84,7 @@ pub struct FromRun {
 }
 
 /// Refuse an action of a read-only dashboard or with a wrong token.
-fn allowed(app: &App, token: &str) -> UiResult<()> {
+pub(crate) fn allowed(app: &App, token: &str) -> UiResult<()> {
     if app.read_only {
         return Err(UiError::forbidden(
             "This dashboard is read-only (--read-only): it sends no commands.",
@@ -100,7 +100,7 @@ fn allowed(app: &App, token: &str) -> UiResult<()> {
 
 /// Send `command` to the owner's inbox. The send runs on its own task,
 /// so a request dropped halfway (a closed tab) still completes it.
-async fn send(inbox: &Inbox, command: Command) -> UiResult<CommandId> {
+pub(crate) async fn send(inbox: &Inbox, command: Command) -> UiResult<CommandId> {
     let inbox = inbox.clone();
     let sent = tokio::spawn(async move { inbox.send(command).await })
         .await
@@ -117,7 +117,7 @@ async fn send(inbox: &Inbox, command: Command) -> UiResult<CommandId> {
     })
 }
 
-fn to_command(id: &CommandId, run: Option<&RunId>) -> Response {
+pub(crate) fn to_command(id: &CommandId, run: Option<&RunId>) -> Response {
     let run = run.map(ToString::to_string).unwrap_or_default();
     Redirect::to(&url(&format!("/commands/{id}"), &[("run", &run)])).into_response()
 }
@@ -443,7 +443,7 @@ fn answer_run(answer: &AnswerJson) -> Option<RunId> {
         AnswerJson::Signalled { run_id, .. } => run_id.as_deref(),
         // The new run.
         AnswerJson::Forked { new_run_id, .. } => Some(new_run_id.as_str()),
-        AnswerJson::Other => None,
+        AnswerJson::Schedule { .. } | AnswerJson::Other => None,
     };
     id.and_then(|id| RunId::new(id).ok())
 }

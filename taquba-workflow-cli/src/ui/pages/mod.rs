@@ -7,6 +7,7 @@ pub mod groups;
 pub mod login;
 pub mod run;
 pub mod runs;
+pub mod schedules;
 pub mod store;
 
 use taquba_workflow::RunId;

@@ -1,0 +1,193 @@
+//! Firing due ticks: the maintenance round of the worker (every
+//! [`poll_interval`](crate::WorkflowRuntimeBuilder::poll_interval), and in
+//! the test kit whenever the queue is idle) reads the schedules of its
+//! queue and fires those whose next tick is due, on the runtime's clock.
+//!
+//! Each tick is one transaction: the tick's run (run id
+//! `schedule-{name}-{tick ms}`, its record, pointer and step 0) and the
+//! schedule's record advanced past the tick, committed only while the
+//! record is as read. A crash before the commit leaves the tick due (it
+//! fires at the next round), after it the record says it fired, so no tick
+//! is lost or fired twice; two runtimes of one queue over one store race
+//! on the record and one of them wins each tick. A run id that already
+//! names a run (active or terminated) counts as the tick fired: the record
+//! is advanced without a second run.
+
+use futures_util::TryStreamExt;
+use taquba::SettlementEffects;
+use tracing::{debug, warn};
+
+use crate::engine::RuntimeCore;
+use crate::error::{Error, Result};
+use crate::model::RunSpec;
+use crate::schedule::manage::PAGE;
+use crate::schedule::record::DurableSchedule;
+use crate::schedule::spec::{CatchUp, MAX_CATCH_UP_TICKS, MISFIRE_THRESHOLD};
+use crate::store::durable;
+use crate::store::keys::{RunId, SCHEDULES_PREFIX, schedule_kv_key};
+
+/// The run id of `name`'s tick at `tick_ms`.
+///
+/// # Errors
+/// [`Error::InvalidRunId`] only for a name no schedule can have.
+pub fn tick_run_id(name: &str, tick_ms: u64) -> Result<RunId> {
+    RunId::new(format!("schedule-{name}-{tick_ms}"))
+}
+
+impl RuntimeCore {
+    /// Fire every due tick of this runtime's schedules. Errors are logged
+    /// and left to the next round.
+    pub(crate) async fn fire_schedules(&self) {
+        if let Err(err) = self.fire_due().await {
+            self.note_error(&err);
+            warn!(queue = %self.queue_name, "firing schedules failed: {err}");
+        }
+    }
+
+    async fn fire_due(&self) -> Result<()> {
+        let now = self.now_ms();
+        let mut due = Vec::new();
+        {
+            let view = self.view.queue_view();
+            let mut entries =
+                std::pin::pin!(view.kv_entries(SCHEDULES_PREFIX.as_bytes(), .., PAGE));
+            while let Some((key, value)) = entries.try_next().await? {
+                let whose = String::from_utf8_lossy(&key);
+                let Some(record) =
+                    durable::decode_or_absent::<DurableSchedule>(&value, "schedule record", &whose)
+                else {
+                    continue;
+                };
+                if record.queue_name == self.queue_name
+                    && !record.paused
+                    && record.next_fire_ms.is_some_and(|next| next <= now)
+                {
+                    due.push((record, value.to_vec()));
+                }
+            }
+        }
+        for (record, bytes) in due {
+            let name = record.name.clone();
+            if let Err(err) = self.fire(record, bytes, now).await {
+                if err.is_store_closed() {
+                    return Err(err);
+                }
+                self.note_error(&err);
+                warn!(queue = %self.queue_name, schedule = %name, "firing the schedule failed: {err}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Fire the due ticks of `record` (stored as `bytes`) as of `now`, as
+    /// its catch-up policy says, one transaction per tick.
+    async fn fire(&self, record: DurableSchedule, mut bytes: Vec<u8>, now: u64) -> Result<()> {
+        let Some(next) = record.next_fire_ms else {
+            return Ok(());
+        };
+        let ticks = record.spec.ticks(record.anchor_ms)?;
+        let (due, left_out) = ticks.due(next, now, MAX_CATCH_UP_TICKS);
+        let fired: Vec<u64> = match record.spec.catch_up {
+            CatchUp::All => due,
+            CatchUp::One => due.last().copied().into_iter().collect(),
+            CatchUp::Skip => {
+                let threshold = u64::try_from(MISFIRE_THRESHOLD.as_millis()).unwrap_or(u64::MAX);
+                due.last()
+                    .copied()
+                    .filter(|tick| now.saturating_sub(*tick) <= threshold)
+                    .into_iter()
+                    .collect()
+            }
+        };
+        if left_out {
+            warn!(queue = %self.queue_name, schedule = %record.name, "more than {MAX_CATCH_UP_TICKS} ticks were missed; the older ones are skipped");
+        }
+        let after_now = ticks.after(now);
+        let key = schedule_kv_key(&record.name);
+        let mut current = record;
+        if fired.is_empty() {
+            // Every due tick is skipped: only the record moves on.
+            let mut advanced = current.clone();
+            advanced.next_fire_ms = after_now;
+            advanced.updated_at_ms = now;
+            let effects =
+                SettlementEffects::default().kv_put(key.clone(), durable::encode(&advanced));
+            self.commits
+                .compare_commit(&key, Some(&bytes), effects)
+                .await?;
+            debug!(schedule = %current.name, "missed ticks skipped");
+            return Ok(());
+        }
+        for (i, tick) in fired.iter().copied().enumerate() {
+            let run_id = tick_run_id(&current.name, tick)?;
+            let mut advanced = current.clone();
+            advanced.next_fire_ms = fired.get(i + 1).copied().or(after_now);
+            advanced.last_fired_ms = Some(tick);
+            advanced.last_run_id = Some(run_id.to_string());
+            advanced.fired = advanced.fired.saturating_add(1);
+            advanced.updated_at_ms = now;
+            let encoded = durable::encode(&advanced);
+            let record = SettlementEffects::default().kv_put(key.clone(), encoded.clone());
+            let taken = self.view.run_record(&run_id).await?.is_some()
+                || self.view.terminal_record(&run_id).await?.is_some();
+            let committed = if taken {
+                debug!(schedule = %current.name, run_id = %run_id, "the tick's run exists: counted as fired");
+                self.commits
+                    .compare_commit(&key, Some(&bytes), record)
+                    .await?
+                    .is_some()
+            } else {
+                let spec = RunSpec {
+                    run_id: Some(run_id.clone()),
+                    input: current.input.clone(),
+                    options: current.run_options(),
+                    ..RunSpec::default()
+                };
+                match self
+                    .submit_guarded(spec, &key, &bytes, record.clone())
+                    .await
+                {
+                    Ok(submitted) => submitted.is_some(),
+                    Err(
+                        err @ (Error::InvalidRunOptions(_)
+                        | Error::ReservedHeaderInSubmit(_)
+                        | Error::ReservedKvKey(_)),
+                    ) => {
+                        // The run can never be submitted (options a later
+                        // build refuses): skip the tick rather than retry
+                        // it forever.
+                        warn!(schedule = %current.name, run_id = %run_id, "the tick's run is refused, tick skipped: {err}");
+                        let mut skipped = advanced.clone();
+                        skipped.last_run_id = current.last_run_id.clone();
+                        skipped.last_fired_ms = current.last_fired_ms;
+                        skipped.fired = current.fired;
+                        let effects = SettlementEffects::default()
+                            .kv_put(key.clone(), durable::encode(&skipped));
+                        if self
+                            .commits
+                            .compare_commit(&key, Some(&bytes), effects)
+                            .await?
+                            .is_none()
+                        {
+                            return Ok(());
+                        }
+                        bytes = durable::encode(&skipped);
+                        current = skipped;
+                        continue;
+                    }
+                    Err(err) => return Err(err),
+                }
+            };
+            if !committed {
+                // Changed meanwhile (paused, changed, deleted, or fired by
+                // another runtime of the queue): the next round reads it.
+                debug!(schedule = %current.name, "schedule changed while firing; left to the next round");
+                return Ok(());
+            }
+            debug!(schedule = %current.name, run_id = %run_id, tick, "schedule fired");
+            bytes = encoded;
+            current = advanced;
+        }
+        Ok(())
+    }
+}
