@@ -722,11 +722,13 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
 
     /// Keep the payload of each step of at most `bytes` bytes in its history
     /// entry (default [`DEFAULT_STEP_INPUT_LIMIT`](crate::history::DEFAULT_STEP_INPUT_LIMIT),
-    /// 4096; at most [`MAX_STEP_INPUT_LIMIT`](crate::history::MAX_STEP_INPUT_LIMIT),
+    /// 1024; at most [`MAX_STEP_INPUT_LIMIT`](crate::history::MAX_STEP_INPUT_LIMIT),
     /// 8192, a larger value is lowered to it; 0 keeps none): the input
     /// [`WorkflowRuntime::fork`] starts a fork from. The payload is written
     /// with the entry, in the settlement's transaction (no extra store
-    /// write); a larger or offloaded payload is not copied, its entry names
+    /// write, but the entry rides on the run's pointer until 8 entries fill
+    /// a chunk, so a kept payload of `n` bytes adds about `5 × n` bytes to
+    /// the step's writes); a larger or offloaded payload is not copied, its entry names
     /// the step's job, which a fork reads while the queue keeps it (a
     /// failed step's dead job until the dead retention; a done job only
     /// under `taquba::QueueConfig::keep_done_jobs`). With the history off

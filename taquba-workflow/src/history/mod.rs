@@ -29,8 +29,11 @@ pub const MAX_ATTEMPTS_PER_STEP: usize = 16;
 /// ([`WorkflowRuntimeBuilder::step_input_limit`](crate::WorkflowRuntimeBuilder::step_input_limit)):
 /// what [`WorkflowRuntime::fork`](crate::WorkflowRuntime::fork) starts a
 /// fork from. A larger payload is not copied; its entry names the step's
-/// job instead, which a fork reads while the queue keeps it.
-pub const DEFAULT_STEP_INPUT_LIMIT: usize = 4096;
+/// job instead, which a fork reads while the queue keeps it. Kept small:
+/// an entry rides on the run's pointer, which every settlement rewrites
+/// until 8 entries fill a chunk, so a kept payload of `n` bytes is written
+/// about five times (≈ `5 × n` bytes more per step than without it).
+pub const DEFAULT_STEP_INPUT_LIMIT: usize = 1024;
 /// The largest [`step_input_limit`](crate::WorkflowRuntimeBuilder::step_input_limit)
 /// a runtime takes, in bytes (a larger one is lowered to it): a chunk of 8
 /// entries with their payloads and attempts stays under the queue's KV
