@@ -15,12 +15,13 @@ use taquba::object_store::ObjectStore;
 use taquba::object_store::memory::InMemory;
 use taquba::{OpenOptions, QueueConfig};
 use taquba_workflow::cluster::{
-    ClusterRuntime, LeaseOptions, Ownership, Routed, StaticOwnership, read_lease, shard_of,
+    ClusterError, ClusterRuntime, LeaseOptions, Ownership, Routed, StaticOwnership, read_lease,
+    shard_of,
 };
 use taquba_workflow::inbox::{CommandAnswer, CommandState};
 use taquba_workflow::{
-    GroupMember, NoopTerminalHook, RunId, RunSpec, RunState, SignalOutcome, TerminalStatus,
-    WorkflowView,
+    ForkOptions, GroupMember, NoopTerminalHook, RunId, RunSpec, RunState, SignalOutcome,
+    TerminalStatus, WorkflowView,
 };
 use taquba_workflow_suite::testing::{FaultConfig, FaultyStore, TokioClock};
 
@@ -340,6 +341,76 @@ async fn commands_reach_runs_on_shards_another_process_hosts() {
         .unwrap()
         .expect("woken");
     assert_eq!(end.outcome.unwrap().result.as_deref(), Some(&b"yes"[..]));
+    owner.shutdown().await.unwrap();
+    client.shutdown().await.unwrap();
+}
+
+/// A fork through the cluster is made in its original's shard under an id
+/// that routes there, so every process finds it by its id: made directly
+/// by the owner, sent as a command by a client (the command names the
+/// drawn id), refused for a given id of another shard.
+#[tokio::test(start_paused = true)]
+async fn a_fork_lives_in_its_originals_shard_under_an_id_routing_there() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let runner = Scripted::default();
+    let owner = node(
+        store.clone(),
+        "owner",
+        Ownership::Static(StaticOwnership::ordinal(0, 1).unwrap()),
+        runner.clone(),
+    )
+    .await;
+    let client = node(store.clone(), "client", Ownership::Client, runner.clone()).await;
+    let broken = rid("broken");
+    let home = owner.shard_of(&broken);
+    let _ = owner.submit(spec("broken", "perm")).await.unwrap();
+    let end = owner
+        .wait_timeout(&broken, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .expect("ended");
+    assert_eq!(end.termination.status, TerminalStatus::Failed);
+
+    let Routed::Applied(restarted) = owner.restart(&broken, ForkOptions::new()).await.unwrap()
+    else {
+        panic!("the owner forks directly");
+    };
+    assert_eq!(owner.shard_of(&restarted.run_id), home);
+    let end = client
+        .wait_timeout(&restarted.run_id, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .expect("the client finds the fork");
+    assert_eq!(end.termination.status, TerminalStatus::Failed);
+
+    let Routed::Sent(sent) = client.fork(&broken, 0, ForkOptions::new()).await.unwrap() else {
+        panic!("a client sends");
+    };
+    let CommandState::Applied {
+        answer: CommandAnswer::Forked { new_run_id, .. },
+        ..
+    } = client.answer(&sent, Duration::from_secs(30)).await.unwrap()
+    else {
+        panic!("the fork is applied");
+    };
+    assert_eq!(client.shard_of(&new_run_id), home);
+    assert!(
+        client
+            .wait_timeout(&new_run_id, Duration::from_secs(60))
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    let elsewhere = id_on((home + 1) % SHARDS, "elsewhere");
+    let err = client
+        .fork(&broken, 0, ForkOptions::new().run_id(elsewhere))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ClusterError::ForkIdElsewhere { shard, .. } if shard == home),
+        "{err}"
+    );
     owner.shutdown().await.unwrap();
     client.shutdown().await.unwrap();
 }

@@ -123,12 +123,32 @@ async fn dispatch_cluster(
         }) => {
             let shard = cluster.run_shard(id).await?;
             mutate::say(&in_shard(cluster, shard, &format!("Run {id}")))?;
-            mutate::fork(&shard.session, &shard.runtime, id, *from_step, fork, out).await
+            let new_id = fork_id_on(cluster, shard.shard, fork)?;
+            mutate::fork(
+                &shard.session,
+                &shard.runtime,
+                id,
+                *from_step,
+                fork,
+                Some(new_id),
+                out,
+            )
+            .await
         }
         Command::Runs(RunsCommand::Restart { id, fork }) => {
             let shard = cluster.run_shard(id).await?;
             mutate::say(&in_shard(cluster, shard, &format!("Run {id}")))?;
-            mutate::fork(&shard.session, &shard.runtime, id, 0, fork, out).await
+            let new_id = fork_id_on(cluster, shard.shard, fork)?;
+            mutate::fork(
+                &shard.session,
+                &shard.runtime,
+                id,
+                0,
+                fork,
+                Some(new_id),
+                out,
+            )
+            .await
         }
         Command::Groups(GroupsCommand::List { limit }) => groups::list(reads, *limit, out).await,
         Command::Groups(GroupsCommand::Describe { id }) => {
@@ -199,9 +219,13 @@ async fn dispatch(
             id,
             from_step,
             fork,
-        }) => mutate::fork(session, &runtime, id, *from_step, fork, out).await,
+        }) => {
+            let new_id = fork.run_id.clone();
+            mutate::fork(session, &runtime, id, *from_step, fork, new_id, out).await
+        }
         Command::Runs(RunsCommand::Restart { id, fork }) => {
-            mutate::fork(session, &runtime, id, 0, fork, out).await
+            let new_id = fork.run_id.clone();
+            mutate::fork(session, &runtime, id, 0, fork, new_id, out).await
         }
         Command::Groups(GroupsCommand::List { limit }) => {
             groups::list(Reads::Store(view), *limit, out).await
@@ -262,4 +286,30 @@ fn signal_payload(json: Option<&str>, file: Option<&Path>, raw: bool) -> CliResu
         ))
     })?;
     encode_json(&text, &source)
+}
+
+/// The id a fork made in shard `shard` of `cluster` takes: `--run-id` when
+/// it routes there, else a fresh ULID drawn to route there (a fork lives in
+/// its original's shard, and the cluster finds a run by its id's shard).
+///
+/// # Errors
+/// [`CliError::Refused`] for a `--run-id` of another shard.
+fn fork_id_on(
+    cluster: &crate::cluster::ClusterSession,
+    shard: u32,
+    fork: &crate::cli::ForkArgs,
+) -> CliResult<taquba_workflow::RunId> {
+    match &fork.run_id {
+        Some(given) => {
+            let routes_to = cluster.record.shard_of(given.as_str());
+            if routes_to == shard {
+                Ok(given.clone())
+            } else {
+                Err(CliError::Refused(format!(
+                    "--run-id {given} routes to shard {routes_to}, not to shard {shard} of the run it forks; omit it to draw one, or pick one of that shard"
+                )))
+            }
+        }
+        None => Ok(cluster.record.new_run_id_on(shard)),
+    }
 }

@@ -243,8 +243,9 @@ pub fn check_fork(run: &RunDetails, from_step: u32, cancel: bool) -> CliResult<(
     }
 }
 
-/// `runs fork ID --from-step N` and `runs restart ID` (`from_step` 0):
-/// with `--cancel`, an active run is cancelled first (through the same
+/// `runs fork ID --from-step N` and `runs restart ID` (`from_step` 0),
+/// the new run named `new_run_id` (else by the command's id): with
+/// `--cancel`, an active run is cancelled first (through the same
 /// route) and waited on until it ended, then the fork is sent.
 ///
 /// # Errors
@@ -258,6 +259,7 @@ pub async fn fork(
     id: &RunId,
     from_step: u32,
     args: &crate::cli::ForkArgs,
+    new_run_id: Option<RunId>,
     out: &Output,
 ) -> CliResult<()> {
     let send = &args.send;
@@ -311,7 +313,7 @@ pub async fn fork(
         n => format!("fork of run {id} from step {n}"),
     };
     let change = Change {
-        command: Command::fork(id.clone(), from_step, args.run_id.clone()),
+        command: Command::fork(id.clone(), from_step, new_run_id),
         what,
     };
     deliver(session, runtime, change, send, out).await

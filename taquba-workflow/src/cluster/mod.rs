@@ -153,6 +153,20 @@ pub enum ClusterError {
         /// What could not be sent.
         what: String,
     },
+    /// A fork's given run id routes to another shard than the run it forks:
+    /// a fork is made in the original's shard (its input is read there), and
+    /// its id must route there for the cluster to find it.
+    #[error(
+        "the fork's run id `{run_id}` routes to shard {routes_to}, not to shard {shard} of the run it forks; omit it to draw one, or pick one of that shard"
+    )]
+    ForkIdElsewhere {
+        /// The given run id.
+        run_id: crate::RunId,
+        /// The shard it routes to.
+        routes_to: u32,
+        /// The shard of the run it forks.
+        shard: u32,
+    },
     /// A shard's runtime (or its inbox, or its reader) failed.
     #[error(transparent)]
     Runtime(#[from] crate::Error),

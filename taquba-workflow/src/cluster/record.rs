@@ -163,6 +163,23 @@ impl ClusterRecord {
         shard_of(run_id, self.shard_count())
     }
 
+    /// A fresh run id (a ULID) that routes to shard `shard`: what a fork
+    /// made in that shard is named (see
+    /// [`ClusterRuntime::fork`](super::ClusterRuntime::fork)). Each draw
+    /// lands there with probability 1/N; after 64 N draws (a miss less
+    /// likely than 1 in e^64) the last one is returned whatever its shard.
+    pub fn new_run_id_on(&self, shard: u32) -> crate::RunId {
+        let draws = 64 * self.shard_count().get();
+        let mut id = ulid::Ulid::new().to_string();
+        for _ in 0..draws {
+            if self.shard_of(&id) == shard {
+                break;
+            }
+            id = ulid::Ulid::new().to_string();
+        }
+        crate::RunId::new(id).unwrap_or_else(|_| unreachable!("a ULID is a valid run id"))
+    }
+
     /// The shard of group `group_id`, which holds the group's manifest and
     /// every member's run: a group never spans shards.
     pub fn shard_of_group(&self, group_id: &str) -> u32 {

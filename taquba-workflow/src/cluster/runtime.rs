@@ -420,6 +420,101 @@ where
         .await
     }
 
+    /// Start a new run from step `from_step` of the ended run `run_id`, as
+    /// [`WorkflowRuntime::fork`](crate::WorkflowRuntime::fork), in the
+    /// original's shard (its step input is read there). The new run's id
+    /// is [`ForkOptions::run_id`](crate::ForkOptions::run_id) when given,
+    /// which must route to that shard, else a fresh ULID drawn to route
+    /// there ([`ClusterRecord::new_run_id_on`]), so every process finds the
+    /// fork by its id. On a shard hosted elsewhere the fork is a `fork`
+    /// command naming the new id; with
+    /// [`ForkOptions::cancel_active`](crate::ForkOptions::cancel_active)
+    /// an active original is first cancelled through its shard and waited
+    /// for (the inbox refuses to fork an active run).
+    ///
+    /// # Cancel safety
+    ///
+    /// As the runtime's for a hosted shard; a command is written whole or
+    /// not at all. Dropped after the cancel of an active original, the run
+    /// may be cancelled without the fork: call again with the same
+    /// `ForkOptions::run_id` (the answer of a fork made is idempotent on
+    /// it).
+    ///
+    /// # Errors
+    /// [`ClusterError::ForkIdElsewhere`] for a given id of another shard;
+    /// [`ClusterError::Runtime`] with the runtime's (or the inbox's)
+    /// errors ([`Error::RunActive`](crate::Error::RunActive),
+    /// [`Error::StepNotForkable`](crate::Error::StepNotForkable), ...).
+    pub async fn fork(
+        &self,
+        run_id: &RunId,
+        from_step: u32,
+        mut options: crate::ForkOptions,
+    ) -> Result<Routed<SubmitOutcome>, ClusterError> {
+        let shard = self.holding(run_id).await?;
+        let new_id = match options.run_id.take() {
+            Some(given) => {
+                let routes_to = self.shard_of(&given);
+                if routes_to != shard {
+                    return Err(ClusterError::ForkIdElsewhere {
+                        run_id: given,
+                        routes_to,
+                        shard,
+                    });
+                }
+                given
+            }
+            None => self.inner.record.new_run_id_on(shard),
+        };
+        options.run_id = Some(new_id.clone());
+        if let Some(local) = self.local(shard) {
+            match local.runtime.fork(run_id, from_step, options.clone()).await {
+                Err(err) if shard_left(&err) => {}
+                forked => return Ok(Routed::Applied(forked?)),
+            }
+        }
+        if options.cancel_active
+            && self
+                .status(run_id)
+                .await?
+                .is_some_and(|status| !matches!(status.state, crate::RunState::Terminated(_)))
+        {
+            let reason = format!("cancelled to fork it from step {from_step}");
+            // The cancel's answer is the run's end, waited for below.
+            let _sent: Routed<bool> = self
+                .send(
+                    shard,
+                    Command::cancel(run_id.clone(), Some(reason)),
+                    Some(run_id.clone()),
+                )
+                .await?;
+            self.wait(run_id).await?;
+        }
+        self.send(
+            shard,
+            Command::fork(run_id.clone(), from_step, Some(new_id.clone())),
+            Some(new_id),
+        )
+        .await
+    }
+
+    /// Start the ended run `run_id` again from step 0 under a new id: the
+    /// [`fork`](Self::fork) from step 0.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`fork`](Self::fork).
+    ///
+    /// # Errors
+    /// As [`fork`](Self::fork).
+    pub async fn restart(
+        &self,
+        run_id: &RunId,
+        options: crate::ForkOptions,
+    ) -> Result<Routed<SubmitOutcome>, ClusterError> {
+        self.fork(run_id, 0, options).await
+    }
+
     /// Deliver a signal to `run_id`'s current wait on `correlation_key`,
     /// as [`WorkflowRuntime::signal_run`](crate::WorkflowRuntime::signal_run):
     /// nothing is buffered. Sent to a shard hosted elsewhere, a run that is
