@@ -462,3 +462,57 @@ async fn a_fifo_or_link_in_place_of_the_record_or_a_shard_is_refused_unopened() 
         stderr(&refused)
     );
 }
+
+/// `runs restart` on a cluster root: the fork is made in the original's
+/// shard under an id drawn to route there (so the cluster finds it by its
+/// id); a `--run-id` of another shard is refused before anything is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_on_a_cluster_root_is_named_for_its_originals_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let owners = owners(root).await;
+    let owner = &owners[shard("f-1") as usize];
+    let done = owner.start("f-1", 1, "ok", &[]).await;
+    owner.wait(&done).await;
+    let value = json(
+        &run(cli(
+            root,
+            &[
+                "runs",
+                "restart",
+                "f-1",
+                "--wait",
+                "--wait-timeout",
+                "60s",
+                "-o",
+                "json",
+            ],
+        ))
+        .await
+        .success(),
+    );
+    assert_eq!(value["answer"]["kind"], "forked", "{value}");
+    let new_id = value["answer"]["new_run_id"].as_str().expect("an id");
+    assert_eq!(shard(new_id), shard("f-1"), "{value}");
+    let fork = taquba_workflow::RunId::new(new_id).unwrap();
+    owner.wait(&fork).await;
+    let described = json(
+        &run(cli(root, &["runs", "describe", new_id, "-o", "json"]))
+            .await
+            .success(),
+    );
+    assert_eq!(described["forked_from"]["run_id"], "f-1", "{described}");
+
+    let elsewhere = (0..100)
+        .map(|i| format!("f-other-{i}"))
+        .find(|id| shard(id) != shard("f-1"))
+        .expect("an id of another shard");
+    let refused = run(cli(
+        root,
+        &["runs", "restart", "f-1", "--run-id", &elsewhere],
+    ))
+    .await
+    .code(1);
+    let err = stderr(&refused);
+    assert!(err.contains("routes to shard"), "{err}");
+}
