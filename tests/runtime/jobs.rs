@@ -1220,3 +1220,44 @@ async fn job_group_concurrent_submits_and_resumes_from_two_runners() {
     w2.shutdown().await.unwrap();
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
+
+/// A handle joined after its job ended takes the end the job's
+/// termination reported, and it is still the job's end: after a requeue
+/// ran the job again, the same handle answers the second end, not the
+/// first it saw.
+#[tokio::test(start_paused = true)]
+async fn a_handle_joined_after_a_requeue_answers_the_jobs_new_end() {
+    let fx = Fixture::new().await;
+    fx.failing.0.store(true, Ordering::SeqCst);
+    let runner = fx.runner();
+    let worker = runner.spawn(std::future::pending::<()>());
+    let handle = runner.submit(Toggle { n: 1 }).await.unwrap();
+    let terminal = |status: Option<taquba_workflow::RunStatus>| match status.map(|s| s.state) {
+        Some(RunState::Terminated(t)) => Some(t.status),
+        _ => None,
+    };
+    within(10, async {
+        while terminal(handle.status().await.unwrap()) != Some(TerminalStatus::Failed) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+
+    fx.failing.0.store(false, Ordering::SeqCst);
+    let inbox = taquba_workflow::inbox::Inbox::new(fx.store.clone(), "jobs-memo");
+    inbox
+        .send(taquba_workflow::inbox::Command::requeue(
+            handle.id().clone(),
+        ))
+        .await
+        .unwrap();
+    within(10, async {
+        while terminal(handle.status().await.unwrap()) != Some(TerminalStatus::Succeeded) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert_eq!(within(5, handle.join()).await.unwrap().unwrap(), 10);
+    assert_eq!(fx.calls.of("toggle 1"), 2);
+    worker.shutdown().await.unwrap();
+}

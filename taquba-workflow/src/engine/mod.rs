@@ -149,7 +149,7 @@ pub(crate) struct RuntimeCore {
     memo_prefix: String,
     pub(crate) inflight: Arc<InFlightRegistry>,
     /// Waiters on run terminations in this process.
-    run_watchers: RunWatchers,
+    pub(crate) run_watchers: RunWatchers,
     /// The group commit of submissions under fresh run ids.
     submit_batcher: SubmitBatcher,
     /// The ids of runs submitted without one and of new groups (shared by

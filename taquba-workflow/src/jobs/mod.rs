@@ -80,6 +80,7 @@ use crate::model::{RunOutcome, TerminalStatus};
 use crate::model::{StepError, StepErrorKind, StepOutcome};
 use crate::run::commit::detached;
 use crate::run::context::failure;
+use crate::run::watch::RunWatch;
 use crate::runner::{Delivery, Step, StepRunner};
 use crate::runtime::{RunnerHandle, WorkflowRuntime};
 use crate::store::canonical;
@@ -645,7 +646,14 @@ impl JobRunner {
             submitted
         }))
         .await?;
-        Ok(self.handle(outcome.run_id, outcome.newly_submitted))
+        let handle = self.handle(outcome.run_id, outcome.newly_submitted);
+        // Watched from here on: a handle awaited after its job ended takes
+        // the end the terminating commit reported (the outcome with it),
+        // without reading the job's records and its result record back.
+        // A job that ended before this line is read back as before.
+        let watch = self.runtime.inner.core.run_watchers.watch(&handle.id);
+        *handle.lock_early() = Some(watch);
+        Ok(handle)
     }
 
     pub(crate) fn handle<J: Job>(&self, id: RunId, newly_submitted: bool) -> JobHandle<J> {
@@ -653,6 +661,7 @@ impl JobRunner {
             runtime: self.runtime.clone(),
             id,
             newly_submitted,
+            early: Arc::default(),
             job: PhantomData,
         }
     }
@@ -696,6 +705,10 @@ pub struct JobHandle<J: Job> {
     runtime: JobRuntime,
     id: RunId,
     newly_submitted: bool,
+    /// The job's termination watched since its submission returned (the
+    /// first join of the handle or a clone takes it); dropped with the
+    /// last clone.
+    early: Arc<std::sync::Mutex<Option<RunWatch>>>,
     job: PhantomData<fn() -> J>,
 }
 
@@ -705,6 +718,7 @@ impl<J: Job> Clone for JobHandle<J> {
             runtime: self.runtime.clone(),
             id: self.id.clone(),
             newly_submitted: self.newly_submitted,
+            early: self.early.clone(),
             job: PhantomData,
         }
     }
@@ -765,8 +779,45 @@ impl<J: Job> JobHandle<J> {
     /// [`Error::RunNotFound`] for a job whose records are gone; storage and
     /// decoding errors.
     pub async fn join(&self) -> Result<std::result::Result<J::Output, JobError>> {
-        let end = self.runtime.wait(&self.id).await?;
+        let early = self.lock_early().take();
+        let end = match early {
+            // The watch first: an end it already holds is taken with two
+            // key reads instead of the result record's; else whichever of
+            // it and the wait sees the end first.
+            Some(mut watch) => tokio::select! {
+                biased;
+                end = watch.ended() => match self.still_the_end(&end).await? {
+                    true => end,
+                    false => self.runtime.wait(&self.id).await?,
+                },
+                end = self.runtime.wait(&self.id) => end?,
+            },
+            None => self.runtime.wait(&self.id).await?,
+        };
         Self::from_end(&self.id, end)
+    }
+
+    /// Whether `end`, watched earlier, is still the job's end: it is not
+    /// active again (a requeue) and its terminal record describes that
+    /// termination (status, error, final step, time: not a later one's,
+    /// nor gone to retention).
+    async fn still_the_end(&self, end: &RunEnd) -> Result<bool> {
+        let view = self.runtime.view();
+        if view.current_step_if_active(&self.id).await?.is_some() {
+            return Ok(false);
+        }
+        Ok(view
+            .terminal_record(&self.id)
+            .await?
+            .is_some_and(|recorded| RunTermination::from(recorded) == end.termination))
+    }
+
+    /// The watch taken by the first join (a poisoned lock only guards an
+    /// `Option` swap, never left half-done).
+    fn lock_early(&self) -> std::sync::MutexGuard<'_, Option<RunWatch>> {
+        self.early
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn from_end(id: &RunId, end: RunEnd) -> Result<std::result::Result<J::Output, JobError>> {
