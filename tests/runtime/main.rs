@@ -77,6 +77,7 @@ mod operator;
 mod poison;
 mod reruns;
 mod retention_replay;
+mod review_round;
 mod run_ids;
 mod runs;
 mod schedules;
