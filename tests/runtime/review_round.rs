@@ -20,6 +20,7 @@ use taquba_workflow::workflows::{StepContext, Transition, Workflows};
 use taquba_workflow::{
     Error, ForkOptions, RunSpec, Step, StepError, StepOutcome, StepRunner, TerminalStatus, workflow,
 };
+use taquba_workflow_suite::testing::drop_at_each_poll;
 
 /// Steps 0..=2; step 1 waits an hour when the input was `wait`; step 2
 /// fails permanently while `broken`. Each delivery is recorded with the
@@ -430,4 +431,186 @@ async fn a_scheduled_input_the_workflow_cannot_decode_fails_each_run_and_the_sch
     let last = info.last_run_id.unwrap();
     let end = runtime.wait(&last).await.unwrap();
     assert_eq!(end.termination.status, TerminalStatus::Failed);
+}
+
+/// How many times run `run` delivered step `step`.
+fn deliveries(runner: &Versioned, run: &str, step: u32) -> usize {
+    runner.seen(run).iter().filter(|(s, _)| *s == step).count()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fork_dropped_at_each_await_is_made_whole_or_not_at_all() {
+    let runner = Versioned::new(CodeInfo::new());
+    runner.broken.store(false, Ordering::SeqCst);
+    let env = TestRuntime::new(runner.clone()).await.unwrap();
+    let runtime = env.runtime().unwrap();
+    let last = drop_at_each_poll(
+        60,
+        |n| {
+            let env = &env;
+            async move {
+                // Parked on an hour's timer before step 1.
+                env.submit(plain(&format!("orig-{n}"), b"wait"))
+                    .await
+                    .unwrap();
+                env.run_until_idle().await.unwrap();
+            }
+        },
+        |n| {
+            let runtime = runtime.clone();
+            async move {
+                let options = ForkOptions::new()
+                    .run_id(rid(&format!("fork-{n}")))
+                    .cancel_active(true);
+                runtime.fork(&rid(&format!("orig-{n}")), 1, options).await
+            }
+        },
+        |n, output| {
+            let (env, runtime, runner) = (&env, runtime.clone(), runner.clone());
+            async move {
+                if let Some(made) = output {
+                    assert!(made.unwrap().newly_submitted, "{n}");
+                }
+                env.run_until_idle().await.unwrap();
+                // Retried under the same id: the fork made, or made now.
+                let options = ForkOptions::new()
+                    .run_id(rid(&format!("fork-{n}")))
+                    .cancel_active(true);
+                let again = runtime.fork(&rid(&format!("orig-{n}")), 1, options).await;
+                assert!(again.is_ok(), "{n}: {again:?}");
+                let fork = rid(&format!("fork-{n}"));
+                env.run_until_ended(&fork).await.unwrap();
+                let end = runtime.wait(&fork).await.unwrap();
+                assert_eq!(end.termination.status, TerminalStatus::Succeeded, "{n}");
+                let orig = runtime.wait(&rid(&format!("orig-{n}"))).await.unwrap();
+                assert_eq!(orig.termination.status, TerminalStatus::Cancelled, "{n}");
+                let name = format!("fork-{n}");
+                assert_eq!(deliveries(&runner, &name, 0), 0, "{n}");
+                assert_eq!(deliveries(&runner, &name, 1), 1, "{n}");
+                assert_eq!(deliveries(&runner, &format!("orig-{n}"), 1), 0, "{n}");
+            }
+        },
+    )
+    .await;
+    assert!(last > 1, "the fork awaited something");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crash_at_each_await_of_a_fork_leaves_it_made_or_not_and_a_retry_completes_it() {
+    let runner = Versioned::new(CodeInfo::new());
+    let env = TestRuntime::new(runner.clone()).await.unwrap();
+    for n in 1..=40 {
+        runner.broken.store(true, Ordering::SeqCst);
+        let orig = format!("orig-{n}");
+        env.submit(plain(&orig, b"in")).await.unwrap();
+        env.run_until_ended(&rid(&orig)).await.unwrap();
+        runner.broken.store(false, Ordering::SeqCst);
+        let runtime = env.runtime().unwrap();
+        let fork = rid(&format!("fork-{n}"));
+        let options = ForkOptions::new().run_id(fork.clone());
+        let done = taquba_workflow_suite::testing::poll_then_drop(
+            runtime.fork(&rid(&orig), 1, options.clone()),
+            n,
+        )
+        .await;
+        drop(runtime);
+        env.crash().await.unwrap();
+        let runtime = env.runtime().unwrap();
+        let again = runtime.fork(&rid(&orig), 1, options).await;
+        assert!(again.is_ok(), "{n}: {again:?}");
+        env.run_until_ended(&fork).await.unwrap();
+        let end = runtime.wait(&fork).await.unwrap();
+        assert_eq!(end.termination.status, TerminalStatus::Succeeded, "{n}");
+        let name = fork.to_string();
+        assert_eq!(deliveries(&runner, &name, 0), 0, "{n}");
+        assert_eq!(deliveries(&runner, &name, 1), 1, "{n}");
+        assert_eq!(deliveries(&runner, &name, 2), 1, "{n}");
+        if done.is_some() {
+            break;
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fork_racing_the_run_ending_on_its_own_is_made_once() {
+    let runner = Versioned::new(CodeInfo::new());
+    runner.broken.store(false, Ordering::SeqCst);
+    let env = TestRuntime::new(runner.clone()).await.unwrap();
+    let runtime = env.runtime().unwrap();
+    for lead in 0..24 {
+        let orig = format!("orig-{lead}");
+        env.submit(plain(&orig, b"in")).await.unwrap();
+        let fork = rid(&format!("fork-{lead}"));
+        let options = ForkOptions::new().run_id(fork.clone()).cancel_active(true);
+        let forking = async {
+            for _ in 0..lead {
+                tokio::task::yield_now().await;
+            }
+            runtime.fork(&rid(&orig), 0, options.clone()).await
+        };
+        let (made, ran) = tokio::join!(forking, env.run_until_idle());
+        ran.unwrap();
+        let made = made.unwrap_or_else(|err| panic!("{lead}: {err}"));
+        assert!(made.newly_submitted);
+        env.run_until_ended(&fork).await.unwrap();
+        let status = runtime.wait(&rid(&orig)).await.unwrap().termination.status;
+        assert!(
+            matches!(
+                status,
+                TerminalStatus::Succeeded | TerminalStatus::Cancelled
+            ),
+            "{lead}: {status:?}"
+        );
+        let end = runtime.wait(&fork).await.unwrap();
+        assert_eq!(end.termination.status, TerminalStatus::Succeeded, "{lead}");
+        assert_eq!(deliveries(&runner, fork.as_str(), 0), 1, "{lead}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_forked_group_member_is_a_plain_run_and_the_group_is_unchanged() {
+    let runner = Versioned::new(CodeInfo::new());
+    let env = TestRuntime::new(runner.clone()).await.unwrap();
+    let runtime = env.runtime().unwrap();
+    let group = runtime.group(rid("g"));
+    group
+        .submit(vec![member("m", "in")], &Default::default())
+        .await
+        .unwrap();
+    env.run_to_completion().await.unwrap();
+    let before = group.status().await.unwrap();
+    assert_eq!((before.total, before.failed), (1, 1));
+    runner.broken.store(false, Ordering::SeqCst);
+    let fork = runtime
+        .fork(&member_run_id("g", "m"), 1, ForkOptions::new())
+        .await
+        .unwrap();
+    env.run_until_ended(&fork.run_id).await.unwrap();
+    let details = runtime.view().run(&fork.run_id).await.unwrap().unwrap();
+    assert_eq!(details.group, None);
+    assert_eq!(details.group_key, None);
+    assert_eq!(
+        runtime.wait(&fork.run_id).await.unwrap().termination.status,
+        TerminalStatus::Succeeded
+    );
+    let after = group.status().await.unwrap();
+    assert_eq!((after.total, after.failed, after.succeeded), (1, 1, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_requeued_run_keeps_the_version_and_patches_it_started_with() {
+    let runner = Versioned::new(CodeInfo::new().version("1.0.0"));
+    let env = TestRuntime::new(runner.clone()).await.unwrap();
+    env.submit(plain("orig", b"in")).await.unwrap();
+    env.run_until_ended(&rid("orig")).await.unwrap();
+    *runner.code.lock().unwrap() = CodeInfo::new().version("2.0.0").patch("p");
+    runner.broken.store(false, Ordering::SeqCst);
+    env.crash().await.unwrap();
+    let runtime = env.runtime().unwrap();
+    runtime.requeue(&rid("orig")).await.unwrap();
+    env.run_until_ended(&rid("orig")).await.unwrap();
+    assert_eq!(runner.seen("orig").last(), Some(&(2, Some(false))));
+    let details = runtime.view().run(&rid("orig")).await.unwrap().unwrap();
+    assert_eq!(details.version.as_deref(), Some("1.0.0"));
+    assert!(details.patches.is_empty());
 }
