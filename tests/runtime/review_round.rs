@@ -721,3 +721,38 @@ async fn a_fork_from_a_step_woken_by_a_signal_sees_the_signal() {
         "the fork's step 1 ran as if the approval had timed out"
     );
 }
+
+#[tokio::test(start_paused = true)]
+#[ignore = "finding: a fork starts with an empty run memo, so what steps before the fork point wrote there (run memo: run-wide state) is gone for the steps after it; the README's fork section does not say so"]
+async fn a_fork_reads_the_run_memo_its_earlier_steps_wrote() {
+    let broken = Arc::new(AtomicBool::new(true));
+    let flag = broken.clone();
+    let runner = FnRunner(move |step: Step| {
+        let broken = flag.clone();
+        async move {
+            let memo_err = |e: taquba_workflow::Error| StepError::transient(e.to_string());
+            match step.step_number {
+                0 => {
+                    step.run_memo.put("customer", b"c-42").await.map_err(memo_err)?;
+                    Ok(StepOutcome::continue_now(b"bill".to_vec()))
+                }
+                _ if broken.load(Ordering::SeqCst) => Err(StepError::permanent("bug")),
+                _ => {
+                    let customer = step.run_memo.get("customer").await.map_err(memo_err)?;
+                    Ok(StepOutcome::Succeed {
+                        result: customer.unwrap_or_else(|| b"none".to_vec()),
+                    })
+                }
+            }
+        }
+    });
+    let env = TestRuntime::new(runner).await.unwrap();
+    env.submit(plain("orig", b"in")).await.unwrap();
+    env.run_until_ended(&rid("orig")).await.unwrap();
+    broken.store(false, Ordering::SeqCst);
+    let runtime = env.runtime().unwrap();
+    let fork = runtime.fork(&rid("orig"), 1, ForkOptions::new()).await.unwrap();
+    env.run_until_ended(&fork.run_id).await.unwrap();
+    let outcome = runtime.outcome(&fork.run_id).await.unwrap().unwrap();
+    assert_eq!(outcome.result.as_deref(), Some(&b"c-42"[..]));
+}
