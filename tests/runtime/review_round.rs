@@ -756,3 +756,26 @@ async fn a_fork_reads_the_run_memo_its_earlier_steps_wrote() {
     let outcome = runtime.outcome(&fork.run_id).await.unwrap().unwrap();
     assert_eq!(outcome.result.as_deref(), Some(&b"c-42"[..]));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_run_cancelled_before_its_first_step_ran_can_be_restarted() {
+    let runner = Versioned::new(CodeInfo::new());
+    runner.broken.store(false, Ordering::SeqCst);
+    let env = TestRuntime::new(runner.clone()).await.unwrap();
+    let runtime = env.runtime().unwrap();
+    let mut spec = plain("later", b"in");
+    spec.options.run_at = Some(
+        std::time::UNIX_EPOCH + Duration::from_millis(env.now_ms() + 3_600_000),
+    );
+    env.submit(spec).await.unwrap();
+    env.run_until_idle().await.unwrap();
+    assert!(runtime.cancel(&rid("later")).await.unwrap());
+    env.run_until_idle().await.unwrap();
+    let restart = runtime
+        .restart(&rid("later"), ForkOptions::new())
+        .await
+        .unwrap_or_else(|err| panic!("{err}"));
+    env.run_until_ended(&restart.run_id).await.unwrap();
+    assert_eq!(runner.seen(restart.run_id.as_str()).len(), 3);
+    assert!(runner.seen("later").is_empty());
+}
