@@ -693,7 +693,6 @@ fn approval(broken: Arc<AtomicBool>) -> impl StepRunner {
 }
 
 #[tokio::test(start_paused = true)]
-#[ignore = "finding: a fork from a step that a signal woke runs it without the signal (as if the wait had timed out): the signal value is deleted with the step's settlement and not recorded in the history entry"]
 async fn a_fork_from_a_step_woken_by_a_signal_sees_the_signal() {
     let broken = Arc::new(AtomicBool::new(true));
     let env = TestRuntime::new(approval(broken.clone())).await.unwrap();
@@ -720,6 +719,30 @@ async fn a_fork_from_a_step_woken_by_a_signal_sees_the_signal() {
         Some(&b"approved"[..]),
         "the fork's step 1 ran as if the approval had timed out"
     );
+
+    // A signal and payload over the step input limit together are not
+    // kept: the fork's step sees no signal, as documented.
+    let broken = Arc::new(AtomicBool::new(true));
+    let env = TestRuntime::builder(approval(broken.clone()))
+        .configure(|builder| builder.step_input_limit(10))
+        .build()
+        .await
+        .unwrap();
+    env.submit(plain("orig", b"in")).await.unwrap();
+    env.run_until_idle().await.unwrap();
+    env.signal_raw("approve", b"approved".to_vec())
+        .await
+        .unwrap();
+    env.run_until_ended(&rid("orig")).await.unwrap();
+    broken.store(false, Ordering::SeqCst);
+    let runtime = env.runtime().unwrap();
+    let fork = runtime
+        .fork(&rid("orig"), 1, ForkOptions::new())
+        .await
+        .unwrap();
+    env.run_until_ended(&fork.run_id).await.unwrap();
+    let outcome = runtime.outcome(&fork.run_id).await.unwrap().unwrap();
+    assert_eq!(outcome.result.as_deref(), Some(&b"timeout"[..]));
 }
 
 #[tokio::test(start_paused = true)]
@@ -733,7 +756,10 @@ async fn a_fork_reads_the_run_memo_its_earlier_steps_wrote() {
             let memo_err = |e: taquba_workflow::Error| StepError::transient(e.to_string());
             match step.step_number {
                 0 => {
-                    step.run_memo.put("customer", b"c-42").await.map_err(memo_err)?;
+                    step.run_memo
+                        .put("customer", b"c-42")
+                        .await
+                        .map_err(memo_err)?;
                     Ok(StepOutcome::continue_now(b"bill".to_vec()))
                 }
                 _ if broken.load(Ordering::SeqCst) => Err(StepError::permanent("bug")),
@@ -751,7 +777,10 @@ async fn a_fork_reads_the_run_memo_its_earlier_steps_wrote() {
     env.run_until_ended(&rid("orig")).await.unwrap();
     broken.store(false, Ordering::SeqCst);
     let runtime = env.runtime().unwrap();
-    let fork = runtime.fork(&rid("orig"), 1, ForkOptions::new()).await.unwrap();
+    let fork = runtime
+        .fork(&rid("orig"), 1, ForkOptions::new())
+        .await
+        .unwrap();
     env.run_until_ended(&fork.run_id).await.unwrap();
     let outcome = runtime.outcome(&fork.run_id).await.unwrap().unwrap();
     assert_eq!(outcome.result.as_deref(), Some(&b"c-42"[..]));
@@ -764,9 +793,8 @@ async fn a_run_cancelled_before_its_first_step_ran_can_be_restarted() {
     let env = TestRuntime::new(runner.clone()).await.unwrap();
     let runtime = env.runtime().unwrap();
     let mut spec = plain("later", b"in");
-    spec.options.run_at = Some(
-        std::time::UNIX_EPOCH + Duration::from_millis(env.now_ms() + 3_600_000),
-    );
+    spec.options.run_at =
+        Some(std::time::UNIX_EPOCH + Duration::from_millis(env.now_ms() + 3_600_000));
     env.submit(spec).await.unwrap();
     env.run_until_idle().await.unwrap();
     assert!(runtime.cancel(&rid("later")).await.unwrap());
