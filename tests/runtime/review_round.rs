@@ -22,14 +22,18 @@ use taquba_workflow::{
 };
 use taquba_workflow_suite::testing::drop_at_each_poll;
 
-/// Steps 0..=2; step 1 waits an hour when the input was `wait`; step 2
+/// Each delivery: the run, the step, the answer to `patched("p")`.
+type Seen = Arc<Mutex<Vec<(String, u32, Option<bool>)>>>;
+
+/// Steps 0..=2; step 0 waits an hour before step 1 when the input was
+/// `wait`; step 2
 /// fails permanently while `broken`. Each delivery is recorded with the
 /// answer to `patched("p")` when the running code declares `p`.
 #[derive(Clone)]
 struct Versioned {
     code: Arc<Mutex<CodeInfo>>,
     broken: Arc<AtomicBool>,
-    seen: Arc<Mutex<Vec<(String, u32, Option<bool>)>>>,
+    seen: Seen,
 }
 
 impl Versioned {
@@ -346,7 +350,7 @@ async fn a_users_run_under_a_ticks_id_counts_as_the_tick() {
     env.advance(Duration::from_secs(60)).await.unwrap();
     assert_eq!(
         env.runner().runs(),
-        [squatter.clone()],
+        std::slice::from_ref(&squatter),
         "the user's run only"
     );
     let info = runtime.view().schedule("s").await.unwrap().unwrap();
