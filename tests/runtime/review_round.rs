@@ -26,9 +26,9 @@ use taquba_workflow_suite::testing::drop_at_each_poll;
 type Seen = Arc<Mutex<Vec<(String, u32, Option<bool>)>>>;
 
 /// Steps 0..=2; step 0 waits an hour before step 1 when the input was
-/// `wait`; step 2
-/// fails permanently while `broken`. Each delivery is recorded with the
-/// answer to `patched("p")` when the running code declares `p`.
+/// `wait`; step 2 fails permanently while `broken`. Each delivery is
+/// recorded with the answer to `patched("p")` when the running code
+/// declares `p`.
 #[derive(Clone)]
 struct Versioned {
     code: Arc<Mutex<CodeInfo>>,
@@ -750,7 +750,7 @@ async fn a_fork_from_a_step_woken_by_a_signal_sees_the_signal() {
 }
 
 #[tokio::test(start_paused = true)]
-#[ignore = "finding: a fork starts with an empty run memo, so what steps before the fork point wrote there (run memo: run-wide state) is gone for the steps after it; the README's fork section does not say so"]
+#[ignore = "finding (now documented, not changed): a fork starts with an empty run memo, so what steps before the fork point wrote to the run memo is gone for the steps after it"]
 async fn a_fork_reads_the_run_memo_its_earlier_steps_wrote() {
     let broken = Arc::new(AtomicBool::new(true));
     let flag = broken.clone();
