@@ -811,3 +811,31 @@ async fn a_run_cancelled_before_its_first_step_ran_can_be_restarted() {
     assert_eq!(runner.seen(restart.run_id.as_str()).len(), 3);
     assert!(runner.seen("later").is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_version_longer_than_is_kept_is_still_listed_by_itself() {
+    let long = format!("1.0.0+{}", "b".repeat(300));
+    let runner = Versioned::new(CodeInfo::new().version(long.clone()));
+    runner.broken.store(false, Ordering::SeqCst);
+    let env = TestRuntime::new(runner).await.unwrap();
+    env.submit(plain("long", b"in")).await.unwrap();
+    env.run_until_ended(&rid("long")).await.unwrap();
+    let runtime = env.runtime().unwrap();
+    let view = runtime.view();
+    let kept = view
+        .run(&rid("long"))
+        .await
+        .unwrap()
+        .unwrap()
+        .version
+        .unwrap();
+    assert!(kept.len() <= 256, "{} bytes kept", kept.len());
+    let page = view.runs(&RunFilter::new().version(long)).await.unwrap();
+    assert_eq!(
+        page.runs.len(),
+        1,
+        "the version the code says lists its runs"
+    );
+    let page = view.runs(&RunFilter::new().version(kept)).await.unwrap();
+    assert_eq!(page.runs.len(), 1, "so does the version as kept");
+}
