@@ -839,3 +839,91 @@ async fn a_version_longer_than_is_kept_is_still_listed_by_itself() {
     let page = view.runs(&RunFilter::new().version(kept)).await.unwrap();
     assert_eq!(page.runs.len(), 1, "so does the version as kept");
 }
+
+/// Four steps adding to a total; `last` fails while the flag is set. Each
+/// step call is counted by name.
+#[derive(Clone, Default)]
+struct Adder {
+    broken: Arc<AtomicBool>,
+    calls: Arc<Mutex<Vec<String>>>,
+}
+
+impl Adder {
+    fn note(&self, step: &str) {
+        self.calls.lock().unwrap().push(step.to_string());
+    }
+}
+
+#[workflow(name = "rr.adder", output = u32)]
+impl Adder {
+    #[step(start)]
+    async fn first(&self, total: u32) -> Result<Transition<AdderStep>, StepError> {
+        self.note("first");
+        Ok(Transition::next(AdderStep::Second { total: total + 1 }))
+    }
+
+    #[step]
+    async fn second(&self, total: u32) -> Result<Transition<AdderStep>, StepError> {
+        self.note("second");
+        Ok(Transition::next(AdderStep::Third { total: total + 10 }))
+    }
+
+    #[step]
+    async fn third(&self, total: u32) -> Result<Transition<AdderStep>, StepError> {
+        self.note("third");
+        Ok(Transition::next(AdderStep::Last { total: total + 100 }))
+    }
+
+    #[step]
+    async fn last(&self, total: u32) -> Result<Transition<AdderStep>, StepError> {
+        self.note("last");
+        if self.broken.load(Ordering::SeqCst) {
+            return Err(StepError::permanent("bug in last"));
+        }
+        Ok(Transition::done(total + 1000))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_workflow_run_forks_from_each_of_its_steps_with_the_fields_as_stored() {
+    let adder = Adder::default();
+    adder.broken.store(true, Ordering::SeqCst);
+    let env = TestRuntime::new(adder.clone()).await.unwrap();
+    let run = env.start(AdderInput { total: 0 }).await.unwrap();
+    env.run_until_idle().await.unwrap();
+    assert!(run.output().await.is_err());
+    adder.broken.store(false, Ordering::SeqCst);
+    let runtime = env.runtime().unwrap();
+    let names = ["first", "second", "third", "last"];
+    for (step, expected) in [(0u32, 1111u32), (1, 1111), (2, 1111), (3, 1111)] {
+        adder.calls.lock().unwrap().clear();
+        let fork = runtime
+            .fork(run.id(), step, ForkOptions::new())
+            .await
+            .unwrap();
+        env.run_until_ended(&fork.run_id).await.unwrap();
+        let typed = env.run::<Adder>(fork.run_id.clone());
+        assert_eq!(typed.output().await.unwrap(), expected, "from step {step}");
+        assert_eq!(
+            *adder.calls.lock().unwrap(),
+            names[step as usize..],
+            "from step {step}"
+        );
+        let history = typed.history().await.unwrap();
+        assert_eq!(history.steps[0].name, names[step as usize]);
+    }
+    // The succeeded fork forks too; past its end it is refused.
+    let done = runtime.restart(run.id(), ForkOptions::new()).await.unwrap();
+    env.run_until_ended(&done.run_id).await.unwrap();
+    let again = runtime
+        .fork(&done.run_id, 2, ForkOptions::new())
+        .await
+        .unwrap();
+    env.run_until_ended(&again.run_id).await.unwrap();
+    assert_eq!(env.run::<Adder>(again.run_id).output().await.unwrap(), 1111);
+    let err = runtime
+        .fork(&done.run_id, 4, ForkOptions::new())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("ended at step 3"), "{err}");
+}
