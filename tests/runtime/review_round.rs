@@ -927,3 +927,38 @@ async fn a_workflow_run_forks_from_each_of_its_steps_with_the_fields_as_stored()
         .unwrap_err();
     assert!(err.to_string().contains("ended at step 3"), "{err}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn inputs_over_the_step_input_limit_fork_from_done_jobs_while_the_queue_keeps_them() {
+    let runner = Versioned::new(CodeInfo::new());
+    let config = taquba::QueueConfig {
+        keep_done_jobs: Some(Duration::from_secs(3600)),
+        ..Default::default()
+    };
+    let env = TestRuntime::builder(runner.clone())
+        .queue_config(config)
+        .configure(|builder| builder.step_input_limit(1))
+        .build()
+        .await
+        .unwrap();
+    env.submit(plain("orig", b"big input")).await.unwrap();
+    env.run_until_ended(&rid("orig")).await.unwrap();
+    runner.broken.store(false, Ordering::SeqCst);
+    let runtime = env.runtime().unwrap();
+    // Steps 0 and 1 settled as done jobs, kept an hour; step 2 is dead.
+    for step in 0..=2 {
+        let input = runtime.view().step_input(&rid("orig"), step).await.unwrap();
+        let expected: &[u8] = match step {
+            0 => b"big input",
+            1 => b"s1",
+            _ => b"s2",
+        };
+        assert_eq!(input, expected, "step {step}");
+    }
+    let fork = runtime
+        .fork(&rid("orig"), 1, ForkOptions::new())
+        .await
+        .unwrap();
+    env.run_until_ended(&fork.run_id).await.unwrap();
+    assert_eq!(deliveries(&runner, fork.run_id.as_str(), 1), 1);
+}
