@@ -962,3 +962,45 @@ async fn inputs_over_the_step_input_limit_fork_from_done_jobs_while_the_queue_ke
     env.run_until_ended(&fork.run_id).await.unwrap();
     assert_eq!(deliveries(&runner, fork.run_id.as_str(), 1), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_pause_during_catch_up_stops_it_and_every_fired_tick_has_its_run() {
+    let mut cut_short = Vec::new();
+    for n in (1..40).step_by(3) {
+        let env = TestRuntime::new(Calls::default()).await.unwrap();
+        let runtime = env.runtime().unwrap();
+        let spec = ScheduleSpec::every(Duration::from_secs(60))
+            .unwrap()
+            .catch_up(CatchUp::All);
+        runtime.schedule("c", spec, vec![]).await.unwrap();
+        // Down for 10 ticks, then the catch-up round is cut after n polls
+        // by a pause.
+        env.clock().advance(Duration::from_secs(600));
+        let _ = taquba_workflow_suite::testing::poll_then_drop(env.run_until_idle(), n).await;
+        let paused = runtime.pause_schedule("c").await.unwrap();
+        assert!(paused.paused);
+        env.run_until_idle().await.unwrap();
+        let info = runtime.view().schedule("c").await.unwrap().unwrap();
+        let runs = runtime
+            .view()
+            .runs(&RunFilter::new())
+            .await
+            .unwrap()
+            .runs
+            .len();
+        assert_eq!(runs as u64, info.fired, "after {n} polls");
+        cut_short.push(info.fired);
+        // Paused: nothing more fires, however long.
+        env.advance(Duration::from_secs(600)).await.unwrap();
+        let after = runtime.view().schedule("c").await.unwrap().unwrap();
+        assert_eq!(after.fired, info.fired, "after {n} polls");
+        // Resumed: the next tick after now, none of the paused ones.
+        let resumed = runtime.resume_schedule("c").await.unwrap();
+        let next = resumed.next_fire_ms.unwrap();
+        assert!(next > env.now_ms() && next <= env.now_ms() + 60_000);
+    }
+    assert!(
+        cut_short.iter().any(|fired| (1..10).contains(fired)),
+        "some pause landed mid-catch-up: {cut_short:?}"
+    );
+}
