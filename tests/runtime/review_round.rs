@@ -1004,3 +1004,39 @@ async fn a_pause_during_catch_up_stops_it_and_every_fired_tick_has_its_run() {
         "some pause landed mid-catch-up: {cut_short:?}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_users_run_racing_a_tick_under_its_id_is_started_once() {
+    for lead in 0..40 {
+        let env = TestRuntime::new(Calls::default()).await.unwrap();
+        let runtime = env.runtime().unwrap();
+        let info = runtime
+            .schedule(
+                "s",
+                ScheduleSpec::every(Duration::from_secs(60)).unwrap(),
+                b"tick".to_vec(),
+            )
+            .await
+            .unwrap();
+        let tick = info.next_fire_ms.unwrap();
+        let squatter = format!("schedule-s-{tick}");
+        env.clock().advance(Duration::from_secs(60));
+        let user = async {
+            for _ in 0..lead {
+                tokio::task::yield_now().await;
+            }
+            env.submit(plain(&squatter, b"user")).await
+        };
+        let (ran, submitted) = tokio::join!(env.run_until_idle(), user);
+        ran.unwrap();
+        submitted.unwrap();
+        env.run_until_idle().await.unwrap();
+        let calls = env
+            .runner()
+            .runs()
+            .into_iter()
+            .filter(|run| *run == squatter)
+            .count();
+        assert_eq!(calls, 1, "lead {lead}: the run id was started twice");
+    }
+}
