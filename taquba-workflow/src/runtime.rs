@@ -350,6 +350,12 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// before it are not run again; the new run's steps keep the original's
     /// numbers (its first step is `from_step`), so a runner that looks at
     /// [`Step::step_number`](crate::Step::step_number) sees what it saw.
+    /// A step a signal woke gets that signal again
+    /// ([`Step::signal`](crate::Step::signal)) when its history entry kept
+    /// it: the signal and the kept payload share the
+    /// [step input limit](crate::WorkflowRuntimeBuilder::step_input_limit);
+    /// a signal not kept leaves the fork's step with none, as after a
+    /// timeout. The fork's run memo starts empty.
     /// The submitter's headers carry over (from the original's recorded
     /// outcome; none for a run that ended without a worker settling it, a
     /// cancelled waiting step or a reconciled dead letter); the priority and attempt limit are the queue's defaults;
@@ -724,7 +730,8 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntimeBuilder<R, H> {
     /// entry (default [`DEFAULT_STEP_INPUT_LIMIT`](crate::history::DEFAULT_STEP_INPUT_LIMIT),
     /// 1024; at most [`MAX_STEP_INPUT_LIMIT`](crate::history::MAX_STEP_INPUT_LIMIT),
     /// 8192, a larger value is lowered to it; 0 keeps none): the input
-    /// [`WorkflowRuntime::fork`] starts a fork from. The payload is written
+    /// [`WorkflowRuntime::fork`] starts a fork from. The signal that woke a
+    /// step is kept with it when the two fit the limit together. The payload is written
     /// with the entry, in the settlement's transaction (no extra store
     /// write, but the entry rides on the run's pointer until 8 entries fill
     /// a chunk, so a kept payload of `n` bytes adds about `5 × n` bytes to

@@ -31,6 +31,7 @@
 //! * `operator`: listing and describing runs from another process.
 //! * `poison`: undecodable payloads, panicking hooks, oversized results and errors.
 //! * `reruns`: a run id or group member key run again after its run ended.
+//! * `review_round`: fork/restart, patches and versions, and schedules attacked at the public API: bad input, drops and crashes at each await, races with the run's end, signals and memos across a fork, daylight-saving nights, pause during catch-up.
 //! * `retention_replay`: step-output replay after a lease expiry, and memo retention.
 //! * `run_ids`: run ids validated at their bounds; generated ids are ordered ULIDs.
 //! * `runs`: submission (racing re-submissions), the step loop, panicking runners.
@@ -77,6 +78,7 @@ mod operator;
 mod poison;
 mod reruns;
 mod retention_replay;
+mod review_round;
 mod run_ids;
 mod runs;
 mod schedules;

@@ -122,6 +122,18 @@ impl RuntimeCore {
         let name = crate::history::cut_cow(&name, crate::history::naming::MAX_NAME_LEN);
         // The step's input rides on its entry (what a fork starts from).
         let input = RecordedInput::of(job, self.ops.step_input_limit);
+        // So does the signal that woke it: the two share the limit, so an
+        // entry keeps at most the limit of input bytes.
+        let limit = self.ops.step_input_limit;
+        let inline = match input {
+            RecordedInput::Payload(payload) => payload.len(),
+            _ => 0,
+        };
+        let signal = claimed
+            .signal
+            .get()
+            .map(Vec::as_slice)
+            .filter(|signal| limit > 0 && inline.saturating_add(signal.len()) <= limit);
         // The settling code's version, kept when it is not the run's start.
         let version = self
             .ops
@@ -141,15 +153,24 @@ impl RuntimeCore {
                 }
             };
             attempts.push(this);
-            pending.push_step(claimed.step_number, &name, &attempts, 0, input, version);
+            pending.push_step_signalled(
+                claimed.step_number,
+                &name,
+                &attempts,
+                0,
+                input,
+                version,
+                signal,
+            );
         } else {
-            pending.push_step(
+            pending.push_step_signalled(
                 claimed.step_number,
                 &name,
                 std::slice::from_ref(&this),
                 0,
                 input,
                 version,
+                signal,
             );
         }
         let effects = match &mut settlement.kind {

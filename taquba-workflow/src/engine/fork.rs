@@ -14,7 +14,9 @@ use crate::error::{Error, Result};
 use crate::fork::ForkOptions;
 use crate::model::SubmitOutcome;
 use crate::store::durable::{self, DurableForkLink, DurableRunRecord};
-use crate::store::keys::{RunId, run_kv_key, sha256};
+use crate::store::keys::{
+    HEADER_SIGNAL_DELIVERED, RunId, run_kv_key, sha256, signal_delivered_kv_key,
+};
 
 /// Attempts of a fork whose compare-and-commit lost to a concurrent
 /// writer of the new run's record before the call gives up.
@@ -50,7 +52,8 @@ impl RuntimeCore {
             self.cancel_as(run_id, request).await?;
             self.wait_run(run_id).await?;
         }
-        let payload = self.view.step_input(run_id, from_step).await?;
+        let start = self.view.step_start(run_id, from_step).await?;
+        let payload = start.payload;
         // The submitter's headers carry over, from the recorded outcome.
         let original = self.view.run(run_id).await?;
         let headers = original
@@ -81,7 +84,12 @@ impl RuntimeCore {
                     run_at: None,
                     priority: None,
                     max_attempts: None,
-                    reserved_headers: Vec::new(),
+                    // A step a signal woke is delivered it again, as an
+                    // inbox-delivered signal is: stored for the step.
+                    reserved_headers: match start.signal {
+                        Some(_) => vec![(HEADER_SIGNAL_DELIVERED, "fork".to_string())],
+                        None => Vec::new(),
+                    },
                 },
             );
             let job_id = step.job_id.clone();
@@ -98,9 +106,13 @@ impl RuntimeCore {
                 version: version.clone(),
                 patches: patches.clone(),
             };
-            let effects =
+            let mut effects =
                 Self::step_effects(&new_id, from_step, step, SettlementEffects::default())
                     .kv_put(run_key.clone(), durable::encode(&record));
+            if let Some(signal) = &start.signal {
+                effects =
+                    effects.kv_put(signal_delivered_kv_key(&new_id, from_step), signal.clone());
+            }
             if self
                 .commits
                 .compare_commit(&run_key, None, effects)

@@ -148,6 +148,9 @@ pub(super) struct ClaimedStep<'a> {
     /// The submitter's headers, without the reserved ones.
     pub(crate) headers: HashMap<String, String>,
     pub(crate) job: &'a JobRecord,
+    /// The signal the step was woken with, once resolved: its history
+    /// entry keeps it for a fork from the step.
+    pub(crate) signal: std::sync::OnceLock<Vec<u8>>,
 }
 
 impl<'a> ClaimedStep<'a> {
@@ -174,6 +177,7 @@ impl<'a> ClaimedStep<'a> {
             membership: Membership::from_headers(&job.headers)?,
             headers: user_headers(&job.headers),
             job,
+            signal: std::sync::OnceLock::new(),
         })
     }
 
@@ -453,6 +457,9 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
                 Ok(resolved) => resolved,
                 Err(err) => return Settlement::infrastructure(err),
             };
+        if let Some(signal) = &signal {
+            let _ = claimed.signal.set(signal.clone());
+        }
         #[cfg(feature = "opentelemetry")]
         signal_deletes.extend(crate::telemetry::otel::sender_cleanup(job));
 

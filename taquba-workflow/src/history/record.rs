@@ -74,6 +74,14 @@ pub(crate) struct DurableStepEntry {
     /// `versioning`).
     #[serde(rename = "v", default, skip_serializing_if = "Option::is_none")]
     pub(crate) version: Option<String>,
+    /// The signal the step was woken with (after a `Trigger::OnSignal`
+    /// wait), when it and the payload kept here are at most the step input
+    /// limit together: a fork from the
+    /// step is delivered it again. Absent when no signal woke the step
+    /// (none waited for, the wait timed out, or written before signals
+    /// were kept).
+    #[serde(rename = "g", default, skip_serializing_if = "Option::is_none")]
+    pub(crate) signal: Option<ByteBuf>,
 }
 
 /// What an entry records of its step's input: the payload itself when it
@@ -135,6 +143,7 @@ impl DurableStepEntry {
             payload: None,
             job_id: None,
             version: None,
+            signal: None,
         }
     }
 
@@ -444,6 +453,8 @@ struct EntryRef<'a> {
     j: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     v: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    g: Option<&'a serde_bytes::Bytes>,
 }
 
 impl PendingHistory {
@@ -454,13 +465,14 @@ impl PendingHistory {
             (None, Some(job_id)) => RecordedInput::Job(job_id),
             (None, None) => RecordedInput::None,
         };
-        self.push_step(
+        self.push_step_signalled(
             entry.step,
             &entry.name,
             &entry.attempts,
             entry.attempts_dropped,
             input,
             entry.version.as_deref(),
+            entry.signal.as_deref().map(|signal| &signal[..]),
         );
     }
 
@@ -469,6 +481,7 @@ impl PendingHistory {
     /// of them are kept, the rest counted with `dropped`), recording
     /// `input`, settled by code at `version` (`None`: the version the run
     /// started on).
+    #[cfg(test)]
     pub(crate) fn push_step(
         &mut self,
         step: u32,
@@ -477,6 +490,22 @@ impl PendingHistory {
         dropped: u32,
         input: RecordedInput<'_>,
         version: Option<&str>,
+    ) {
+        self.push_step_signalled(step, name, attempts, dropped, input, version, None);
+    }
+
+    /// [`push_step`](Self::push_step) of a step woken by `signal` (kept in
+    /// the entry: a fork from the step is delivered it again).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn push_step_signalled(
+        &mut self,
+        step: u32,
+        name: &str,
+        attempts: &[DurableAttempt],
+        dropped: u32,
+        input: RecordedInput<'_>,
+        version: Option<&str>,
+        signal: Option<&[u8]>,
     ) {
         let excess = attempts
             .len()
@@ -495,6 +524,7 @@ impl PendingHistory {
                 _ => None,
             },
             v: version,
+            g: signal.map(serde_bytes::Bytes::new),
         };
         durable::encode_into(&entry, &mut self.entries);
         self.count = self.count.saturating_add(1);
@@ -640,9 +670,11 @@ mod tests {
                 outcome: DurableAttemptOutcome::retried(&"e".repeat(2000)),
             })
             .collect();
-        let payload = vec![7; crate::history::MAX_STEP_INPUT_LIMIT];
-        let entry = DurableStepEntry::new(0, "s".into(), attempts)
+        // A payload and a signal share the step input limit.
+        let payload = vec![7; crate::history::MAX_STEP_INPUT_LIMIT - 100];
+        let mut entry = DurableStepEntry::new(0, "s".into(), attempts)
             .with_input(RecordedInput::Payload(&payload));
+        entry.signal = Some(ByteBuf::from(vec![8; 100]));
         assert_eq!(entry.attempts.len(), crate::history::MAX_ATTEMPTS_PER_STEP);
         assert_eq!(entry.attempts[0].attempt, 25);
         assert_eq!(entry.attempts_dropped, 24);
@@ -652,7 +684,7 @@ mod tests {
         }
         assert!(
             durable::encode(&pending).len() < taquba::MAX_KV_VALUE_SIZE,
-            "a full chunk of the largest entries fits a KV value"
+            "a full chunk of the largest entries (payload and signal) fits a KV value"
         );
     }
 

@@ -81,6 +81,14 @@ impl RuntimeCore {
         let key = schedule_kv_key(name);
         for _ in 0..CHANGE_RACE_RETRIES {
             let now = self.now_ms();
+            // A timer with no tick after now would be stored and never
+            // fire: refused (an interval past the end of time, a cron date
+            // that never comes).
+            if spec.ticks(now)?.after(now).is_none() {
+                return Err(Error::InvalidSchedule(format!(
+                    "schedule {name:?} ({spec}) has no tick after now: it would never fire"
+                )));
+            }
             let existing = read(&self.view, name).await?;
             let record = match &existing {
                 Some((old, _)) => {

@@ -72,7 +72,9 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// Nothing is committed on an error.
     /// - [`Error::InvalidSchedule`](crate::Error::InvalidSchedule) naming
     ///   the value: a bad name, a schedule of another runtime's queue, a
-    ///   record over [`taquba::MAX_KV_VALUE_SIZE`] bytes (a large input).
+    ///   record over [`taquba::MAX_KV_VALUE_SIZE`] bytes (a large input), a
+    ///   timer with no tick after now (an interval past the end of time,
+    ///   a cron date that never comes, such as `0 0 30 2 *`).
     /// - Storage errors; [`Error::RuntimeShutdown`](crate::Error::RuntimeShutdown).
     pub async fn schedule(
         &self,

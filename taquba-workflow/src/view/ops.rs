@@ -133,7 +133,14 @@ impl Row {
             && filter
                 .version
                 .as_deref()
-                .is_none_or(|version| self.version() == Some(version))
+                // A version is kept cut to its limit: so is the one asked for.
+                .is_none_or(|version| {
+                    self.version()
+                        == Some(&*crate::history::cut_cow(
+                            version,
+                            crate::versioning::MAX_VERSION_LEN,
+                        ))
+                })
             && filter
                 .lacks_patch
                 .as_deref()

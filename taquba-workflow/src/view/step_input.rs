@@ -11,6 +11,14 @@ use crate::store::durable::DurableTermination;
 use crate::store::keys::{HEADER_RUN_ID, HEADER_STEP, RunId};
 use crate::view::WorkflowView;
 
+/// A recorded step's start: its payload, and the signal that woke it.
+pub(crate) struct StepStart {
+    /// The payload the step was delivered with.
+    pub(crate) payload: Vec<u8>,
+    /// The signal it was woken with, when its history entry kept one.
+    pub(crate) signal: Option<Vec<u8>>,
+}
+
 impl WorkflowView {
     /// The payload step `step` of the terminated run `run_id` was delivered
     /// with (a `#[workflow]` run's step envelope, a job run's job input at
@@ -32,6 +40,16 @@ impl WorkflowView {
     ///   job).
     /// - Storage and decoding errors.
     pub async fn step_input(&self, run_id: &RunId, step: u32) -> Result<Vec<u8>> {
+        Ok(self.step_start(run_id, step).await?.payload)
+    }
+
+    /// What a fork from step `step` of `run_id` starts with: the payload
+    /// ([`step_input`](Self::step_input)) and the signal that woke the step
+    /// when its history entry kept one.
+    ///
+    /// # Errors
+    /// As [`step_input`](Self::step_input).
+    pub(crate) async fn step_start(&self, run_id: &RunId, step: u32) -> Result<StepStart> {
         let refuse = |reason: String| Error::StepNotForkable {
             run_id: run_id.clone(),
             step,
@@ -71,8 +89,16 @@ impl WorkflowView {
         )
         .await?;
         let mut entries: Vec<_> = entries.into_iter().filter(|e| e.step == step).collect();
+        let signal = entries
+            .iter()
+            .rev()
+            .find_map(|e| e.signal.clone())
+            .map(|signal| signal.into_vec());
         if let Some(payload) = entries.iter_mut().rev().find_map(|e| e.payload.take()) {
-            return Ok(payload.into_vec());
+            return Ok(StepStart {
+                payload: payload.into_vec(),
+                signal,
+            });
         }
         let mut jobs: Vec<String> = entries.iter().filter_map(|e| e.job_id.clone()).collect();
         jobs.extend(candidate_jobs(&termination, step, first));
@@ -81,7 +107,10 @@ impl WorkflowView {
                 && job.headers.get(HEADER_RUN_ID).map(String::as_str) == Some(run_id.as_str())
                 && job.headers.get(HEADER_STEP).and_then(|s| s.parse().ok()) == Some(step)
             {
-                return Ok(job.payload);
+                return Ok(StepStart {
+                    payload: job.payload,
+                    signal,
+                });
             }
         }
         let why = if entries.is_empty() {

@@ -51,7 +51,8 @@ pub struct RunFilter {
     /// The most runs on the page (at least 1, at most [`MAX_PAGE_LIMIT`]).
     pub limit: usize,
     /// Only runs submitted on code of this version ([`RunSummary::version`];
-    /// a run recorded before versions were kept never matches).
+    /// a run recorded before versions were kept never matches). A version
+    /// longer than the 256 bytes a run keeps is compared cut the same way.
     pub version: Option<String>,
     /// Only runs whose recorded patches lack this one: the runs for which
     /// [`Delivery::patched`](crate::Delivery::patched) answers `false` (see
