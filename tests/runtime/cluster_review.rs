@@ -19,7 +19,7 @@ use taquba_workflow::cluster::{
     ClusterError, ClusterRuntime, LeaseOptions, Ownership, Routed, StaticOwnership, shard_of,
 };
 use taquba_workflow::inbox::{CommandAnswer, CommandState};
-use taquba_workflow::{RunId, RunSpec, TerminalStatus, WorkflowView};
+use taquba_workflow::{ForkOptions, RunId, RunSpec, TerminalStatus, WorkflowView};
 use taquba_workflow_suite::testing::{FaultConfig, FaultyStore, TokioClock, drop_at_each_poll};
 
 type Node = ClusterRuntime<Scripted, Counting>;
@@ -1108,5 +1108,93 @@ async fn churn_of_processes_ends_every_run_once() {
         );
     }
     a.shutdown().await.unwrap();
+    client.shutdown().await.unwrap();
+}
+
+/// A fork through the cluster under a given run id, dropped at each await
+/// (from the owner, directly; from a client, as a command), then made
+/// again with the same id: one fork exists, linked to the original, and it
+/// runs once.
+#[tokio::test(start_paused = true)]
+async fn a_dropped_fork_then_fork_again_makes_one_run() {
+    let store = slow_store();
+    let runner = Scripted::default();
+    let hook = Counting::default();
+    let owner = node(
+        store.clone(),
+        "owner",
+        all_static(),
+        runner.clone(),
+        hook.clone(),
+    )
+    .await;
+    let client = node(
+        store.clone(),
+        "client",
+        Ownership::Client,
+        runner.clone(),
+        hook.clone(),
+    )
+    .await;
+    let runner = &runner;
+    // The fork of `original` named `{original}-fork-{i}` for the first `i`
+    // that routes to the original's shard.
+    let fork_id = |original: &RunId| {
+        let shard = owner.shard_of(original);
+        (0..)
+            .map(|i| rid(&format!("{original}-fork-{i}")))
+            .find(|id| owner.shard_of(id) == shard)
+            .unwrap()
+    };
+    for (label, who) in [("client", &client), ("owner", &owner)] {
+        drop_at_each_poll(
+            MAX_POLLS,
+            |n| {
+                let id = format!("{label}-f-{n}");
+                let owner = &owner;
+                async move {
+                    let _ = owner.submit(spec(&id, "perm")).await.unwrap();
+                    let end = end_of(owner, &rid(&id), 60).await;
+                    assert_eq!(end.termination.status, TerminalStatus::Failed);
+                }
+            },
+            |n| {
+                let original = rid(&format!("{label}-f-{n}"));
+                let options = ForkOptions::new().run_id(fork_id(&original));
+                async move { who.fork(&original, 0, options).await }
+            },
+            |n, output| {
+                let original = rid(&format!("{label}-f-{n}"));
+                let fork = fork_id(&original);
+                async move {
+                    if let Some(result) = output {
+                        let _ = result.unwrap_or_else(|e| panic!("{label} n={n}: {e}"));
+                    }
+                    let again = who
+                        .fork(&original, 0, ForkOptions::new().run_id(fork.clone()))
+                        .await
+                        .unwrap_or_else(|e| panic!("{label} n={n}: fork again: {e}"));
+                    if let Routed::Sent(sent) = &again {
+                        let answer = who.answer(sent, Duration::from_secs(30)).await.unwrap();
+                        assert!(
+                            matches!(
+                                &answer,
+                                CommandState::Applied {
+                                    answer: CommandAnswer::Forked { new_run_id, .. },
+                                    ..
+                                } if *new_run_id == fork
+                            ),
+                            "{label} n={n}: {answer:?}"
+                        );
+                    }
+                    let end = end_of(who, &fork, 60).await;
+                    assert_eq!(end.termination.status, TerminalStatus::Failed);
+                    assert_eq!(runner.calls_of(fork.as_str()), 1, "{label} n={n}");
+                }
+            },
+        )
+        .await;
+    }
+    owner.shutdown().await.unwrap();
     client.shutdown().await.unwrap();
 }

@@ -120,35 +120,9 @@ async fn dispatch_cluster(
             id,
             from_step,
             fork,
-        }) => {
-            let shard = cluster.run_shard(id).await?;
-            mutate::say(&in_shard(cluster, shard, &format!("Run {id}")))?;
-            let new_id = fork_id_on(cluster, shard.shard, fork)?;
-            mutate::fork(
-                &shard.session,
-                &shard.runtime,
-                id,
-                *from_step,
-                fork,
-                Some(new_id),
-                out,
-            )
-            .await
-        }
+        }) => fork_in_cluster(cluster, id, *from_step, fork, out).await,
         Command::Runs(RunsCommand::Restart { id, fork }) => {
-            let shard = cluster.run_shard(id).await?;
-            mutate::say(&in_shard(cluster, shard, &format!("Run {id}")))?;
-            let new_id = fork_id_on(cluster, shard.shard, fork)?;
-            mutate::fork(
-                &shard.session,
-                &shard.runtime,
-                id,
-                0,
-                fork,
-                Some(new_id),
-                out,
-            )
-            .await
+            fork_in_cluster(cluster, id, 0, fork, out).await
         }
         Command::Groups(GroupsCommand::List { limit }) => groups::list(reads, *limit, out).await,
         Command::Groups(GroupsCommand::Describe { id }) => {
@@ -286,6 +260,34 @@ fn signal_payload(json: Option<&str>, file: Option<&Path>, raw: bool) -> CliResu
         ))
     })?;
     encode_json(&text, &source)
+}
+
+/// `runs fork` (`runs restart`: from step 0) on a cluster root: sent to the
+/// run's shard, the fork named for that shard ([`fork_id_on`]).
+///
+/// # Errors
+/// As [`mutate::fork`]; [`CliError::Refused`] for a `--run-id` of another
+/// shard.
+async fn fork_in_cluster(
+    cluster: &crate::cluster::ClusterSession,
+    id: &taquba_workflow::RunId,
+    from_step: u32,
+    fork: &crate::cli::ForkArgs,
+    out: &Output,
+) -> CliResult<()> {
+    let shard = cluster.run_shard(id).await?;
+    mutate::say(&in_shard(cluster, shard, &format!("Run {id}")))?;
+    let new_id = fork_id_on(cluster, shard.shard, fork)?;
+    mutate::fork(
+        &shard.session,
+        &shard.runtime,
+        id,
+        from_step,
+        fork,
+        Some(new_id),
+        out,
+    )
+    .await
 }
 
 /// The id a fork made in shard `shard` of `cluster` takes: `--run-id` when
