@@ -58,8 +58,11 @@ struct State {
     generation: u64,
 }
 
-static REGISTRY: LazyLock<Mutex<HashMap<usize, (Weak<Queue>, Arc<Mutex<State>>)>>> =
-    LazyLock::new(Mutex::default);
+/// A queue (by address) and its cache; the weak reference tells a live
+/// queue from a dropped one whose address was reused.
+type Registered = (Weak<Queue>, Arc<Mutex<State>>);
+
+static REGISTRY: LazyLock<Mutex<HashMap<usize, Registered>>> = LazyLock::new(Mutex::default);
 
 /// See the module doc. Cheap to clone.
 #[derive(Debug, Clone, Default)]
