@@ -76,6 +76,7 @@ mod lost_payloads;
 mod memo_effects;
 mod operator;
 mod poison;
+mod record_cache_review;
 mod reruns;
 mod retention_replay;
 mod review_round;
