@@ -228,7 +228,7 @@ async fn cancels_at_random_moments(front: bool, seed: u64) {
     for (n, dropped, cancelled, answered) in answers {
         let id = format!("r{n}");
         let status = end_status(&runtime, &id, 30).await;
-        let limit = parse(&probe.starts_of(&id)[0].input).0;
+        let limit = if n % 6 == 5 { 3 } else { 100_000 };
         if dropped.is_some() || n % 3 == 0 {
             // The dropped request was recorded, or the run ended before it.
             if limit > 3 {
