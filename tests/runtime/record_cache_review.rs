@@ -741,3 +741,94 @@ async fn a_signal_after_a_cancel_wakes_no_step_of_the_cancelled_run() {
     assert_eq!(second, vec![0, 1]);
     worker.shutdown().await.unwrap();
 }
+
+/// A run group whose members' steps flow, cancelled as a group: every
+/// member ends `Cancelled` with no step started after the answer; the
+/// group submitted again under the same keys (the same member run ids)
+/// runs every member afresh to success, none taken for cancelled.
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_group_submitted_again_runs_its_members_afresh() {
+    let (queue, store, _clock) = memory_queue().await;
+    let probe = Probe::default();
+    let short = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let runner = {
+        let (probe, short) = (probe.clone(), short.clone());
+        FnRunner(move |step: Step| {
+            let (probe, short) = (probe.clone(), short.clone());
+            async move {
+                probe.start(&step);
+                tokio::task::yield_now().await;
+                let limit = if short.load(Ordering::SeqCst) { 3 } else { 100_000 };
+                if step.step_number >= limit {
+                    Ok(StepOutcome::Succeed { result: vec![] })
+                } else {
+                    Ok(StepOutcome::continue_now(step.payload.clone()))
+                }
+            }
+        })
+    };
+    let runtime = WorkflowRuntime::builder(queue, store, runner, NoopTerminalHook).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let group = runtime.new_group();
+    let members: Vec<taquba_workflow::GroupMember> = (0..10)
+        .map(|i| taquba_workflow::GroupMember {
+            key: format!("m{i}"),
+            input: format!("member-{i}").into_bytes(),
+        })
+        .collect();
+    group
+        .submit(members.clone(), &taquba_workflow::RunOptions::default())
+        .await
+        .unwrap();
+    let runs = || {
+        let mut runs: Vec<String> = probe
+            .starts
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|s| s.run.clone())
+            .collect();
+        runs.sort();
+        runs.dedup();
+        runs
+    };
+    eventually("every member's steps flowing", || async {
+        let runs = runs();
+        runs.len() == 10 && runs.iter().all(|r| probe.starts_of(r).len() > 3)
+    })
+    .await;
+    assert_eq!(within(10, group.cancel()).await.unwrap(), 10);
+    let answered = probe.tick();
+    for run in runs() {
+        assert_eq!(end_status(&runtime, &run, 10).await, TerminalStatus::Cancelled);
+        probe.assert_none_unwarned_after(&run, answered, "group cancel");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = probe.total();
+    let again = probe.tick();
+    short.store(true, Ordering::SeqCst);
+    group
+        .submit(members, &taquba_workflow::RunOptions::default())
+        .await
+        .unwrap();
+    for run in runs() {
+        assert_eq!(
+            end_status(&runtime, &run, 10).await,
+            TerminalStatus::Succeeded,
+            "member {run} submitted again"
+        );
+        let fresh: Vec<(u32, bool)> = probe
+            .starts_of(&run)
+            .iter()
+            .filter(|s| s.seq > again)
+            .map(|s| (s.step, s.token_fired))
+            .collect();
+        assert_eq!(
+            fresh,
+            (0..=3).map(|s| (s, false)).collect::<Vec<_>>(),
+            "member {run}: every step once, afresh"
+        );
+    }
+    assert_eq!(probe.total(), before + 40);
+    worker.shutdown().await.unwrap();
+}
