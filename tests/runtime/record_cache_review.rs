@@ -832,3 +832,93 @@ async fn a_cancelled_group_submitted_again_runs_its_members_afresh() {
     assert_eq!(probe.total(), before + 40);
     worker.shutdown().await.unwrap();
 }
+
+/// A keyed job that waits for the gate (its state) or its cancellation.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct Held {
+    key: String,
+}
+
+/// Calls of [`Held`], and the gate it waits on.
+#[derive(Clone, Default)]
+struct HeldState {
+    calls: Arc<AtomicU64>,
+    gate: Gate,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("held")]
+struct HeldError;
+
+impl taquba_workflow::jobs::Job for Held {
+    const NAME: &'static str = "review.held";
+    type Output = String;
+    type Error = HeldError;
+
+    async fn run(&self, ctx: taquba_workflow::jobs::JobContext<'_>) -> Result<String, HeldError> {
+        let state = ctx.state::<HeldState>();
+        let call = state.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        tokio::select! {
+            () = state.gate.wait() => {}
+            () = ctx.cancel_token.cancelled() => {}
+        }
+        Ok(format!("{}#{call}", self.key))
+    }
+
+    fn idempotency_key(&self) -> Option<String> {
+        Some(self.key.clone())
+    }
+}
+
+/// A typed job with an idempotency key, cancelled while it runs by a second
+/// runtime over the queue (the job runner's own runtime runs the worker),
+/// then submitted again under the key: the cancellation is the recorded
+/// end (jobs/mod.rs: a keyed job that terminated is answered by its
+/// record), so the job is neither run again nor resurrected. Another key
+/// submitted right after runs once and succeeds, not taken for cancelled.
+#[tokio::test(start_paused = true)]
+async fn a_keyed_job_cancelled_then_submitted_again_keeps_its_cancelled_end() {
+    let (queue, store, _clock) = memory_queue().await;
+    let state = HeldState::default();
+    let jobs = taquba_workflow::jobs::JobRunner::builder(queue.clone(), store.clone())
+        .register::<Held>()
+        .state(state.clone())
+        .build();
+    let front = WorkflowRuntime::builder(
+        queue,
+        store,
+        FnRunner(|_: Step| async { Ok(StepOutcome::Succeed { result: vec![] }) }),
+        NoopTerminalHook,
+    )
+    .build();
+    let worker = jobs.spawn(std::future::pending::<()>());
+    let held = Held { key: "k1".into() };
+    let first = jobs.submit(held.clone()).await.unwrap();
+    assert!(first.newly_submitted());
+    eventually("the job running", || async {
+        state.calls.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    assert!(within(10, front.cancel(first.id())).await.unwrap());
+    assert_eq!(
+        end_status(&front, first.id().as_str(), 10).await,
+        TerminalStatus::Cancelled
+    );
+    assert!(first.join().await.unwrap().is_err(), "the cancelled job has no output");
+
+    let second = jobs.submit(held.clone()).await.unwrap();
+    assert_eq!(second.id(), first.id(), "the key names the run");
+    assert!(!second.newly_submitted(), "a terminated keyed job is kept");
+    assert!(within(10, second.join()).await.unwrap().is_err());
+    assert_eq!(
+        end_status(&front, first.id().as_str(), 10).await,
+        TerminalStatus::Cancelled
+    );
+    state.gate.open();
+    let other = jobs.submit(Held { key: "k2".into() }).await.unwrap();
+    assert!(other.newly_submitted());
+    assert_eq!(within(10, other.join()).await.unwrap().unwrap(), "k2#2");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(state.calls.load(Ordering::SeqCst), 2, "k1 ran once, k2 once");
+    worker.shutdown().await.unwrap();
+}
