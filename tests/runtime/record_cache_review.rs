@@ -28,6 +28,7 @@ use futures_util::FutureExt;
 use taquba::OpenOptions;
 use taquba::object_store::ObjectStore;
 use taquba::object_store::memory::InMemory;
+use taquba_workflow_suite::testing::{FaultConfig, FaultyStore};
 use taquba_workflow::{
     Error, ForkOptions, NoopTerminalHook, RunState, SignalOutcome, Step, StepError, StepOutcome,
     StepRunner, TerminalStatus, WorkflowRuntime,
@@ -172,9 +173,28 @@ async fn end_status<R: StepRunner, H: taquba_workflow::TerminalHook>(
 /// moment (some after they succeeded); every third cancel's caller is
 /// dropped after its first poll and the cancel asked again later. When
 /// `front` is set a second runtime over the same queue, running no
-/// worker, sends the cancels.
-async fn cancels_at_random_moments(front: bool, seed: u64) {
-    let (queue, store) = real_clock_queue().await;
+/// worker, sends the cancels; when `slow` is set every store call takes
+/// 0.1 to 1 ms, which widens each window between a read and a commit.
+async fn cancels_at_random_moments(front: bool, slow: bool, seed: u64) {
+    let (queue, store) = if slow {
+        let store: Arc<dyn ObjectStore> = Arc::new(FaultyStore::new(
+            Arc::new(InMemory::new()),
+            FaultConfig {
+                latency: Some(Duration::from_micros(100)..Duration::from_millis(1)),
+                ..FaultConfig::default()
+            },
+        ));
+        let queue = taquba::Queue::open_with_options(
+            store.clone(),
+            "db",
+            OpenOptions::default().flush_interval(Duration::from_millis(1)),
+        )
+        .await
+        .unwrap();
+        (Arc::new(queue), store)
+    } else {
+        real_clock_queue().await
+    };
     let probe = Probe::default();
     let runner = looping(probe.clone());
     let runtime = WorkflowRuntime::builder(
@@ -270,12 +290,18 @@ async fn cancels_at_random_moments(front: bool, seed: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_cancelled_at_random_moments_end_cancelled_and_start_no_step_after() {
-    cancels_at_random_moments(false, 0x9E37_79B9_7F4A_7C15).await;
+    cancels_at_random_moments(false, false, 0x9E37_79B9_7F4A_7C15).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_cancels_over_a_slow_store_from_both_runtimes() {
+    cancels_at_random_moments(false, true, 0x94D0_49BB_1331_11EB).await;
+    cancels_at_random_moments(true, true, 0xBF58_476D_1CE4_E5B9).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancels_from_a_second_runtime_over_the_queue_at_random_moments() {
-    cancels_at_random_moments(true, 0xD1B5_4A32_D192_ED03).await;
+    cancels_at_random_moments(true, false, 0xD1B5_4A32_D192_ED03).await;
 }
 
 /// A cancel racing a runner that returns `Continue` (after `n` yields,
