@@ -28,11 +28,11 @@ use futures_util::FutureExt;
 use taquba::OpenOptions;
 use taquba::object_store::ObjectStore;
 use taquba::object_store::memory::InMemory;
-use taquba_workflow_suite::testing::{FaultConfig, FaultyStore};
 use taquba_workflow::{
     Error, ForkOptions, NoopTerminalHook, RunState, SignalOutcome, Step, StepError, StepOutcome,
     StepRunner, TerminalStatus, WorkflowRuntime,
 };
+use taquba_workflow_suite::testing::{FaultConfig, FaultyStore};
 
 /// One call of the runner.
 #[derive(Debug, Clone)]
@@ -217,7 +217,10 @@ async fn cancels_at_random_moments(front: bool, slow: bool, seed: u64) {
         // A few short runs, which may succeed before their cancel.
         let limit = if n % 6 == 5 { 3 } else { 100_000 };
         let input = format!("{limit}:{}", next(&mut rng) % 4);
-        runtime.submit(spec(&format!("r{n}"), &input)).await.unwrap();
+        runtime
+            .submit(spec(&format!("r{n}"), &input))
+            .await
+            .unwrap();
     }
     let mut tasks = Vec::new();
     for n in 0..RUNS {
@@ -452,9 +455,7 @@ async fn a_cancel_racing_a_timers_expiry_lets_no_step_start_after_it_answered() 
             (n % 3 + 1..=n % 3 + 2).contains(&steps),
             "run {id}: {steps} steps started"
         );
-        *endings
-            .entry(steps == n % 3 + 1)
-            .or_insert(0) += 1;
+        *endings.entry(steps == n % 3 + 1).or_insert(0) += 1;
     }
     assert_eq!(
         endings.len(),
@@ -524,7 +525,10 @@ async fn a_run_id_submitted_again_after_it_ended_is_neither_cancelled_nor_resurr
             .iter()
             .filter(|s| s.input == input && s.seq > ended)
             .collect();
-        assert!(late.is_empty(), "an ended run {input} resurrected: {late:?}");
+        assert!(
+            late.is_empty(),
+            "an ended run {input} resurrected: {late:?}"
+        );
     }
     worker.shutdown().await.unwrap();
 }
@@ -578,7 +582,10 @@ async fn requeue_fork_and_restart_around_a_cancelled_run() {
     until_step("step 1", &runtime, "c", 1).await;
     assert!(runtime.cancel(&rid("c")).await.unwrap());
     let answered = probe.tick();
-    assert_eq!(end_status(&runtime, "c", 10).await, TerminalStatus::Cancelled);
+    assert_eq!(
+        end_status(&runtime, "c", 10).await,
+        TerminalStatus::Cancelled
+    );
     assert!(matches!(
         runtime.requeue(&rid("c")).await,
         Err(Error::CommandRefused(_))
@@ -616,7 +623,10 @@ async fn requeue_fork_and_restart_around_a_cancelled_run() {
     .await;
     assert!(runtime.cancel(&rid("d")).await.unwrap());
     let answered = probe.tick();
-    assert_eq!(end_status(&runtime, "d", 10).await, TerminalStatus::Cancelled);
+    assert_eq!(
+        end_status(&runtime, "d", 10).await,
+        TerminalStatus::Cancelled
+    );
     probe.assert_none_unwarned_after("d", answered, "requeued then cancelled");
     assert!(probe.starts_of("d").iter().all(|s| s.step <= 1));
     assert!(matches!(
@@ -639,7 +649,10 @@ async fn requeue_fork_and_restart_around_a_cancelled_run() {
     .await
     .unwrap();
     assert!(forked.newly_submitted);
-    assert_eq!(end_status(&runtime, "e", 10).await, TerminalStatus::Cancelled);
+    assert_eq!(
+        end_status(&runtime, "e", 10).await,
+        TerminalStatus::Cancelled
+    );
     let answered = probe.tick();
     gate.open();
     assert_eq!(
@@ -660,9 +673,11 @@ async fn requeue_fork_and_restart_around_a_cancelled_run() {
 
 /// A cancel whose caller is dropped at its first poll (`now_or_never`)
 /// while the run's steps flow still ends the run `Cancelled`, within a few
-/// steps; asked again it answers `false` (the request was recorded), and
-/// no step starts after the run ended. Repeated with the drop after 0 to
-/// 23 steps.
+/// steps (at most two start after the request was sent: a stale cached
+/// record would let the run go on until the detached cancel reaches its
+/// current step); asked again it answers `false` (the request was
+/// recorded), and no step starts after the run ended. Repeated with the
+/// drop after 0 to 23 steps.
 #[tokio::test(start_paused = true)]
 async fn a_dropped_cancel_still_ends_a_flowing_run() {
     let (queue, store, _clock) = memory_queue().await;
@@ -680,16 +695,23 @@ async fn a_dropped_cancel_still_ends_a_flowing_run() {
             probe.starts_of(&id).len() > n as usize
         })
         .await;
+        let sent = probe.tick();
         let first = runtime.cancel(&rid(&id)).now_or_never();
-        assert!(first.is_none(), "a cancel does not finish at its first poll");
+        assert!(
+            first.is_none(),
+            "a cancel does not finish at its first poll"
+        );
         let status = end_status(&runtime, &id, 10).await;
         assert_eq!(status, TerminalStatus::Cancelled, "run {id}");
         let ended = probe.tick();
         assert!(!runtime.cancel(&rid(&id)).await.unwrap());
-        let ran = probe.starts_of(&id).len();
+        let ran = probe.starts_of(&id).iter().filter(|s| s.seq > sent).count();
+        // A step already claimed when the request was sent may still
+        // start; a step claimed after it reads the request (0 is what
+        // the current code gives).
         assert!(
-            ran <= n as usize + 30,
-            "run {id}: the dropped request stopped the run within a few steps ({ran})"
+            ran <= 2,
+            "run {id}: {ran} steps started after the dropped request was sent"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(
@@ -731,12 +753,21 @@ async fn a_signal_after_a_cancel_wakes_no_step_of_the_cancelled_run() {
     runtime.submit(spec("s", "first")).await.unwrap();
     eventually("waiting on the signal", || async {
         probe.starts_of("s").len() == 1
-            && runtime.status(&rid("s")).await.unwrap().unwrap().current_step == 1
+            && runtime
+                .status(&rid("s"))
+                .await
+                .unwrap()
+                .unwrap()
+                .current_step
+                == 1
     })
     .await;
     assert!(runtime.cancel(&rid("s")).await.unwrap());
     let answered = probe.tick();
-    assert_eq!(end_status(&runtime, "s", 10).await, TerminalStatus::Cancelled);
+    assert_eq!(
+        end_status(&runtime, "s", 10).await,
+        TerminalStatus::Cancelled
+    );
     assert_eq!(
         runtime.signal("key-s", b"late".to_vec()).await.unwrap(),
         SignalOutcome::Buffered
@@ -757,7 +788,10 @@ async fn a_signal_after_a_cancel_wakes_no_step_of_the_cancelled_run() {
             .unwrap()
             .newly_submitted
     );
-    assert_eq!(end_status(&runtime, "s", 10).await, TerminalStatus::Succeeded);
+    assert_eq!(
+        end_status(&runtime, "s", 10).await,
+        TerminalStatus::Succeeded
+    );
     let second: Vec<u32> = probe
         .starts_of("s")
         .iter()
@@ -784,7 +818,11 @@ async fn a_cancelled_group_submitted_again_runs_its_members_afresh() {
             async move {
                 probe.start(&step);
                 tokio::task::yield_now().await;
-                let limit = if short.load(Ordering::SeqCst) { 3 } else { 100_000 };
+                let limit = if short.load(Ordering::SeqCst) {
+                    3
+                } else {
+                    100_000
+                };
                 if step.step_number >= limit {
                     Ok(StepOutcome::Succeed { result: vec![] })
                 } else {
@@ -826,7 +864,10 @@ async fn a_cancelled_group_submitted_again_runs_its_members_afresh() {
     assert_eq!(within(10, group.cancel()).await.unwrap(), 10);
     let answered = probe.tick();
     for run in runs() {
-        assert_eq!(end_status(&runtime, &run, 10).await, TerminalStatus::Cancelled);
+        assert_eq!(
+            end_status(&runtime, &run, 10).await,
+            TerminalStatus::Cancelled
+        );
         probe.assert_none_unwarned_after(&run, answered, "group cancel");
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -930,7 +971,10 @@ async fn a_keyed_job_cancelled_then_submitted_again_keeps_its_cancelled_end() {
         end_status(&front, first.id().as_str(), 10).await,
         TerminalStatus::Cancelled
     );
-    assert!(first.join().await.unwrap().is_err(), "the cancelled job has no output");
+    assert!(
+        first.join().await.unwrap().is_err(),
+        "the cancelled job has no output"
+    );
 
     let second = jobs.submit(held.clone()).await.unwrap();
     assert_eq!(second.id(), first.id(), "the key names the run");
@@ -945,6 +989,10 @@ async fn a_keyed_job_cancelled_then_submitted_again_keeps_its_cancelled_end() {
     assert!(other.newly_submitted());
     assert_eq!(within(10, other.join()).await.unwrap().unwrap(), "k2#2");
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(state.calls.load(Ordering::SeqCst), 2, "k1 ran once, k2 once");
+    assert_eq!(
+        state.calls.load(Ordering::SeqCst),
+        2,
+        "k1 ran once, k2 once"
+    );
     worker.shutdown().await.unwrap();
 }
