@@ -996,3 +996,100 @@ async fn a_keyed_job_cancelled_then_submitted_again_keeps_its_cancelled_end() {
     );
     worker.shutdown().await.unwrap();
 }
+
+/// A cancel racing the signal that wakes a waiting run's last step (sent
+/// a few yields or up to 30 ms of paused time apart, either first), from the worker's runtime and a second
+/// one: `true` only for a run that ends `Cancelled`, then no step of it
+/// starts after the answer with its token unfired; both answers occur.
+#[tokio::test(start_paused = true)]
+async fn a_cancel_racing_the_signal_that_wakes_a_run() {
+    let (queue, store, _clock) = memory_queue().await;
+    let probe = Probe::default();
+    let runner = {
+        let probe = probe.clone();
+        Shared(Arc::new(FnRunner(move |step: Step| {
+            let probe = probe.clone();
+            async move {
+                probe.start(&step);
+                match step.step_number {
+                    0 => Ok(StepOutcome::continue_on_signal(
+                        step.payload.clone(),
+                        format!("wake-{}", step.run_id),
+                        Duration::from_secs(3600),
+                    )),
+                    _ => Ok(StepOutcome::Succeed { result: vec![] }),
+                }
+            }
+        })))
+    };
+    let runtime = WorkflowRuntime::builder(
+        queue.clone(),
+        store.clone(),
+        runner.clone(),
+        NoopTerminalHook,
+    )
+    .build();
+    let front = WorkflowRuntime::builder(queue, store, runner, NoopTerminalHook).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let mut endings: HashMap<bool, u32> = HashMap::new();
+    for n in 0..32u32 {
+        let id = format!("sig-{n}");
+        runtime.submit(spec(&id, "x")).await.unwrap();
+        eventually("waiting on its signal", || async {
+            runtime
+                .status(&rid(&id))
+                .await
+                .unwrap()
+                .unwrap()
+                .current_step
+                == 1
+        })
+        .await;
+        let by = if n % 2 == 0 {
+            runtime.clone()
+        } else {
+            front.clone()
+        };
+        let key = format!("wake-{id}");
+        let signal = {
+            let runtime = runtime.clone();
+            async move {
+                if n % 4 >= 2 {
+                    for _ in 0..n % 8 {
+                        tokio::task::yield_now().await;
+                    }
+                }
+                runtime.signal(&key, b"go".to_vec()).await.unwrap()
+            }
+        };
+        let cancel = {
+            let (probe, id) = (probe.clone(), rid(&id));
+            async move {
+                if n % 4 < 2 {
+                    for _ in 0..n % 8 {
+                        tokio::task::yield_now().await;
+                    }
+                    tokio::time::sleep(Duration::from_millis(u64::from(n % 16) * 2)).await;
+                }
+                let cancelled = by.cancel(&id).await.unwrap();
+                (cancelled, probe.tick())
+            }
+        };
+        let (_, (cancelled, answered)) =
+            within(10, futures_util::future::join(signal, cancel)).await;
+        let status = end_status(&runtime, &id, 10).await;
+        assert_eq!(
+            cancelled,
+            status == TerminalStatus::Cancelled,
+            "run {id}: cancel answered {cancelled}, the run ended {status:?}"
+        );
+        if cancelled {
+            probe.assert_none_unwarned_after(&id, answered, "cancel racing a signal");
+        } else {
+            assert_eq!(probe.starts_of(&id).len(), 2, "run {id} ran both its steps");
+        }
+        *endings.entry(cancelled).or_insert(0) += 1;
+    }
+    assert_eq!(endings.len(), 2, "both answers occurred: {endings:?}");
+    worker.shutdown().await.unwrap();
+}
