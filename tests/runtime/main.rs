@@ -30,6 +30,7 @@
 //! * `memo_effects`: step and run memos (odd keys included) and staged KV effects.
 //! * `operator`: listing and describing runs from another process.
 //! * `poison`: undecodable payloads, panicking hooks, oversized results and errors.
+//! * `record_cache_review`: the claim path's cache of run records attacked: cancels racing `Continue`, timers, signals and random moments (two runtimes, a slow store), dropped cancels, re-submission, requeue/fork/restart, groups and keyed jobs.
 //! * `reruns`: a run id or group member key run again after its run ended.
 //! * `review_round`: fork/restart, patches and versions, and schedules attacked at the public API: bad input, drops and crashes at each await, races with the run's end, signals and memos across a fork, daylight-saving nights, pause during catch-up.
 //! * `retention_replay`: step-output replay after a lease expiry, and memo retention.
@@ -76,6 +77,7 @@ mod lost_payloads;
 mod memo_effects;
 mod operator;
 mod poison;
+mod record_cache_review;
 mod reruns;
 mod retention_replay;
 mod review_round;
