@@ -619,7 +619,7 @@ where
     /// holds it (yet).
     async fn holding(&self, run_id: &RunId) -> Result<u32, ClusterError> {
         let home = self.shard_of(run_id);
-        if !super::view::is_member_run_id(run_id) {
+        if !super::view::may_live_off_home(run_id) {
             return Ok(home);
         }
         let found =

@@ -398,7 +398,8 @@ impl ClusterView {
 
     /// The shard holding run `run_id`: its home shard when the run is
     /// there, else, for an id of a group member's form (64 lowercase hex
-    /// digits), the first other shard holding it (searched
+    /// digits) or a child run's (`{parent}--{key}`, held in its parent's
+    /// shard), the first other shard holding it (searched
     /// `concurrency` shards at a time). `None` when no shard holds it.
     ///
     /// # Errors
@@ -676,6 +677,13 @@ fn read_error(shard: u32) -> impl FnOnce(Error) -> ClusterViewError {
     move |source| ClusterViewError::Read { shard, source }
 }
 
+/// Whether `run_id` may be held by a shard other than its home: a group
+/// member's (submitted in its group's shard) or a child run's (committed
+/// in its parent's shard, id `{parent}--{key}`), which are then searched.
+pub(crate) fn may_live_off_home(run_id: &RunId) -> bool {
+    is_member_run_id(run_id) || run_id.contains(crate::children::CHILD_ID_SEPARATOR)
+}
+
 /// Whether `run_id` has the form of a group member's run id: the hex
 /// SHA-256 of `{group_id}/{key}`, 64 lowercase hex digits.
 pub(crate) fn is_member_run_id(run_id: &RunId) -> bool {
@@ -806,7 +814,7 @@ pub(crate) async fn locate(
     {
         return Ok(Some(home));
     }
-    if !is_member_run_id(run_id) {
+    if !may_live_off_home(run_id) {
         return Ok(None);
     }
     let searches = views

@@ -104,6 +104,7 @@ impl RuntimeCore {
             forked_from: termination.forked_from.clone(),
             version: termination.version.clone(),
             patches: termination.patches.clone(),
+            parent: termination.parent.clone(),
         };
         // The history continues: the terminal record's pending entries go
         // back on the pointer, after a `Requeued` marker.

@@ -1,0 +1,414 @@
+//! Child workflows at the public API (raw `StepRunner`): a parent starts a
+//! child and reads its result; a child's failure is the parent step's to
+//! handle; a step that errors starts no child and its retry starts it
+//! once; the links show both ways in `WorkflowView::run`; cancel cascades
+//! two levels and the parent ends last; cancelling a child alone leaves
+//! the parent running with the child's `Cancelled` end; a parent that ends
+//! without waiting has its child cancelled; a crash at different moments
+//! (each commit boundary of the parent's step, the child's steps and the
+//! wake) neither loses the child's end nor starts the child twice.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use taquba::OpenOptions;
+use taquba::object_store::ObjectStore;
+use taquba::object_store::memory::InMemory;
+use taquba_workflow::children::{ChildEnd, child_run_id};
+use taquba_workflow::{
+    Error, RunId, RunOptions, RunSpec, RunState, Step, StepError, StepOutcome, StepRunner,
+    TerminalStatus,
+};
+
+use crate::common::{memory_queue, rid, workflow_builder, within};
+use crate::fixtures::tokio_clock_queue;
+
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+/// One runner call: run id, step number, job id.
+type Call = (String, u32, String);
+
+/// Step 0's input says what a run does:
+/// - `parent:{child input}` starts child `c` with that input and waits for
+///   it; step 1 reports the child's end (a failure or cancel is handled:
+///   the parent succeeds saying so);
+/// - `orphan:{child input}` starts child `c` and succeeds at once;
+/// - `ok:{result}` succeeds with the result; `fail:{reason}` fails;
+/// - `hold` waits a day on `hold:{run id}`, then succeeds `released`;
+/// - `flaky:{child input}` starts child `c` and errors on its first
+///   attempt; on the next it waits for it as `parent:` does.
+#[derive(Clone, Default)]
+struct Family {
+    calls: Arc<Mutex<Vec<Call>>>,
+}
+
+impl Family {
+    fn calls(&self) -> Vec<Call> {
+        self.calls.lock().expect("calls").clone()
+    }
+
+    /// Each run's distinct step-0 jobs: a run started twice has two.
+    fn step0_jobs(&self) -> BTreeMap<String, BTreeSet<String>> {
+        let mut jobs: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (run, step, job) in self.calls() {
+            if step == 0 {
+                jobs.entry(run).or_default().insert(job);
+            }
+        }
+        jobs
+    }
+}
+
+fn start_child(step: &Step, input: &str) -> Result<RunId, StepError> {
+    step.delivery
+        .children
+        .start("c", input.as_bytes().to_vec(), RunOptions::default())
+        .map_err(|e| StepError::permanent(e.to_string()))
+}
+
+impl StepRunner for Family {
+    async fn run_step(&self, step: &Step) -> Result<StepOutcome, StepError> {
+        self.calls.lock().expect("calls").push((
+            step.run_id.to_string(),
+            step.step_number,
+            step.job_id.clone(),
+        ));
+        let payload = String::from_utf8_lossy(&step.payload).into_owned();
+        if step.step_number > 0 {
+            return Ok(match payload.as_str() {
+                "await" => {
+                    let end = ChildEnd::of_signal(step.signal.as_deref())
+                        .map_err(|e| StepError::permanent(e.to_string()))?;
+                    let said = match end {
+                        None => "timed out".to_string(),
+                        Some(end) => match end.status {
+                            TerminalStatus::Succeeded => format!(
+                                "child said {}",
+                                String::from_utf8_lossy(&end.result.unwrap_or_default())
+                            ),
+                            TerminalStatus::Failed => {
+                                format!("handled: {}", end.error.unwrap_or_default())
+                            }
+                            TerminalStatus::Cancelled => "child cancelled".to_string(),
+                        },
+                    };
+                    StepOutcome::Succeed { result: said.into_bytes() }
+                }
+                _ => StepOutcome::Succeed { result: b"released".to_vec() },
+            });
+        }
+        let (kind, rest) = payload.split_once(':').unwrap_or((payload.as_str(), ""));
+        match kind {
+            "parent" => {
+                let child = start_child(step, rest)?;
+                Ok(StepOutcome::continue_on_child(
+                    b"await".to_vec(),
+                    &child,
+                    DAY,
+                ))
+            }
+            "flaky" => {
+                let child = start_child(step, rest)?;
+                if step.attempts == 1 {
+                    return Err(StepError::transient("first attempt fails"));
+                }
+                Ok(StepOutcome::continue_on_child(
+                    b"await".to_vec(),
+                    &child,
+                    DAY,
+                ))
+            }
+            "orphan" => {
+                start_child(step, rest)?;
+                Ok(StepOutcome::Succeed { result: b"left".to_vec() })
+            }
+            "ok" => Ok(StepOutcome::Succeed { result: rest.as_bytes().to_vec() }),
+            "fail" => Ok(StepOutcome::Fail {
+                reason: rest.to_string(),
+            }),
+            "hold" => Ok(StepOutcome::continue_on_signal(
+                b"held".to_vec(),
+                format!("hold:{}", step.run_id),
+                DAY,
+            )),
+            other => Err(StepError::permanent(format!("unknown input {other:?}"))),
+        }
+    }
+}
+
+fn spec(id: &str, input: &str) -> RunSpec {
+    RunSpec {
+        run_id: Some(rid(id)),
+        input: input.as_bytes().to_vec(),
+        ..RunSpec::default()
+    }
+}
+
+fn result_of(end: &taquba_workflow::RunEnd) -> String {
+    String::from_utf8_lossy(
+        end.outcome
+            .as_ref()
+            .and_then(|o| o.result.as_deref())
+            .unwrap_or_default(),
+    )
+    .into_owned()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_parent_gets_its_childs_result_and_the_links_show_both_ways() {
+    let (queue, store, _clock) = memory_queue().await;
+    let family = Family::default();
+    let runtime = workflow_builder(&queue, &store, &family).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime.submit(spec("p1", "parent:ok:hi")).await.unwrap();
+    let end = within(60, runtime.wait(&rid("p1"))).await.unwrap();
+    assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+    assert_eq!(result_of(&end), "child said hi");
+
+    let child = child_run_id(&rid("p1"), "c").unwrap();
+    assert_eq!(child.as_str(), "p1--c");
+    let parent = runtime.view().run(&rid("p1")).await.unwrap().unwrap();
+    assert_eq!(parent.children, vec![child.clone()]);
+    assert_eq!(parent.parent, None);
+    let described = runtime.view().run(&child).await.unwrap().unwrap();
+    assert_eq!(described.parent, Some(rid("p1")));
+    assert!(described.children.is_empty());
+    assert!(matches!(described.state, RunState::Terminated(_)));
+    worker.shutdown().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_childs_failure_is_the_parent_steps_to_handle() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runtime = workflow_builder(&queue, &store, &Family::default()).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime.submit(spec("p2", "parent:fail:boom")).await.unwrap();
+    let end = within(60, runtime.wait(&rid("p2"))).await.unwrap();
+    assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+    assert_eq!(result_of(&end), "handled: boom");
+    let child = runtime.wait(&rid("p2--c")).await.unwrap();
+    assert_eq!(child.termination.status, TerminalStatus::Failed);
+    worker.shutdown().await.unwrap();
+}
+
+/// A step that stages a child and then errors starts no child: its retry
+/// stages it again and starts it once.
+#[tokio::test(start_paused = true)]
+async fn a_step_that_errors_starts_no_child_and_its_retry_starts_it_once() {
+    let (queue, store, _clock) = memory_queue().await;
+    let family = Family::default();
+    let runtime = workflow_builder(&queue, &store, &family).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime.submit(spec("p3", "flaky:ok:again")).await.unwrap();
+    let end = within(60, runtime.wait(&rid("p3"))).await.unwrap();
+    assert_eq!(result_of(&end), "child said again");
+    let jobs = family.step0_jobs();
+    assert_eq!(jobs.get("p3--c").map(BTreeSet::len), Some(1), "{jobs:?}");
+    let parent_attempts = family
+        .calls()
+        .iter()
+        .filter(|(run, step, _)| run == "p3" && *step == 0)
+        .count();
+    assert_eq!(parent_attempts, 2);
+    worker.shutdown().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bad_child_key_is_refused_naming_it() {
+    let handle = taquba_workflow::children::ChildrenHandle::detached(rid("p"));
+    let err = handle
+        .start("no/slash", Vec::new(), RunOptions::default())
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidChildKey { .. }), "{err}");
+    assert!(err.to_string().contains("no/slash"), "{err}");
+    let long = "k".repeat(200);
+    let err = handle
+        .start(&long, Vec::new(), RunOptions::default())
+        .unwrap_err();
+    assert!(err.to_string().contains("over the 128"), "{err}");
+}
+
+/// Cancelling a grandparent cancels its child and grandchild first; each
+/// ends `Cancelled` with the reason naming its parent, and the cancel call
+/// returns once all three ended.
+#[tokio::test(start_paused = true)]
+async fn a_cancel_cascades_two_levels_and_the_parent_ends_last() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runtime = workflow_builder(&queue, &store, &Family::default()).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime
+        .submit(spec("g", "parent:parent:hold"))
+        .await
+        .unwrap();
+    let grandchild = rid("g--c--c");
+    crate::common::eventually("the grandchild holds", || async {
+        runtime
+            .status(&grandchild)
+            .await
+            .unwrap()
+            .is_some_and(|s| s.current_step == 1)
+    })
+    .await;
+    assert!(within(60, runtime.cancel(&rid("g"))).await.unwrap());
+    let mut ended_at = Vec::new();
+    for id in ["g--c--c", "g--c", "g"] {
+        let end = runtime.wait(&rid(id)).await.unwrap();
+        assert_eq!(end.termination.status, TerminalStatus::Cancelled, "{id}");
+        ended_at.push(end.termination.terminated_at_ms);
+        let details = runtime.view().run(&rid(id)).await.unwrap().unwrap();
+        if id != "g" {
+            let reason = details.cancel_reason.unwrap_or_default();
+            assert!(reason.contains("was cancelled"), "{id}: {reason}");
+        }
+    }
+    assert!(
+        ended_at.windows(2).all(|w| w[0] <= w[1]),
+        "children end before parents: {ended_at:?}"
+    );
+    worker.shutdown().await.unwrap();
+}
+
+/// A child cancelled alone: its parent keeps running and gets the child's
+/// `Cancelled` end.
+#[tokio::test(start_paused = true)]
+async fn cancelling_a_child_alone_gives_the_parent_its_cancelled_end() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runtime = workflow_builder(&queue, &store, &Family::default()).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime.submit(spec("p4", "parent:hold")).await.unwrap();
+    crate::common::eventually("the child holds", || async {
+        runtime
+            .status(&rid("p4--c"))
+            .await
+            .unwrap()
+            .is_some_and(|s| s.current_step == 1)
+    })
+    .await;
+    assert!(runtime.cancel(&rid("p4--c")).await.unwrap());
+    let end = within(60, runtime.wait(&rid("p4"))).await.unwrap();
+    assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+    assert_eq!(result_of(&end), "child cancelled");
+    worker.shutdown().await.unwrap();
+}
+
+/// A parent that ends without waiting for its child: the maintenance round
+/// cancels the child, naming the parent.
+#[tokio::test(start_paused = true)]
+async fn a_child_left_by_its_ended_parent_is_cancelled() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runtime = workflow_builder(&queue, &store, &Family::default()).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime.submit(spec("p5", "orphan:hold")).await.unwrap();
+    let end = within(60, runtime.wait(&rid("p5--c"))).await.unwrap();
+    assert_eq!(end.termination.status, TerminalStatus::Cancelled);
+    let details = runtime.view().run(&rid("p5--c")).await.unwrap().unwrap();
+    let reason = details.cancel_reason.unwrap_or_default();
+    assert!(reason.contains("`p5` ended"), "{reason}");
+    worker.shutdown().await.unwrap();
+}
+
+/// The runtime is dropped without shutdown at each of many moments of a
+/// parent/child pair's life (its steps, commits and the wake), and a new
+/// one opened on the same store: the parent always ends with the child's
+/// result, and the child ran under one step-0 job (started once).
+#[tokio::test(start_paused = true)]
+async fn a_crash_at_each_moment_neither_loses_the_childs_end_nor_starts_it_twice() {
+    for crash_after_ms in 0u64..40 {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let family = Family::default();
+        let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+        let runtime = workflow_builder(&queue, &store, &family).build();
+        let worker = {
+            let runtime = runtime.clone();
+            tokio::spawn(async move { runtime.run(std::future::pending::<()>()).await })
+        };
+        runtime.submit(spec("k", "parent:ok:x")).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(crash_after_ms)).await;
+        worker.abort();
+        let _ = worker.await;
+        drop(runtime);
+        drop(queue);
+
+        let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
+        let runtime = workflow_builder(&queue, &store, &family).build();
+        let worker = runtime.spawn(std::future::pending::<()>());
+        let end = within(120, runtime.wait(&rid("k"))).await.unwrap();
+        assert_eq!(
+            result_of(&end),
+            "child said x",
+            "crash after {crash_after_ms} ms"
+        );
+        let jobs = family.step0_jobs();
+        assert_eq!(
+            jobs.get("k--c").map(BTreeSet::len),
+            Some(1),
+            "crash after {crash_after_ms} ms: the child started once: {jobs:?}"
+        );
+        worker.shutdown().await.unwrap();
+    }
+}
+
+/// The `parent_child` example (as the `parent_child_crash` binary) is
+/// killed with SIGKILL while its children run, then run again on the same
+/// store: it resumes the same parent, which reports every child's counts,
+/// and each child key names one run.
+#[test]
+fn the_example_killed_mid_child_resumes_and_reports_every_child() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let bin = env!("CARGO_BIN_EXE_parent_child_crash");
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let files: Vec<std::path::PathBuf> = (0..3)
+        .map(|i| {
+            let path = dir.path().join(format!("f{i}.txt"));
+            let text = "word ".repeat(i + 1) + "\nline two\n";
+            std::fs::write(&path, text).unwrap();
+            path
+        })
+        .collect();
+    let run = |slow_ms: u64| {
+        let mut cmd = Command::new(bin);
+        cmd.arg("--store")
+            .arg(&store)
+            .arg("--slow-ms")
+            .arg(slow_ms.to_string())
+            .args(&files)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        cmd.spawn().expect("spawn parent_child_crash")
+    };
+    // First run: the children sleep 30 s; kill it once one runs.
+    let mut first = run(30_000);
+    let stdout = first.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    loop {
+        let line = lines
+            .next()
+            .expect("the first run prints CHILD_RUNNING")
+            .unwrap();
+        if line.starts_with("CHILD_RUNNING") {
+            break;
+        }
+    }
+    first.kill().expect("SIGKILL");
+    first.wait().unwrap();
+
+    // Second run: the children's steps are delivered again once their
+    // leases expire, and the parent resumes.
+    let second = run(0).wait_with_output().expect("the second run");
+    let out = String::from_utf8_lossy(&second.stdout);
+    assert!(second.status.success(), "{out}");
+    assert!(out.contains("run digest-1 resumed"), "{out}");
+    for (i, file) in files.iter().enumerate() {
+        let expected = format!("{}: 2 lines, {} words", file.display(), i + 3);
+        assert!(out.contains(&expected), "{expected} in {out}");
+        assert!(
+            out.contains(&format!("CHILD digest-1--file-{i} succeeded")),
+            "{out}"
+        );
+    }
+    assert_eq!(out.matches("CHILD digest-1--").count(), 3, "{out}");
+}
