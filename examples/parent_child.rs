@@ -25,9 +25,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use serde::{Deserialize, Serialize};
-use taquba::{OpenOptions, Queue, QueueConfig};
 use taquba::object_store::ObjectStore;
 use taquba::object_store::local::LocalFileSystem;
+use taquba::{OpenOptions, Queue, QueueConfig};
 use taquba_workflow::workflows::{ChildRun, StepContext, Transition, Workflows};
 use taquba_workflow::{
     NoopTerminalHook, RunId, RunOptions, RunState, StepError, WorkflowRuntime, workflow,
@@ -155,8 +155,8 @@ pub async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     std::fs::create_dir_all(&dir)?;
     println!("state in {}", dir.display());
     let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(&dir)?);
-    let options = OpenOptions::default()
-        .default_queue_config(QueueConfig::default().lease_duration(LEASE));
+    let options =
+        OpenOptions::default().default_queue_config(QueueConfig::default().lease_duration(LEASE));
     let queue = Arc::new(Queue::open_with_options(store.clone(), "queue", options).await?);
     let router = Workflows::builder()
         .register(Digest)

@@ -21,7 +21,7 @@ use taquba_workflow::{
     TerminalStatus,
 };
 
-use crate::common::{memory_queue, rid, workflow_builder, within};
+use crate::common::{memory_queue, rid, within, workflow_builder};
 use crate::fixtures::tokio_clock_queue;
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
@@ -93,9 +93,13 @@ impl StepRunner for Family {
                             TerminalStatus::Cancelled => "child cancelled".to_string(),
                         },
                     };
-                    StepOutcome::Succeed { result: said.into_bytes() }
+                    StepOutcome::Succeed {
+                        result: said.into_bytes(),
+                    }
                 }
-                _ => StepOutcome::Succeed { result: b"released".to_vec() },
+                _ => StepOutcome::Succeed {
+                    result: b"released".to_vec(),
+                },
             });
         }
         let (kind, rest) = payload.split_once(':').unwrap_or((payload.as_str(), ""));
@@ -121,9 +125,13 @@ impl StepRunner for Family {
             }
             "orphan" => {
                 start_child(step, rest)?;
-                Ok(StepOutcome::Succeed { result: b"left".to_vec() })
+                Ok(StepOutcome::Succeed {
+                    result: b"left".to_vec(),
+                })
             }
-            "ok" => Ok(StepOutcome::Succeed { result: rest.as_bytes().to_vec() }),
+            "ok" => Ok(StepOutcome::Succeed {
+                result: rest.as_bytes().to_vec(),
+            }),
             "fail" => Ok(StepOutcome::Fail {
                 reason: rest.to_string(),
             }),
@@ -183,7 +191,10 @@ async fn a_childs_failure_is_the_parent_steps_to_handle() {
     let (queue, store, _clock) = memory_queue().await;
     let runtime = workflow_builder(&queue, &store, &Family::default()).build();
     let worker = runtime.spawn(std::future::pending::<()>());
-    runtime.submit(spec("p2", "parent:fail:boom")).await.unwrap();
+    runtime
+        .submit(spec("p2", "parent:fail:boom"))
+        .await
+        .unwrap();
     let end = within(60, runtime.wait(&rid("p2"))).await.unwrap();
     assert_eq!(end.termination.status, TerminalStatus::Succeeded);
     assert_eq!(result_of(&end), "handled: boom");
@@ -351,8 +362,9 @@ async fn a_crash_at_each_moment_neither_loses_the_childs_end_nor_starts_it_twice
 
 /// The `parent_child` example (as the `parent_child_crash` binary) is
 /// killed with SIGKILL while its children run, then run again on the same
-/// store: it resumes the same parent, which reports every child's counts,
-/// and each child key names one run.
+/// store: it resumes the same parent, which reports every child's counts
+/// (and the failure of the child whose file is missing), and each child
+/// key names one run.
 #[test]
 fn the_example_killed_mid_child_resumes_and_reports_every_child() {
     use std::io::{BufRead, BufReader};
@@ -361,7 +373,7 @@ fn the_example_killed_mid_child_resumes_and_reports_every_child() {
     let bin = env!("CARGO_BIN_EXE_parent_child_crash");
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
-    let files: Vec<std::path::PathBuf> = (0..3)
+    let mut files: Vec<std::path::PathBuf> = (0..3)
         .map(|i| {
             let path = dir.path().join(format!("f{i}.txt"));
             let text = "word ".repeat(i + 1) + "\nline two\n";
@@ -369,6 +381,8 @@ fn the_example_killed_mid_child_resumes_and_reports_every_child() {
             path
         })
         .collect();
+    // A file that is not there: its child fails, and the parent reports it.
+    files.push(dir.path().join("missing.txt"));
     let run = |slow_ms: u64| {
         let mut cmd = Command::new(bin);
         cmd.arg("--store")
@@ -402,7 +416,7 @@ fn the_example_killed_mid_child_resumes_and_reports_every_child() {
     let out = String::from_utf8_lossy(&second.stdout);
     assert!(second.status.success(), "{out}");
     assert!(out.contains("run digest-1 resumed"), "{out}");
-    for (i, file) in files.iter().enumerate() {
+    for (i, file) in files.iter().take(3).enumerate() {
         let expected = format!("{}: 2 lines, {} words", file.display(), i + 3);
         assert!(out.contains(&expected), "{expected} in {out}");
         assert!(
@@ -410,5 +424,10 @@ fn the_example_killed_mid_child_resumes_and_reports_every_child() {
             "{out}"
         );
     }
-    assert_eq!(out.matches("CHILD digest-1--").count(), 3, "{out}");
+    assert!(
+        out.contains("digest-1--file-3: run `digest-1--file-3` failed: cannot read"),
+        "{out}"
+    );
+    assert!(out.contains("CHILD digest-1--file-3 failed"), "{out}");
+    assert_eq!(out.matches("CHILD digest-1--").count(), 4, "{out}");
 }

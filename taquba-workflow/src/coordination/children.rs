@@ -91,7 +91,11 @@ impl crate::model::StepOutcome {
     /// [`signal`](crate::Step::signal) is the child's end
     /// ([`ChildEnd::of_signal`]), `None` when the child had not ended
     /// within `timeout` (it keeps running; wait again to get its end).
-    pub fn continue_on_child(payload: Vec<u8>, child: &RunId, timeout: std::time::Duration) -> Self {
+    pub fn continue_on_child(
+        payload: Vec<u8>,
+        child: &RunId,
+        timeout: std::time::Duration,
+    ) -> Self {
         Self::continue_on_signal(payload, child_correlation_key(child), timeout)
     }
 }
@@ -315,9 +319,17 @@ mod tests {
     #[test]
     fn a_key_staged_twice_is_one_start_or_refused() {
         let handle = ChildrenHandle::detached(RunId::new("p").unwrap());
-        handle.start("a", b"x".to_vec(), RunOptions::default()).unwrap();
-        handle.start("a", b"x".to_vec(), RunOptions::default()).unwrap();
-        assert!(handle.start("a", b"y".to_vec(), RunOptions::default()).is_err());
+        handle
+            .start("a", b"x".to_vec(), RunOptions::default())
+            .unwrap();
+        handle
+            .start("a", b"x".to_vec(), RunOptions::default())
+            .unwrap();
+        assert!(
+            handle
+                .start("a", b"y".to_vec(), RunOptions::default())
+                .is_err()
+        );
         assert_eq!(handle.seal_and_take().len(), 1);
         assert!(matches!(
             handle.start("b", vec![], RunOptions::default()),

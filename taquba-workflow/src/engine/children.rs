@@ -144,12 +144,12 @@ impl RuntimeCore {
                 ),
             };
             match existing_parent {
-                Some(Some(of)) if of == *parent => {
-                    if active {
-                        debug!(parent = %parent, child = %child, "child active already");
-                        continue;
-                    }
+                Some(Some(of)) if of == *parent && active => {
+                    debug!(parent = %parent, child = %child, "child active already");
+                    continue;
                 }
+                // Ended: started anew.
+                Some(Some(of)) if of == *parent => {}
                 Some(_) => {
                     return Err(Error::ChildRunIdTaken {
                         parent: parent.clone(),
@@ -258,7 +258,7 @@ impl RuntimeCore {
             warn!(queue = %self.queue_name, "waking parents of ended children failed: {err}");
         }
         let round = self.maintenance_rounds.load(Ordering::Relaxed);
-        if round % ORPHAN_LOOK_EVERY == 0
+        if round.is_multiple_of(ORPHAN_LOOK_EVERY)
             && let Err(err) = self.cancel_orphans().await
         {
             self.note_error(&err);
