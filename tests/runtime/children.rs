@@ -74,6 +74,9 @@ impl StepRunner for Family {
             step.step_number,
             step.job_id.clone(),
         ));
+        // Every step takes a little (virtual) time, so crashes land inside
+        // steps as well as between them.
+        tokio::time::sleep(Duration::from_millis(3)).await;
         let payload = String::from_utf8_lossy(&step.payload).into_owned();
         if step.step_number > 0 {
             return Ok(match payload.as_str() {
@@ -311,6 +314,7 @@ async fn a_child_left_by_its_ended_parent_is_cancelled() {
     let runtime = workflow_builder(&queue, &store, &Family::default()).build();
     let worker = runtime.spawn(std::future::pending::<()>());
     runtime.submit(spec("p5", "orphan:hold")).await.unwrap();
+    within(60, runtime.wait(&rid("p5"))).await.unwrap();
     let end = within(60, runtime.wait(&rid("p5--c"))).await.unwrap();
     assert_eq!(end.termination.status, TerminalStatus::Cancelled);
     let details = runtime.view().run(&rid("p5--c")).await.unwrap().unwrap();
@@ -325,7 +329,12 @@ async fn a_child_left_by_its_ended_parent_is_cancelled() {
 /// result, and the child ran under one step-0 job (started once).
 #[tokio::test(start_paused = true)]
 async fn a_crash_at_each_moment_neither_loses_the_childs_end_nor_starts_it_twice() {
-    for crash_after_ms in 0u64..40 {
+    // What the store held at each crash: the child not started yet, the
+    // child active, the child ended with its wake pending, the wake sent
+    // and the parent still waiting or running, the parent ended.
+    let mut phases = BTreeSet::new();
+    let moments = 0u64..120;
+    for crash_after_ms in moments {
         let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
         let family = Family::default();
         let queue = tokio_clock_queue(store.clone(), OpenOptions::default()).await;
@@ -335,9 +344,12 @@ async fn a_crash_at_each_moment_neither_loses_the_childs_end_nor_starts_it_twice
             tokio::spawn(async move { runtime.run(std::future::pending::<()>()).await })
         };
         runtime.submit(spec("k", "parent:ok:x")).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(crash_after_ms)).await;
+        if crash_after_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(crash_after_ms)).await;
+        }
         worker.abort();
         let _ = worker.await;
+        phases.insert(phase(&runtime, &queue).await);
         drop(runtime);
         drop(queue);
 
@@ -357,6 +369,49 @@ async fn a_crash_at_each_moment_neither_loses_the_childs_end_nor_starts_it_twice
             "crash after {crash_after_ms} ms: the child started once: {jobs:?}"
         );
         worker.shutdown().await.unwrap();
+    }
+    assert_eq!(
+        phases,
+        BTreeSet::from([
+            "child not started",
+            "child active",
+            "child ended, wake pending",
+            "wake sent, parent active",
+            "parent ended"
+        ]),
+        "the crashes hit every phase"
+    );
+}
+
+/// Where the pair of `a_crash_at_each_moment_...` is, read from the store.
+async fn phase<R: StepRunner, H: taquba_workflow::TerminalHook>(
+    runtime: &taquba_workflow::WorkflowRuntime<R, H>,
+    queue: &taquba::Queue,
+) -> &'static str {
+    let ended = |state: Option<RunState>| matches!(state, Some(RunState::Terminated(_)));
+    let parent = runtime
+        .view()
+        .run(&rid("k"))
+        .await
+        .unwrap()
+        .map(|d| d.state);
+    let child = runtime
+        .view()
+        .run(&rid("k--c"))
+        .await
+        .unwrap()
+        .map(|d| d.state);
+    let wake = queue
+        .view()
+        .kv_get(b"workflow/child-wakes/k--c")
+        .await
+        .unwrap();
+    match (ended(parent), child.is_some(), ended(child), wake.is_some()) {
+        (true, ..) => "parent ended",
+        (_, false, ..) => "child not started",
+        (_, _, false, _) => "child active",
+        (_, _, true, true) => "child ended, wake pending",
+        (_, _, true, false) => "wake sent, parent active",
     }
 }
 

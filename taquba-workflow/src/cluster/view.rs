@@ -1323,5 +1323,8 @@ mod tests {
         let member = crate::coordination::members::member_run_id(&id("g"), "k");
         assert!(is_member_run_id(&member), "{member}");
         assert!(!is_member_run_id(&id("order-7")));
+        assert!(may_live_off_home(&member));
+        assert!(may_live_off_home(&id("order-7--pay")));
+        assert!(!may_live_off_home(&id("order-7")));
     }
 }
