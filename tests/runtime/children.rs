@@ -486,3 +486,151 @@ fn the_example_killed_mid_child_resumes_and_reports_every_child() {
     assert!(out.contains("CHILD digest-1--file-3 failed"), "{out}");
     assert_eq!(out.matches("CHILD digest-1--").count(), 4, "{out}");
 }
+
+/// Typed child workflows (`#[workflow]`) in the test kit.
+mod typed {
+    use std::time::Duration;
+
+    use taquba_workflow::testing::TestRuntime;
+    use taquba_workflow::workflows::{ChildRun, StepContext, Transition, Workflows};
+    use taquba_workflow::{RunId, StepError, workflow};
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    /// Waits `hours`, then succeeds with `n * 2` (fails for `n == 0`).
+    #[derive(Default)]
+    pub struct Double;
+
+    #[workflow(name = "children-double", output = u64)]
+    impl Double {
+        #[step(start)]
+        async fn begin(n: u64, hours: u64) -> Result<Transition<DoubleStep>, StepError> {
+            Ok(Transition::after(
+                DoubleStep::Finish { n },
+                HOUR * u32::try_from(hours).unwrap_or(u32::MAX),
+            ))
+        }
+
+        #[step]
+        async fn finish(n: u64) -> Result<Transition<DoubleStep>, StepError> {
+            match n {
+                0 => Ok(Transition::fail("nothing to double")),
+                n => Ok(Transition::done(n * 2)),
+            }
+        }
+    }
+
+    /// Starts a `Double` child and waits for it `wait_hours` at most.
+    #[derive(Default)]
+    pub struct Caller;
+
+    #[workflow(name = "children-caller", output = String)]
+    impl Caller {
+        #[step(start)]
+        async fn call(
+            ctx: StepContext<'_>,
+            n: u64,
+            hours: u64,
+            wait_hours: u64,
+        ) -> Result<Transition<CallerStep>, StepError> {
+            let child = ctx.start_child("double", DoubleInput { n, hours })?;
+            Ok(Transition::on_child(
+                CallerStep::Answer {
+                    child: child.clone(),
+                    timeouts: 0,
+                },
+                &child,
+                HOUR * u32::try_from(wait_hours).unwrap_or(u32::MAX),
+            ))
+        }
+
+        /// Reports the child's end; after a timeout, waits again (a day).
+        #[step]
+        async fn answer(
+            ctx: StepContext<'_>,
+            child: ChildRun<Double>,
+            timeouts: u32,
+        ) -> Result<Transition<CallerStep>, StepError> {
+            Ok(Transition::done(match ctx.child_result(&child)? {
+                Some(Ok(doubled)) => format!("doubled: {doubled} after {timeouts} timeouts"),
+                Some(Err(failed)) => {
+                    format!("child failed: {}", failed.message.unwrap_or_default())
+                }
+                None => {
+                    let again = CallerStep::Answer {
+                        child: child.clone(),
+                        timeouts: timeouts + 1,
+                    };
+                    return Ok(Transition::on_child(again, &child, HOUR * 24));
+                }
+            }))
+        }
+    }
+
+    async fn env() -> TestRuntime<Workflows> {
+        let router = Workflows::builder()
+            .register(Double)
+            .register(Caller)
+            .build();
+        TestRuntime::new(router).await.unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_typed_parent_reads_its_childs_output_across_a_crash() {
+        let env = env().await;
+        let run = env
+            .start(CallerInput {
+                n: 21,
+                hours: 2,
+                wait_hours: 24,
+            })
+            .await
+            .unwrap();
+        env.run_until_idle().await.unwrap();
+        let child = RunId::new(format!("{}--double", run.id())).unwrap();
+        let details = env
+            .runtime()
+            .unwrap()
+            .view()
+            .run(&child)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(details.parent.as_ref(), Some(run.id()));
+        // The process dies while the child waits on its timer.
+        env.crash().await.unwrap();
+        env.run_until_ended(run.id()).await.unwrap();
+        assert_eq!(run.output().await.unwrap(), "doubled: 42 after 0 timeouts");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_typed_parent_handles_its_childs_failure_and_its_timeout() {
+        let env = env().await;
+        let failing = env
+            .start(CallerInput {
+                n: 0,
+                hours: 1,
+                wait_hours: 24,
+            })
+            .await
+            .unwrap();
+        env.run_until_ended(failing.id()).await.unwrap();
+        assert_eq!(
+            failing.output().await.unwrap(),
+            "child failed: nothing to double"
+        );
+
+        // The first wait times out before the child ends (`None`; the
+        // child keeps running) and the step waits again.
+        let slow = env
+            .start(CallerInput {
+                n: 5,
+                hours: 30,
+                wait_hours: 1,
+            })
+            .await
+            .unwrap();
+        env.run_until_ended(slow.id()).await.unwrap();
+        assert_eq!(slow.output().await.unwrap(), "doubled: 10 after 2 timeouts");
+    }
+}
