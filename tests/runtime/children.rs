@@ -186,6 +186,13 @@ async fn a_parent_gets_its_childs_result_and_the_links_show_both_ways() {
     assert_eq!(described.parent, Some(rid("p1")));
     assert!(described.children.is_empty());
     assert!(matches!(described.state, RunState::Terminated(_)));
+    // The step that got the child's end removed its end record and marker.
+    for key in ["workflow/child-ends/p1--c", "workflow/child-wakes/p1--c"] {
+        crate::common::eventually(key, || async {
+            queue.view().kv_get(key.as_bytes()).await.unwrap().is_none()
+        })
+        .await;
+    }
     worker.shutdown().await.unwrap();
 }
 

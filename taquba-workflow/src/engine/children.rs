@@ -14,8 +14,9 @@
 //!   (waking the parent's waiting step, or buffering for its wait), then
 //!   removes the marker; a crash between the two sends it again. A step
 //!   whose wait on a child timed out reads the end record
-//!   ([`RuntimeCore::child_end_signal`]), so a wake that lost the race to
-//!   the timeout loses no end;
+//!   ([`RuntimeCore::child_wait_signal`]), so a wake that lost the race to
+//!   the timeout loses no end; the step that got the end deletes the end
+//!   record with its settlement;
 //! - cancel: cancelling a parent cancels its active children (and theirs)
 //!   and waits for their ends before reaching the parent's own step
 //!   ([`RuntimeCore::cancel_children`]); the maintenance round cancels any
@@ -193,31 +194,43 @@ impl RuntimeCore {
         Ok(all)
     }
 
-    /// The signal of a step that waited on a child's correlation key and
-    /// was woken by none (its wait timed out, or its wake was lost to the
-    /// timeout): the child's end record when the child has ended, with the
-    /// buffered signal it leaves to delete. `None` for any other step.
+    /// The signal of a step that waited on a child's correlation key, and
+    /// the child state its settlement deletes: `signal` as resolved when
+    /// the wait was woken, else (the wait timed out, or its wake was lost
+    /// to the timeout) the child's end record when the child has ended. The
+    /// end record is deleted with the step's settlement (its end is the
+    /// step's now), and so is a buffered end the timeout left. Any other
+    /// step keeps `signal` and deletes nothing.
     ///
     /// # Errors
     /// Storage errors.
-    pub(crate) async fn child_end_signal(
+    pub(crate) async fn child_wait_signal(
         &self,
         job: &JobRecord,
-    ) -> Result<Option<(Vec<u8>, Vec<Vec<u8>>)>> {
+        signal: Option<Vec<u8>>,
+    ) -> Result<(Option<Vec<u8>>, Vec<Vec<u8>>)> {
         let Some(child) = job
             .headers
             .get(HEADER_SIGNAL_WAIT)
             .and_then(|key| child_of_correlation_key(key))
         else {
-            return Ok(None);
+            return Ok((signal, Vec::new()));
         };
-        let end = self.queue.view().kv_get(&child_end_kv_key(&child)).await?;
-        Ok(end.map(|end| {
-            (
-                end.to_vec(),
-                vec![signal_buffer_kv_key(&child_correlation_key(&child))],
-            )
-        }))
+        let end_key = child_end_kv_key(&child);
+        if signal.is_some() {
+            return Ok((signal, vec![end_key]));
+        }
+        let end = self.queue.view().kv_get(&end_key).await?;
+        Ok(match end {
+            Some(end) => (
+                Some(end.to_vec()),
+                vec![
+                    end_key,
+                    signal_buffer_kv_key(&child_correlation_key(&child)),
+                ],
+            ),
+            None => (None, Vec::new()),
+        })
     }
 
     /// Cancel the active children of `parent` (and, through their own

@@ -458,17 +458,13 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
                 Ok(resolved) => resolved,
                 Err(err) => return Settlement::infrastructure(err),
             };
-        // A wait on a child that no wake reached: the child's end, if any.
-        let signal = match signal {
-            Some(signal) => Some(signal),
-            None => match core.child_end_signal(job).await {
-                Ok(Some((end, deletes))) => {
-                    signal_deletes.extend(deletes);
-                    Some(end)
-                }
-                Ok(None) => None,
-                Err(err) => return Settlement::infrastructure(err),
-            },
+        // A wait on a child: the child's end, also when no wake reached it.
+        let signal = match core.child_wait_signal(job, signal).await {
+            Ok((signal, deletes)) => {
+                signal_deletes.extend(deletes);
+                signal
+            }
+            Err(err) => return Settlement::infrastructure(err),
         };
         if let Some(signal) = &signal {
             let _ = claimed.signal.set(signal.clone());
