@@ -641,3 +641,97 @@ mod typed {
         assert_eq!(slow.output().await.unwrap(), "doubled: 10 after 2 timeouts");
     }
 }
+
+/// In a cluster the child lives in its parent's shard (it is committed in
+/// the parent's settlement), whatever its id's home shard: a client finds
+/// it for `status` and `wait`, and a cancel of the parent through the
+/// client cascades to it.
+#[tokio::test(start_paused = true)]
+async fn a_clusters_client_finds_a_child_in_its_parents_shard() {
+    use taquba::QueueConfig;
+    use taquba_workflow::NoopTerminalHook;
+    use taquba_workflow::cluster::{ClusterRuntime, Ownership, StaticOwnership, shard_of};
+    use taquba_workflow_suite::testing::TokioClock;
+
+    const SHARDS: u32 = 8;
+    let shards = std::num::NonZeroU32::new(SHARDS).unwrap();
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let node = |name: &str, ownership: Ownership| {
+        ClusterRuntime::builder(
+            store.clone(),
+            "prod/wf",
+            Family::default(),
+            NoopTerminalHook,
+        )
+        .shards(SHARDS)
+        .node_id(name)
+        .ownership(ownership)
+        .open_options(|_| {
+            OpenOptions::default()
+                .clock(Arc::new(TokioClock::new(crate::common::T0)))
+                .flush_interval(Duration::from_millis(1))
+                .default_queue_config(
+                    QueueConfig::default()
+                        .retry_backoff_base(Duration::ZERO)
+                        .lease_duration(Duration::from_secs(5)),
+                )
+        })
+        .configure(|builder| builder.poll_interval(Duration::from_millis(20)))
+        .reader_poll_interval(Duration::from_millis(20))
+        .start()
+    };
+    let owner = node(
+        "owner",
+        Ownership::Static(StaticOwnership::ordinal(0, 1).unwrap()),
+    )
+    .await
+    .unwrap();
+    let client = node("client", Ownership::Client).await.unwrap();
+    // Parents whose child's id routes to another shard than theirs.
+    let parent = |prefix: &str| {
+        (0..)
+            .map(|i| format!("{prefix}{i}"))
+            .find(|id| shard_of(id, shards) != shard_of(&format!("{id}--c"), shards))
+            .unwrap()
+    };
+
+    let done = parent("cp");
+    let _ = owner.submit(spec(&done, "parent:ok:far")).await.unwrap();
+    let child = rid(&format!("{done}--c"));
+    let end = client
+        .wait_timeout(&child, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .expect("the client finds the child");
+    assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+    assert!(client.status(&child).await.unwrap().is_some());
+    let end = client
+        .wait_timeout(&rid(&done), Duration::from_secs(60))
+        .await
+        .unwrap()
+        .expect("the parent ends");
+    assert_eq!(result_of(&end), "child said far");
+
+    let held = parent("hp");
+    let _ = owner.submit(spec(&held, "parent:hold")).await.unwrap();
+    let child = rid(&format!("{held}--c"));
+    crate::common::eventually("the child holds", || async {
+        client
+            .status(&child)
+            .await
+            .unwrap()
+            .is_some_and(|s| s.current_step == 1)
+    })
+    .await;
+    let _ = client.cancel(&rid(&held)).await.unwrap();
+    for id in [child, rid(&held)] {
+        let end = client
+            .wait_timeout(&id, Duration::from_secs(60))
+            .await
+            .unwrap()
+            .expect("ended");
+        assert_eq!(end.termination.status, TerminalStatus::Cancelled, "{id}");
+    }
+    owner.shutdown().await.unwrap();
+    client.shutdown().await.unwrap();
+}
