@@ -36,6 +36,8 @@ type Call = (String, u32, String);
 /// - `orphan:{child input}` starts child `c` and succeeds at once;
 /// - `ok:{result}` succeeds with the result; `fail:{reason}` fails;
 /// - `hold` waits a day on `hold:{run id}`, then succeeds `released`;
+/// - `perm` is dead-lettered on its first call (a permanent error),
+///   and holds as `hold` does once requeued;
 /// - `flaky:{child input}` starts child `c` and errors on its first
 ///   attempt; on the next it waits for it as `parent:` does.
 #[derive(Clone, Default)]
@@ -46,6 +48,14 @@ struct Family {
 impl Family {
     fn calls(&self) -> Vec<Call> {
         self.calls.lock().expect("calls").clone()
+    }
+
+    /// The calls of `run`'s step 0 so far.
+    fn step0_calls(&self, run: &str) -> usize {
+        self.calls()
+            .iter()
+            .filter(|(r, step, _)| r == run && *step == 0)
+            .count()
     }
 
     /// Each run's distinct step-0 jobs: a run started twice has two.
@@ -132,6 +142,14 @@ impl StepRunner for Family {
                     result: b"left".to_vec(),
                 })
             }
+            "perm" if self.step0_calls(&step.run_id) == 1 => {
+                Err(StepError::permanent("dead on its first call"))
+            }
+            "perm" => Ok(StepOutcome::continue_on_signal(
+                b"held".to_vec(),
+                format!("hold:{}", step.run_id),
+                DAY,
+            )),
             "ok" => Ok(StepOutcome::Succeed {
                 result: rest.as_bytes().to_vec(),
             }),
@@ -327,6 +345,28 @@ async fn a_child_left_by_its_ended_parent_is_cancelled() {
     let details = runtime.view().run(&rid("p5--c")).await.unwrap().unwrap();
     let reason = details.cancel_reason.unwrap_or_default();
     assert!(reason.contains("`p5` ended"), "{reason}");
+    worker.shutdown().await.unwrap();
+}
+
+/// A dead-lettered child requeued after its parent ended is active again
+/// as a child: the maintenance round cancels it, naming the parent.
+#[tokio::test(start_paused = true)]
+async fn a_requeued_child_of_an_ended_parent_is_cancelled() {
+    let (queue, store, _clock) = memory_queue().await;
+    let runtime = workflow_builder(&queue, &store, &Family::default()).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime.submit(spec("p6", "orphan:perm")).await.unwrap();
+    within(60, runtime.wait(&rid("p6"))).await.unwrap();
+    let child = rid("p6--c");
+    let end = within(60, runtime.wait(&child)).await.unwrap();
+    assert_eq!(end.termination.status, TerminalStatus::Failed);
+    runtime.requeue(&child).await.unwrap();
+    let end = within(60, runtime.wait(&child)).await.unwrap();
+    assert_eq!(end.termination.status, TerminalStatus::Cancelled);
+    let details = runtime.view().run(&child).await.unwrap().unwrap();
+    assert_eq!(details.parent, Some(rid("p6")));
+    let reason = details.cancel_reason.unwrap_or_default();
+    assert!(reason.contains("`p6` ended"), "{reason}");
     worker.shutdown().await.unwrap();
 }
 

@@ -95,6 +95,21 @@ pub(crate) fn child_end_effects(
     effects
 }
 
+/// The effects a requeue of the dead-lettered child `child` of `parent`
+/// adds: its active marker again, so the maintenance round cancels it
+/// should its parent be cancelled or end. Nothing for a run that is no
+/// child.
+pub(crate) fn child_resumed_effects(
+    effects: SettlementEffects,
+    child: &RunId,
+    parent: Option<&RunId>,
+) -> SettlementEffects {
+    match parent {
+        Some(parent) => effects.kv_put(child_active_kv_key(child), parent.as_bytes().to_vec()),
+        None => effects,
+    }
+}
+
 /// The children of `parent` linked in the store, in id order, at most
 /// [`MAX_LISTED_CHILDREN`].
 pub(crate) async fn list_children(view: &QueueView, parent: &RunId) -> Result<Vec<RunId>> {

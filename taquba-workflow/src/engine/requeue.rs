@@ -137,6 +137,9 @@ impl RuntimeCore {
                     crate::coordination::members::new_counter_value(),
                 );
         }
+        // A requeued child is active again (child workflows).
+        effects =
+            crate::engine::children::child_resumed_effects(effects, run_id, run.parent.as_ref());
         merge_effects(&mut effects, chunk);
         if self.ops.history_limit > 0 {
             set_pointer_history(&mut effects, run_id, history);
