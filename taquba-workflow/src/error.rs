@@ -42,6 +42,29 @@ pub enum Error {
         /// The rule it breaks.
         reason: &'static str,
     },
+    /// A child run key gives no valid child run id (see
+    /// [`child_run_id`](crate::children::child_run_id)): the key is empty,
+    /// holds a byte outside `[A-Za-z0-9_-]`, or makes the id longer than
+    /// [`MAX_RUN_ID_LEN`](crate::MAX_RUN_ID_LEN).
+    #[error("invalid child key {key:?} of run `{parent}`: {reason}")]
+    InvalidChildKey {
+        /// The parent run.
+        parent: RunId,
+        /// The rejected key.
+        key: String,
+        /// The rule it breaks.
+        reason: String,
+    },
+    /// A child's derived run id names a run that is not a child of this
+    /// parent (a run submitted under it, or a child of another parent whose
+    /// id and key concatenate the same).
+    #[error("child run id `{child}` of run `{parent}` is taken by another run")]
+    ChildRunIdTaken {
+        /// The parent that tried to start the child.
+        parent: RunId,
+        /// The derived child run id.
+        child: RunId,
+    },
     /// A run with this id is active (or, for a job, recorded) with a
     /// different input: submissions are idempotent on `(run_id, input)`.
     #[error("run `{0}` already exists with a different input")]

@@ -111,6 +111,24 @@
 
 #![warn(missing_docs)]
 
+pub mod children {
+    //! Child workflows: a step starts another run as its child
+    //! ([`ChildrenHandle::start`] on [`Delivery::children`](crate::Delivery::children),
+    //! or `ctx.start_child` in a `#[workflow]` step), committed with the
+    //! step's settlement under a run id derived from the parent's and a key
+    //! ([`child_run_id`]); a later step waits for its end with the durable
+    //! signal wait on [`child_correlation_key`]
+    //! ([`StepOutcome::continue_on_child`](crate::StepOutcome::continue_on_child),
+    //! `Transition::on_child`) and reads it as a [`ChildEnd`]
+    //! (`ctx.child_result`). Cancelling a parent cancels its active
+    //! children first; a child whose parent ended or was cancelled is
+    //! cancelled by the maintenance round. See the README's "Child
+    //! workflows" section.
+    pub use crate::coordination::children::{
+        CHILD_CORRELATION_PREFIX, CHILD_ID_SEPARATOR, ChildEnd, ChildrenHandle,
+        MAX_CHILD_RESULT_LEN, MAX_CHILDREN_PER_STEP, child_correlation_key, child_run_id,
+    };
+}
 pub mod cluster;
 mod coordination;
 mod engine;

@@ -9,6 +9,7 @@ use std::ops::{Deref, DerefMut};
 use taquba::LeaseHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::coordination::children::ChildrenHandle;
 use crate::model::{StepError, StepOutcome};
 use crate::run::effects::EffectsHandle;
 use crate::store::keys::RunId;
@@ -231,6 +232,9 @@ pub struct Delivery {
     pub effects: EffectsHandle,
     /// Reads of committed KV state.
     pub kv: KvReadHandle,
+    /// Child runs started with this step's settlement (see
+    /// [`children`](crate::children)).
+    pub children: ChildrenHandle,
     /// The run's code: the version and patches it started with, and the
     /// code running this step ([`patched`](Self::patched)).
     pub code: RunCode,
@@ -263,6 +267,7 @@ impl Delivery {
     /// [`patched`](Self::patched)).
     pub fn detached() -> Self {
         let run_id = RunId::new("detached").expect("a valid literal id");
+        let children = ChildrenHandle::detached(run_id.clone());
         let memos = MemoStore::new(
             std::sync::Arc::new(taquba::object_store::memory::InMemory::new()),
             "detached-memo",
@@ -279,6 +284,7 @@ impl Delivery {
             lease: LeaseHandle::detached(),
             effects: EffectsHandle::detached(),
             kv: KvReadHandle::detached(),
+            children,
             code: RunCode::default(),
         }
     }

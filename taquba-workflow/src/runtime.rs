@@ -245,6 +245,13 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// cancellation and the run ends `Cancelled` all the same (whichever
     /// runtime over the queue reconciles it, also after a restart).
     ///
+    /// A run that started [child runs](crate::children) cancels its active
+    /// children (and theirs) first, with the reason naming it, and waits
+    /// for their ends before its own step is reached (a child's step
+    /// running in this process ends when it returns). A step of the run
+    /// itself that a worker claims during that wait sees the request and
+    /// ends the run without waiting.
+    ///
     /// # Cancel safety
     ///
     /// Runs whole on a task of its own

@@ -12,6 +12,7 @@
 //! * `cancel_and_hooks`: runner verdicts, external cancels racing every ending, terminal hooks.
 //! * `cluster`: a cluster of processes over one store: routing, commands to other processes' shards, the key-only signal, static ownership, lease takeover and handover; worker processes with one killed by SIGKILL.
 //! * `cluster_review`: the cluster attacked at its public API: bad builder input (a refused start creates nothing), client calls, every routed call dropped at each await, shutdown twice and calls after it, duplicate node ids, joining a busy cluster, churn.
+//! * `children`: child workflows: results and failures reach the parent, links both ways, cancel cascades, crashes at each moment.
 //! * `cancel_lease`: a cancelled step that outlives its lease still ends its run `Cancelled`.
 //! * `durability`: durable timers, run options, restarts and crashes, reconciled dead letters.
 //! * `durable_paths`: cancel safety of every call that commits; dead letters racing cancels.
@@ -55,6 +56,7 @@ mod common;
 
 mod cancel_and_hooks;
 mod cancel_lease;
+mod children;
 mod cluster;
 mod cluster_review;
 mod durability;

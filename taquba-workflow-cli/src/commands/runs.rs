@@ -191,6 +191,10 @@ fn describe_card(json: &DescribeJson, times: &Times) -> Card {
     if let Some(link) = &json.forked_from {
         card.field("Forked from", link.text());
     }
+    card.field_opt("Parent", json.parent.as_deref());
+    if !json.children.is_empty() {
+        card.field("Children", json.children.join(", "));
+    }
     if let Some(group) = &json.group {
         let key = json
             .group_key

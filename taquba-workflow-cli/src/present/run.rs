@@ -221,6 +221,12 @@ pub struct DescribeJson {
     /// `runs restart`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub forked_from: Option<ForkedFromJson>,
+    /// The run whose step started this run as its child.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// The child runs this run's steps started, in id order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub children: Vec<String>,
     /// How it terminated.
     pub termination: Option<TerminationJson>,
     /// Its committed outcome.
@@ -265,6 +271,8 @@ impl DescribeJson {
                 run_id: link.run_id.to_string(),
                 step: link.step,
             }),
+            parent: run.parent.as_ref().map(ToString::to_string),
+            children: run.children.iter().map(ToString::to_string).collect(),
             termination,
             outcome,
             version: run.version.clone(),

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use taquba::object_store::ObjectStore;
 use taquba::object_store::local::LocalFileSystem;
 use taquba::{OpenOptions, Queue, QueueConfig};
-use taquba_workflow::workflows::{StepContext, Transition};
+use taquba_workflow::workflows::{ChildRun, StepContext, Transition};
 use taquba_workflow::{
     NoopTerminalHook, RunEnd, RunId, RunOptions, RunnerHandle, StepError, WorkflowRuntime, workflow,
 };
@@ -40,7 +40,9 @@ pub struct Summary {
 /// `timer` waits 1 h; `never` waits `Duration::MAX` (a wake-up time past
 /// year 9999); `flaky` returns a transient error on every attempt
 /// (dead-lettered after [`MAX_ATTEMPTS`]) until [`Demo::healed`] is set;
-/// `hold` blocks until the test releases a permit of [`Demo::hold`].
+/// `hold` blocks until the test releases a permit of [`Demo::hold`];
+/// `child` starts an `ok` run of `n` as its child `c` and succeeds with its
+/// total.
 pub struct Demo {
     /// Permits for `hold` steps.
     pub hold: Arc<Semaphore>,
@@ -53,11 +55,27 @@ impl Demo {
     #[step(start)]
     async fn begin(
         &self,
-        _ctx: StepContext<'_>,
+        ctx: StepContext<'_>,
         n: u64,
         mode: String,
     ) -> Result<Transition<DemoStep>, StepError> {
         match mode.as_str() {
+            "child" => {
+                let child = ctx.start_child(
+                    "c",
+                    DemoInput {
+                        n,
+                        mode: "ok".into(),
+                    },
+                )?;
+                Ok(Transition::on_child(
+                    DemoStep::Adopt {
+                        child: child.clone(),
+                    },
+                    &child,
+                    Duration::from_secs(3600),
+                ))
+            }
             "ok" => Ok(Transition::next(DemoStep::Count { left: n, total: 0 })),
             "fail" => Ok(Transition::fail(format!("asked to fail with n={n}"))),
             "signal" => Ok(Transition::on_signal(
@@ -100,6 +118,23 @@ impl Demo {
                 left: left - 1,
                 total: total + left,
             }))
+        }
+    }
+
+    /// The end of a `child` run's child.
+    #[step]
+    async fn adopt(
+        &self,
+        ctx: StepContext<'_>,
+        child: ChildRun<Demo>,
+    ) -> Result<Transition<DemoStep>, StepError> {
+        match ctx.child_result(&child)? {
+            Some(Ok(summary)) => Ok(Transition::done(Summary {
+                total: summary.total,
+                note: Some(format!("from {}", child.id())),
+            })),
+            Some(Err(failed)) => Ok(Transition::fail(failed.to_string())),
+            None => Ok(Transition::fail("the child did not end within 1 h")),
         }
     }
 

@@ -632,3 +632,67 @@ async fn an_ended_run_is_forked_and_restarted_from_the_dashboard() {
     ui.stop().await;
     owner.stop().await;
 }
+
+/// A parent and its child (child workflows): `runs describe` prints the
+/// links both ways (card and JSON), and each run page links the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_and_its_child_link_both_ways() {
+    let dir = tempfile::tempdir().unwrap();
+    let owner = Owner::open(dir.path()).await;
+    let parent = owner.start("family-1", 3, "child", &[]).await;
+    let end = owner.wait(&parent).await;
+    assert_eq!(end.termination.status.as_str(), "succeeded");
+
+    let described = crate::common::json(
+        &run(cli(
+            dir.path(),
+            &["runs", "describe", "family-1", "-o", "json"],
+        ))
+        .await
+        .success(),
+    );
+    assert_eq!(described["children"][0], "family-1--c", "{described}");
+    assert!(described.get("parent").is_none(), "{described}");
+    let child = crate::common::json(
+        &run(cli(
+            dir.path(),
+            &["runs", "describe", "family-1--c", "-o", "json"],
+        ))
+        .await
+        .success(),
+    );
+    assert_eq!(child["parent"], "family-1", "{child}");
+    let card = crate::common::stdout(
+        &run(cli(dir.path(), &["runs", "describe", "family-1--c"]))
+            .await
+            .success(),
+    );
+    assert!(
+        card.contains("Parent") && card.contains("family-1"),
+        "{card}"
+    );
+    let card = crate::common::stdout(
+        &run(cli(dir.path(), &["runs", "describe", "family-1"]))
+            .await
+            .success(),
+    );
+    assert!(
+        card.contains("Children") && card.contains("family-1--c"),
+        "{card}"
+    );
+
+    let ui = Dashboard::start(dir.path(), &[]).await;
+    page_with_all(
+        &ui,
+        "/runs/family-1",
+        &["id=\"run-children\"", "href=\"/runs/family-1--c\""],
+    )
+    .await;
+    page_with_all(
+        &ui,
+        "/runs/family-1--c",
+        &["id=\"run-parent\"", "href=\"/runs/family-1\""],
+    )
+    .await;
+    owner.stop().await;
+}

@@ -620,7 +620,8 @@ where
     async fn holding(&self, run_id: &RunId) -> Result<u32, ClusterError> {
         let home = self.shard_of(run_id);
         // A group member's run lives in its group's shard, a tick's run in
-        // its schedule's: look for them beyond their ids' home.
+        // its schedule's, a child's in its parent's: look for them beyond
+        // their ids' home.
         if !super::view::lives_beyond_home(run_id) {
             return Ok(home);
         }

@@ -398,7 +398,8 @@ impl ClusterView {
 
     /// The shard holding run `run_id`: its home shard when the run is
     /// there, else, for an id of a group member's form (64 lowercase hex
-    /// digits), the first other shard holding it (searched
+    /// digits), a schedule tick's or a child run's (`{parent}--{key}`, held
+    /// in its parent's shard), the first other shard holding it (searched
     /// `concurrency` shards at a time). `None` when no shard holds it.
     ///
     /// # Errors
@@ -678,9 +679,12 @@ fn read_error(shard: u32) -> impl FnOnce(Error) -> ClusterViewError {
 
 /// Whether a run under `run_id` may live in another shard than its id's
 /// home: a group member's run lives in its group's shard, a schedule
-/// tick's run in its schedule's.
+/// tick's run in its schedule's, a child run (id `{parent}--{key}`) in its
+/// parent's.
 pub(crate) fn lives_beyond_home(run_id: &RunId) -> bool {
-    is_member_run_id(run_id) || crate::schedule::fire::is_tick_run_id(run_id.as_str())
+    is_member_run_id(run_id)
+        || crate::schedule::fire::is_tick_run_id(run_id.as_str())
+        || run_id.contains(crate::children::CHILD_ID_SEPARATOR)
 }
 
 /// Whether `run_id` has the form of a group member's run id: the hex
@@ -1322,5 +1326,8 @@ mod tests {
         let member = crate::coordination::members::member_run_id(&id("g"), "k");
         assert!(is_member_run_id(&member), "{member}");
         assert!(!is_member_run_id(&id("order-7")));
+        assert!(lives_beyond_home(&member));
+        assert!(lives_beyond_home(&id("order-7--pay")));
+        assert!(!lives_beyond_home(&id("order-7")));
     }
 }

@@ -54,6 +54,8 @@ impl RuntimeCore {
         else {
             return Ok(None);
         };
+        // Its active children end first (child workflows).
+        self.cancel_children(run_id).await?;
         let ends_cancelled = self.reach_current_step(run_id, &record).await?;
         Ok(Some(recorded_here && ends_cancelled))
     }

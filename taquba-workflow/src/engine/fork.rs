@@ -105,6 +105,7 @@ impl RuntimeCore {
                 forked_from: Some(link.clone()),
                 version: version.clone(),
                 patches: patches.clone(),
+                parent: None,
             };
             let mut effects =
                 Self::step_effects(&new_id, from_step, step, SettlementEffects::default())

@@ -723,6 +723,7 @@ mod tests {
                 forked_from: None,
                 version: None,
                 patches: Vec::new(),
+                parent: None,
             }),
             key: None,
             version: None,

@@ -10,7 +10,7 @@
 //!   ([`attempt`]);
 //! - coordination: signals ([`signal`], by run id in [`signal_run`], from
 //!   the inbox in [`signal_command`]), group submission ([`group_submit`])
-//!   and removal ([`group_forget`]);
+//!   and removal ([`group_forget`]), child workflows ([`children`]);
 //! - upkeep: retention sweeps and dead-letter reconciliation ([`sweep`]),
 //!   the runtime and worker records tools read ([`operator`]), applying
 //!   inbox commands ([`inbox_apply`]);
@@ -22,6 +22,7 @@
 
 pub(crate) mod attempt;
 pub(crate) mod cancel;
+pub(crate) mod children;
 pub(crate) mod fork;
 pub(crate) mod group_forget;
 pub(crate) mod group_submit;
@@ -397,6 +398,7 @@ impl RuntimeCore {
             forked_from: run.forked_from.clone(),
             version: run.version.clone(),
             patches: run.patches.clone(),
+            parent: run.parent.clone(),
         }
     }
 
@@ -444,6 +446,7 @@ impl RuntimeCore {
             .kv_delete(run_kv_key(run_id))
             .kv_delete(step_kv_key(run_id))
             .kv_put(outcome_kv_key(run_id), durable::encode(&termination));
+        effects = children::child_end_effects(effects, outcome, &termination);
         if let Some(membership) = membership {
             effects = effects.kv_put(
                 membership.kv_key(),

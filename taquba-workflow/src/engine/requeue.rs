@@ -104,6 +104,7 @@ impl RuntimeCore {
             forked_from: termination.forked_from.clone(),
             version: termination.version.clone(),
             patches: termination.patches.clone(),
+            parent: termination.parent.clone(),
         };
         // The history continues: the terminal record's pending entries go
         // back on the pointer, after a `Requeued` marker.
@@ -136,6 +137,9 @@ impl RuntimeCore {
                     crate::coordination::members::new_counter_value(),
                 );
         }
+        // A requeued child is active again (child workflows).
+        effects =
+            crate::engine::children::child_resumed_effects(effects, run_id, run.parent.as_ref());
         merge_effects(&mut effects, chunk);
         if self.ops.history_limit > 0 {
             set_pointer_history(&mut effects, run_id, history);

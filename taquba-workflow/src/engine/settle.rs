@@ -13,6 +13,7 @@ use taquba::{Claim, JobRecord, LeaseHandle, SettlementEffects};
 use tokio::sync::{OwnedMutexGuard, OwnedSemaphorePermit};
 use tracing::{debug, warn};
 
+use crate::coordination::children::ChildrenHandle;
 use crate::coordination::members::Membership;
 use crate::engine::inner::RuntimeInner;
 use crate::engine::{RuntimeCore, StepEnqueueOpts};
@@ -468,6 +469,14 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
                 Ok(resolved) => resolved,
                 Err(err) => return Settlement::infrastructure(err),
             };
+        // A wait on a child: the child's end, also when no wake reached it.
+        let signal = match core.child_wait_signal(job, signal).await {
+            Ok((signal, deletes)) => {
+                signal_deletes.extend(deletes);
+                signal
+            }
+            Err(err) => return Settlement::infrastructure(err),
+        };
         if let Some(signal) = &signal {
             let _ = claimed.signal.set(signal.clone());
         }
@@ -503,6 +512,7 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
                 run_memo: core.memo_store.new_run_memo(run_id),
                 effects: effects_handle.clone(),
                 kv: KvReadHandle::for_queue(core.queue.clone()),
+                children: ChildrenHandle::for_run(run_id.clone()),
                 code: crate::versioning::RunCode::recorded(
                     record.workflow.as_deref(),
                     record.version.as_deref(),
@@ -572,13 +582,17 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
         // Sealed as soon as the runner returned: an effect staged later
         // through a kept handle could not join the settlement.
         let staged = effects_handle.seal_and_take();
+        let children = step.delivery.children.seal_and_take();
         let was_replayed = replayed_effects.is_some();
         let staged = replayed_effects.unwrap_or(staged);
         let external_cancel = guard.decide() || claim_cancel.is_cancelled();
 
+        // A step that started children is not replayed: its redelivery
+        // runs it again, so it stages them again.
         if core.step_output_replay
             && !was_replayed
             && !external_cancel
+            && children.is_empty()
             && let Ok(outcome) = &outcome
             && let Err(err) = core
                 .within_lease(claimed, "write the step's replay record", || {
@@ -623,6 +637,13 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
         // The external-cancel override discards the effects staged for the
         // outcome it replaces; a runner-issued Cancel keeps them.
         let keep_staged = runner_cancelled || !external_cancel;
+        let child_effects = match (&settlement.kind, keep_staged && !children.is_empty()) {
+            (SettleKind::Ack(_), true) => match core.child_start_effects(run_id, children).await {
+                Ok(effects) => Some(effects),
+                Err(err) => return Settlement::infrastructure(err),
+            },
+            _ => None,
+        };
         match &mut settlement.kind {
             SettleKind::Ack(effects) => {
                 // A step that waits again on the key it was woken by writes
@@ -634,6 +655,9 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
                 effects.kv_deletes.extend(kept);
                 if keep_staged {
                     merge_staged(effects, staged);
+                }
+                if let Some(child_effects) = child_effects {
+                    crate::run::compose::merge_effects(effects, child_effects);
                 }
             }
             SettleKind::Fail { effects, .. } => effects.kv_deletes.extend(signal_deletes),

@@ -289,6 +289,7 @@ impl RuntimeCore {
             forked_from: None,
             version: code.version.clone(),
             patches: code.patches.iter().cloned().collect(),
+            parent: None,
         };
         #[allow(unused_mut)]
         let mut reserved_headers = membership

@@ -47,6 +47,7 @@ impl RuntimeCore {
         }
         self.maintain_operator_surface().await;
         self.fire_schedules().await;
+        self.maintain_children().await;
         if let Err(err) = self.sweep_once().await {
             self.note_error(&err);
             warn!(queue = %self.queue_name, "retention sweep failed: {err}");

@@ -119,6 +119,10 @@ pub(crate) struct DurableRunRecord {
     /// (`WorkflowRuntime::fork`); absent for a run submitted otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) forked_from: Option<DurableForkLink>,
+    /// The run whose step started this run as its child (child workflows);
+    /// absent for a run submitted otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) parent: Option<RunId>,
 }
 
 /// The link of a forked run to the run and step it was forked from, kept
@@ -266,6 +270,9 @@ pub(crate) struct DurableTermination {
     /// The run record's `patches`, kept (empty in records written before).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) patches: Vec<String>,
+    /// The run record's `parent`, kept (absent for a run that is no child).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) parent: Option<RunId>,
 }
 
 impl DurableTermination {
@@ -292,6 +299,7 @@ impl DurableTermination {
             forked_from,
             version,
             patches,
+            parent,
         } = self;
         *status == other.status
             && *error == other.error
@@ -309,6 +317,7 @@ impl DurableTermination {
             && *forked_from == other.forked_from
             && *version == other.version
             && *patches == other.patches
+            && *parent == other.parent
     }
 }
 
@@ -513,6 +522,7 @@ mod tests {
             }),
             version: Some("1.2.0".into()),
             patches: vec!["skip-slack-post".into()],
+            parent: None,
         };
         let back: DurableRunRecord = decode(&encode(&record)).unwrap();
         assert_eq!(back, record);
@@ -536,6 +546,7 @@ mod tests {
             version: None,
             patches: Vec::new(),
             forked_from: None,
+            parent: None,
         };
         let versioned = DurableRunRecord {
             version: Some("2.0.0".into()),

@@ -387,6 +387,45 @@ pub(crate) fn group_submissions_kv_key(group_id: &RunId) -> Vec<u8> {
     kv_key(&["group-submissions", group_id])
 }
 
+/// The link of the child run `child` to its parent `parent` (child
+/// workflows): written with the child's submission, in the settlement of
+/// the parent's step that started it. The run ids cannot contain `/`, so
+/// the parent's prefix is unambiguous.
+pub(crate) fn child_link_kv_key(parent: &RunId, child: &RunId) -> Vec<u8> {
+    kv_key(&["children", parent, child])
+}
+
+/// The prefix of the child links of `parent`.
+pub(crate) fn child_links_kv_prefix(parent: &RunId) -> Vec<u8> {
+    kv_key(&["children", parent, ""])
+}
+
+/// The end of the child run `child` as its parent reads it, written by the
+/// child's terminating settlement.
+pub(crate) fn child_end_kv_key(child: &RunId) -> Vec<u8> {
+    kv_key(&["child-ends", child])
+}
+
+/// The marker of a child end whose parent is still to be woken, written
+/// with the end and removed once the wake signal was sent.
+pub(crate) fn child_wake_kv_key(child: &RunId) -> Vec<u8> {
+    kv_key(&["child-wakes", child])
+}
+
+/// The prefix of [`child_wake_kv_key`].
+pub(crate) const CHILD_WAKES_PREFIX: &str = "workflow/child-wakes/";
+
+/// The marker of an active child run (its value the parent's id), written
+/// with the child's submission and removed by its termination: what the
+/// maintenance round looks at to cancel the children of a cancelled or
+/// terminated parent.
+pub(crate) fn child_active_kv_key(child: &RunId) -> Vec<u8> {
+    kv_key(&["child-active", child])
+}
+
+/// The prefix of [`child_active_kv_key`].
+pub(crate) const CHILD_ACTIVE_PREFIX: &str = "workflow/child-active/";
+
 /// The submitter's headers of a step job: every header outside the reserved
 /// prefix.
 pub(crate) fn user_headers(

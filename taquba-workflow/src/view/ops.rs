@@ -460,6 +460,8 @@ impl WorkflowView {
             forked_from: record.forked_from.map(Into::into),
             version: record.version,
             patches: record.patches,
+            parent: record.parent,
+            children: crate::engine::children::list_children(&self.queue, run_id).await?,
         })
     }
 
@@ -499,6 +501,8 @@ impl WorkflowView {
             forked_from: termination.forked_from.map(Into::into),
             version: termination.version,
             patches: termination.patches,
+            parent: termination.parent,
+            children: crate::engine::children::list_children(&self.queue, run_id).await?,
             state: RunState::Terminated(public),
         })
     }

@@ -254,6 +254,13 @@ pub struct RunDetails {
     /// [`Delivery::patched`](crate::Delivery::patched) answers `true` for
     /// (empty for a run recorded before patches were kept).
     pub patches: Vec<String>,
+    /// The run whose step started this run as its child
+    /// ([`children`](crate::children)); `None` for a run submitted
+    /// otherwise.
+    pub parent: Option<RunId>,
+    /// The child runs this run's steps started, in id order (at most
+    /// 1000), active and ended alike.
+    pub children: Vec<RunId>,
 }
 
 /// One page of a group listing, from

@@ -100,6 +100,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+mod children;
 pub(crate) mod envelope;
 pub(crate) mod registry;
 
@@ -109,6 +110,7 @@ use crate::{
     SignalOutcome, Step, StepError, StepErrorKind, StepOutcome, StepRunner, TerminalHook,
     TerminalStatus, Trigger, WorkflowRuntime,
 };
+pub use children::ChildRun;
 use envelope::{EnvelopeHead, EnvelopeIn, EnvelopeOut};
 use registry::ErasedWorkflow;
 

@@ -185,6 +185,19 @@ fn status_card(app: &App, json: &DescribeJson, times: &Times) -> Markup {
                     @if link.step == 0 { " (restarted from step 0)" } @else { ", step " (link.step) }
                 }
             }
+            @if let Some(parent) = &json.parent {
+                dt { "Parent" }
+                dd #run-parent { a href={ "/runs/" (parent) } { (parent) } }
+            }
+            @if !json.children.is_empty() {
+                dt { "Children" }
+                dd #run-children {
+                    @for (i, child) in json.children.iter().enumerate() {
+                        @if i > 0 { ", " }
+                        a href={ "/runs/" (child) } { (child) }
+                    }
+                }
+            }
             @if json.cancel_requested {
                 dt { "Cancel requested" }
                 dd { @match &json.cancel_reason { Some(reason) => (reason), None => "yes" } }
