@@ -3,11 +3,13 @@
 //! `taquba::QueueReader`, from any other.
 
 mod input;
+pub(crate) mod keys;
 mod ops;
 mod step_input;
 pub(crate) mod types;
 
 pub(crate) use self::ops::{DurableRuntimeInfo, DurableWorkerRecord};
+pub use self::keys::{ConcurrencyKey, ConcurrencyKeyDetails, KeyHolder, KeyWaiter, RunConcurrency};
 pub use self::types::{
     DEFAULT_PAGE_LIMIT, GroupPage, MAX_PAGE_LIMIT, RunDetails, RunFilter, RunPage, RunSummary,
     RuntimeInfo, SignalWait, StatusFilter,

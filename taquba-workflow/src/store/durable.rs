@@ -119,6 +119,10 @@ pub(crate) struct DurableRunRecord {
     /// (`WorkflowRuntime::fork`); absent for a run submitted otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) forked_from: Option<DurableForkLink>,
+    /// The run's concurrency key, limit and waiter number
+    /// (`RunOptions::concurrency_key`); absent for a run without a key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) concurrency: Option<crate::coordination::keys::DurableConcurrency>,
 }
 
 /// The link of a forked run to the run and step it was forked from, kept
@@ -266,6 +270,10 @@ pub(crate) struct DurableTermination {
     /// The run record's `patches`, kept (empty in records written before).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) patches: Vec<String>,
+    /// The run record's `concurrency`, kept: the termination deletes the
+    /// slot and waiter records it names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) concurrency: Option<crate::coordination::keys::DurableConcurrency>,
 }
 
 impl DurableTermination {
@@ -292,6 +300,7 @@ impl DurableTermination {
             forked_from,
             version,
             patches,
+            concurrency,
         } = self;
         *status == other.status
             && *error == other.error
@@ -309,6 +318,7 @@ impl DurableTermination {
             && *forked_from == other.forked_from
             && *version == other.version
             && *patches == other.patches
+            && *concurrency == other.concurrency
     }
 }
 
@@ -513,6 +523,11 @@ mod tests {
             }),
             version: Some("1.2.0".into()),
             patches: vec!["skip-slack-post".into()],
+            concurrency: Some(crate::coordination::keys::DurableConcurrency {
+                key: "customer-1".into(),
+                limit: 2,
+                seq: "01J".into(),
+            }),
         };
         let back: DurableRunRecord = decode(&encode(&record)).unwrap();
         assert_eq!(back, record);
@@ -536,6 +551,7 @@ mod tests {
             version: None,
             patches: Vec::new(),
             forked_from: None,
+            concurrency: None,
         };
         let versioned = DurableRunRecord {
             version: Some("2.0.0".into()),

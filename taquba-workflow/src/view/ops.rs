@@ -460,6 +460,9 @@ impl WorkflowView {
             forked_from: record.forked_from.map(Into::into),
             version: record.version,
             patches: record.patches,
+            concurrency: record.concurrency.map(|c| {
+                crate::view::keys::run_concurrency(c, job.queue.as_str())
+            }),
         })
     }
 
@@ -499,6 +502,9 @@ impl WorkflowView {
             forked_from: termination.forked_from.map(Into::into),
             version: termination.version,
             patches: termination.patches,
+            concurrency: termination
+                .concurrency
+                .map(|c| crate::view::keys::run_concurrency(c, "")),
             state: RunState::Terminated(public),
         })
     }

@@ -254,6 +254,11 @@ pub struct RunDetails {
     /// [`Delivery::patched`](crate::Delivery::patched) answers `true` for
     /// (empty for a run recorded before patches were kept).
     pub patches: Vec<String>,
+    /// The run's concurrency key
+    /// ([`RunOptions::concurrency_key`](crate::RunOptions::concurrency_key)),
+    /// its limit, and whether the run waits for a slot; `None` for a run
+    /// without a key.
+    pub concurrency: Option<crate::view::RunConcurrency>,
 }
 
 /// One page of a group listing, from
