@@ -155,7 +155,6 @@ async fn a_limit_above_one_is_reached_and_never_passed() {
         .max_concurrent_steps(16)
         .poll_interval(Duration::from_millis(5))
         .build();
-    let worker = runtime.spawn(std::future::pending::<()>());
     let submissions = (0..60).map(|i| {
         let runtime = runtime.clone();
         async move {
@@ -166,6 +165,11 @@ async fn a_limit_above_one_is_reached_and_never_passed() {
         }
     });
     futures_util::future::join_all(submissions).await;
+    // Three admitted at once, the rest waiting in submission order.
+    let details = runtime.view().concurrency_key("tenant").await.unwrap();
+    assert_eq!((details.holders.len(), details.waiting.len()), (3, 57));
+    assert!(details.waiting.iter().all(|w| w.limit == 3));
+    let worker = runtime.spawn(std::future::pending::<()>());
     for i in 0..60 {
         let end = within(120, runtime.wait(&rid(&format!("t{i:02}"))))
             .await
@@ -402,12 +406,13 @@ async fn a_crash_at_each_await_of_keyed_runs_never_leaks_or_double_counts_a_slot
         // A submission and a cancellation dropped midway, the worker
         // running, then the process killed.
         let runtime = env.runtime().unwrap();
+        let cancelled = rid(&ids[1]);
         let late = taquba_workflow_suite::testing::poll_then_drop(
             runtime.submit(keyed(&ids[3], "k", None)),
             polls,
         );
         let cancel = taquba_workflow_suite::testing::poll_then_drop(
-            runtime.cancel(&rid(&ids[1])),
+            runtime.cancel(&cancelled),
             polls / 2 + 1,
         );
         let running =
