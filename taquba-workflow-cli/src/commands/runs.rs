@@ -191,6 +191,9 @@ fn describe_card(json: &DescribeJson, times: &Times) -> Card {
     if let Some(link) = &json.forked_from {
         card.field("Forked from", link.text());
     }
+    if let Some(concurrency) = &json.concurrency {
+        card.field("Concurrency key", concurrency.text());
+    }
     if let Some(group) = &json.group {
         let key = json
             .group_key

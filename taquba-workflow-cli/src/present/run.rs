@@ -221,6 +221,10 @@ pub struct DescribeJson {
     /// `runs restart`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub forked_from: Option<ForkedFromJson>,
+    /// Its concurrency key, limit and whether it waits for a slot (absent
+    /// for a run without a key).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<ConcurrencyJson>,
     /// How it terminated.
     pub termination: Option<TerminationJson>,
     /// Its committed outcome.
@@ -265,6 +269,11 @@ impl DescribeJson {
                 run_id: link.run_id.to_string(),
                 step: link.step,
             }),
+            concurrency: run.concurrency.as_ref().map(|c| ConcurrencyJson {
+                key: c.key.clone(),
+                limit: c.limit,
+                waiting: c.waiting,
+            }),
             termination,
             outcome,
             version: run.version.clone(),
@@ -306,4 +315,27 @@ pub struct ResultJson {
     /// Its committed outcome (`None` for a run terminated without a worker:
     /// a cancelled waiting step, a dead letter outside the worker).
     pub outcome: Option<OutcomeJson>,
+}
+
+/// A run's concurrency key, as printed.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConcurrencyJson {
+    /// The key.
+    pub key: String,
+    /// The run's limit for it.
+    pub limit: u32,
+    /// Whether the run waits for a slot.
+    pub waiting: bool,
+}
+
+impl ConcurrencyJson {
+    /// `customer:acme (limit 1, waiting for a slot)`.
+    pub fn text(&self) -> String {
+        let state = if self.waiting {
+            ", waiting for a slot"
+        } else {
+            ""
+        };
+        format!("{} (limit {}{state})", self.key, self.limit)
+    }
 }
