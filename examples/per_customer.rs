@@ -42,7 +42,12 @@ impl Running {
     fn most_at_once(&self) -> HashMap<String, u32> {
         self.0
             .lock()
-            .map(|running| running.iter().map(|(c, (_, max))| (c.clone(), *max)).collect())
+            .map(|running| {
+                running
+                    .iter()
+                    .map(|(c, (_, max))| (c.clone(), *max))
+                    .collect()
+            })
             .unwrap_or_default()
     }
 }
@@ -82,7 +87,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         handles.push(runner.submit(job).await?);
     }
     for key in runner.view().concurrency_keys().await? {
-        println!("{}: {} active, {} waiting", key.key, key.active, key.waiting);
+        println!(
+            "{}: {} active, {} waiting",
+            key.key, key.active, key.waiting
+        );
     }
     for handle in handles {
         handle.await?;

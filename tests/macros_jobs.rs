@@ -255,9 +255,7 @@ async fn a_job_with_a_concurrency_key_runs_one_per_key_at_a_time() {
     };
     assert_eq!(sync.concurrency_key().as_deref(), Some("customer:acme"));
     assert_eq!(sync.concurrency_limit(), 1);
-    let api = CallApi {
-        tenant: "t".into(),
-    };
+    let api = CallApi { tenant: "t".into() };
     assert_eq!(
         (api.concurrency_key().as_deref(), api.concurrency_limit()),
         (Some("tenant:t"), 2)
@@ -283,6 +281,13 @@ async fn a_job_with_a_concurrency_key_runs_one_per_key_at_a_time() {
     for (customer, now, max) in syncs {
         assert_eq!((now, max), (0, 1), "{customer}");
     }
-    assert!(runner.view().concurrency_keys().await.expect("keys").is_empty());
+    assert!(
+        runner
+            .view()
+            .concurrency_keys()
+            .await
+            .expect("keys")
+            .is_empty()
+    );
     worker.shutdown().await.expect("worker stops");
 }

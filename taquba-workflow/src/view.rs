@@ -8,8 +8,8 @@ mod ops;
 mod step_input;
 pub(crate) mod types;
 
-pub(crate) use self::ops::{DurableRuntimeInfo, DurableWorkerRecord};
 pub use self::keys::{ConcurrencyKey, ConcurrencyKeyDetails, KeyHolder, KeyWaiter, RunConcurrency};
+pub(crate) use self::ops::{DurableRuntimeInfo, DurableWorkerRecord};
 pub use self::types::{
     DEFAULT_PAGE_LIMIT, GroupPage, MAX_PAGE_LIMIT, RunDetails, RunFilter, RunPage, RunSummary,
     RuntimeInfo, SignalWait, StatusFilter,

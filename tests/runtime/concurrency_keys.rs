@@ -85,9 +85,7 @@ impl StepRunner for TwoSteps {
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
         self.seen.leave(&key, run);
-        Ok(StepOutcome::Succeed {
-            result: Vec::new(),
-        })
+        Ok(StepOutcome::Succeed { result: Vec::new() })
     }
 }
 
@@ -280,9 +278,7 @@ async fn cancelling_a_running_holder_admits_the_next_run() {
                 if step.delivery.run_id.as_str() == "slow" {
                     gate.wait().await;
                 }
-                Ok(StepOutcome::Succeed {
-                    result: Vec::new(),
-                })
+                Ok(StepOutcome::Succeed { result: Vec::new() })
             }
         })
     };
@@ -343,11 +339,7 @@ async fn bad_keys_and_limits_are_refused_naming_the_value() {
     assert!(refused(key("")).await.contains("empty"));
     assert!(refused(key("a/b")).await.contains("\"a/b\""));
     assert!(refused(key("a\tb")).await.contains("control"));
-    assert!(
-        refused(key(&"x".repeat(300)))
-            .await
-            .contains("300 bytes")
-    );
+    assert!(refused(key(&"x".repeat(300))).await.contains("300 bytes"));
     let zero = RunOptions {
         concurrency_limit: Some(0),
         ..key("k")
@@ -415,8 +407,10 @@ async fn a_crash_at_each_await_of_keyed_runs_never_leaks_or_double_counts_a_slot
             runtime.cancel(&cancelled),
             polls / 2 + 1,
         );
-        let running =
-            taquba_workflow_suite::testing::poll_then_drop(env.advance(Duration::from_millis(7)), polls);
+        let running = taquba_workflow_suite::testing::poll_then_drop(
+            env.advance(Duration::from_millis(7)),
+            polls,
+        );
         tokio::join!(late, cancel, running);
         drop(runtime);
         env.crash().await.unwrap();
@@ -431,10 +425,7 @@ async fn a_crash_at_each_await_of_keyed_runs_never_leaks_or_double_counts_a_slot
         consistent(&view, "k", &ids, 1).await;
         env.run_to_completion().await.unwrap();
         consistent(&view, "k", &ids, 1).await;
-        assert!(
-            view.concurrency_keys().await.unwrap().is_empty(),
-            "{polls}"
-        );
+        assert!(view.concurrency_keys().await.unwrap().is_empty(), "{polls}");
         for id in &ids {
             let end = view.outcome(&rid(id)).await.unwrap();
             let status = view.status(&rid(id)).await.unwrap().unwrap().state;

@@ -37,7 +37,11 @@ async fn keys_until(
     check: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
     for _ in 0..300 {
-        let value = json(&run(cli(dir, &["keys", "list", "-o", "json"])).await.success());
+        let value = json(
+            &run(cli(dir, &["keys", "list", "-o", "json"]))
+                .await
+                .success(),
+        );
         if check(&value) {
             return value;
         }
@@ -51,7 +55,8 @@ async fn keys_are_listed_and_described_with_their_waiting_runs() {
     let dir = tempfile::tempdir().expect("a temp dir");
     let owner = owner_with_keyed_runs(dir.path()).await;
     let listed = keys_until(dir.path(), |v| {
-        v.as_array().is_some_and(|a| a.len() == 1 && a[0]["waiting"] == 2)
+        v.as_array()
+            .is_some_and(|a| a.len() == 1 && a[0]["waiting"] == 2)
     })
     .await;
     assert_eq!(listed[0]["key"], "customer:acme");
@@ -69,13 +74,22 @@ async fn keys_are_listed_and_described_with_their_waiting_runs() {
         card.find("k2").expect("k2"),
         card.find("k3").expect("k3"),
     );
-    assert!(k1 < k2 && k2 < k3, "holder, then the waiters in order: {card}");
-    let described = stdout(&run(cli(dir.path(), &["runs", "describe", "k2"])).await.success());
+    assert!(
+        k1 < k2 && k2 < k3,
+        "holder, then the waiters in order: {card}"
+    );
+    let described = stdout(
+        &run(cli(dir.path(), &["runs", "describe", "k2"]))
+            .await
+            .success(),
+    );
     assert!(
         described.contains("customer:acme (limit 1, waiting for a slot)"),
         "{described}"
     );
-    let refused = run(cli(dir.path(), &["keys", "describe", "a/b"])).await.failure();
+    let refused = run(cli(dir.path(), &["keys", "describe", "a/b"]))
+        .await
+        .failure();
     let message = crate::common::stderr(&refused);
     assert!(message.contains("\"a/b\""), "{message}");
 
@@ -85,7 +99,11 @@ async fn keys_are_listed_and_described_with_their_waiting_runs() {
         use crate::web::Dashboard;
         let ui = Dashboard::start(dir.path(), &["--read-only"]).await;
         let page = page_with(&ui, "/keys", "customer:acme").await;
-        page.has(&["href=\"/runs/k1\"", "href=\"/runs/k2\"", "href=\"/runs/k3\""]);
+        page.has(&[
+            "href=\"/runs/k1\"",
+            "href=\"/runs/k2\"",
+            "href=\"/runs/k3\"",
+        ]);
         page_with(&ui, "/runs/k3", "limit 1, waiting for a slot").await;
         ui.stop().await;
     }

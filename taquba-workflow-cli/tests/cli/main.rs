@@ -17,9 +17,9 @@
 
 mod cluster;
 mod common;
-mod keys;
 #[cfg(all(feature = "ui", unix))]
 mod hostile;
+mod keys;
 #[cfg(feature = "ui")]
 mod login;
 mod privilege;

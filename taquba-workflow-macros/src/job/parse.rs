@@ -65,8 +65,7 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> JobOptions {
             "idempotent" if arg.flag(errors) => options.idempotent = Some(arg.key.clone()),
             "max_attempts" => options.max_attempts = arg.positive_u32("max_attempts = 5", errors),
             "concurrency_key" => {
-                options.concurrency_key =
-                    arg.lit_str("concurrency_key = \"{customer}\"", errors)
+                options.concurrency_key = arg.lit_str("concurrency_key = \"{customer}\"", errors)
             }
             "limit" => options.limit = arg.positive_u32("limit = 1", errors),
             "classify" => options.classify = classify(arg, errors),

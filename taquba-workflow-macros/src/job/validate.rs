@@ -246,7 +246,9 @@ fn check_fields(
             );
             ok = false;
         } else if let Piece::Field { name, .. } = piece
-            && params.iter().any(|p| p.name() == *name && !p.cfgs.is_empty())
+            && params
+                .iter()
+                .any(|p| p.name() == *name && !p.cfgs.is_empty())
         {
             errors.spanned(
                 lit,

@@ -379,7 +379,10 @@ pub(crate) async fn pump_keys_until(core: Arc<RuntimeCore>, stop: CancellationTo
         for key in core.keys.take_freed() {
             if let Err(err) = core.admit_waiters(&key).await {
                 core.note_error(&err);
-                warn!(key, "admitting the waiters of a concurrency key failed: {err}");
+                warn!(
+                    key,
+                    "admitting the waiters of a concurrency key failed: {err}"
+                );
             }
         }
         tokio::select! {

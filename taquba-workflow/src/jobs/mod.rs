@@ -644,9 +644,7 @@ impl JobRunner {
             && let Some(key) = job.concurrency_key()
         {
             options.concurrency_key = Some(key);
-            options.concurrency_limit = options
-                .concurrency_limit
-                .or(Some(job.concurrency_limit()));
+            options.concurrency_limit = options.concurrency_limit.or(Some(job.concurrency_limit()));
         }
         let key = job.idempotency_key();
         let run_id = key.as_ref().map(|key| RunId::digest(&[key.as_bytes()]));

@@ -460,9 +460,9 @@ impl WorkflowView {
             forked_from: record.forked_from.map(Into::into),
             version: record.version,
             patches: record.patches,
-            concurrency: record.concurrency.map(|c| {
-                crate::view::keys::run_concurrency(c, job.queue.as_str())
-            }),
+            concurrency: record
+                .concurrency
+                .map(|c| crate::view::keys::run_concurrency(c, job.queue.as_str())),
         })
     }
 
