@@ -436,3 +436,83 @@ async fn a_crash_at_each_await_of_keyed_runs_never_leaks_or_double_counts_a_slot
         }
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_crash_between_a_termination_and_its_admission_only_delays_the_admission() {
+    let runner = TwoSteps {
+        delay: Some(Duration::from_secs(60)),
+        ..Default::default()
+    };
+    let env = TestRuntime::new(runner.clone()).await.unwrap();
+    env.submit(keyed("a", "k", None)).await.unwrap();
+    env.submit(keyed("b", "k", None)).await.unwrap();
+    env.run_until_idle().await.unwrap();
+    // No worker runs between the kit's calls, so nothing admits `b` after
+    // `a`'s termination commits: the slot is free, `b` still waits.
+    let runtime = env.runtime().unwrap();
+    assert!(runtime.cancel(&rid("a")).await.unwrap());
+    let view = runtime.view().clone();
+    assert_eq!(listed(&view, "k").await, (vec![], vec![rid("b")]));
+    drop(runtime);
+    env.crash().await.unwrap();
+    let view = env.runtime().unwrap().view().clone();
+    assert_eq!(listed(&view, "k").await, (vec![], vec![rid("b")]));
+    // The restarted worker's maintenance admits it, once.
+    env.run_until_idle().await.unwrap();
+    assert_eq!(listed(&view, "k").await, (vec![rid("b")], vec![]));
+    assert_eq!(runner.seen.started("k"), vec![rid("a"), rid("b")]);
+    env.run_to_completion().await.unwrap();
+    assert!(view.concurrency_keys().await.unwrap().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_requeued_keyed_run_takes_a_slot_again_or_is_refused() {
+    let healed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let runner = {
+        let healed = healed.clone();
+        FnRunner(move |step: Step| {
+            let healed = healed.clone();
+            async move {
+                if step.delivery.run_id.as_str() == "b" {
+                    return Ok(StepOutcome::continue_after(
+                        Vec::new(),
+                        Duration::from_secs(3600),
+                    ));
+                }
+                if !healed.load(std::sync::atomic::Ordering::SeqCst) {
+                    return Err(StepError::permanent("broken"));
+                }
+                Ok(StepOutcome::Succeed {
+                    result: Vec::new(),
+                })
+            }
+        })
+    };
+    let (queue, store, _clock) = memory_queue().await;
+    let runtime = WorkflowRuntime::builder(queue.clone(), store, runner, NoopTerminalHook)
+        .poll_interval(Duration::from_millis(5))
+        .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    runtime.submit(keyed("a", "k", None)).await.unwrap();
+    let end = within(30, runtime.wait(&rid("a"))).await.unwrap();
+    assert_eq!(end.termination.status, TerminalStatus::Failed);
+    // The dead letter released the slot: `b` takes it and holds it.
+    runtime.submit(keyed("b", "k", None)).await.unwrap();
+    until_step("b to wait on its timer", &runtime, "b", 1).await;
+    healed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let refused = runtime.requeue(&rid("a")).await;
+    assert!(
+        matches!(&refused, Err(Error::CommandRefused(m)) if m.contains("`k`") && m.contains("limit")),
+        "{refused:?}"
+    );
+    assert!(runtime.cancel(&rid("b")).await.unwrap());
+    within(30, runtime.wait(&rid("b"))).await.unwrap();
+    runtime.requeue(&rid("a")).await.unwrap();
+    let view = runtime.view().clone();
+    let (holders, _) = listed(&view, "k").await;
+    assert!(holders.is_empty() || holders == vec![rid("a")], "{holders:?}");
+    let end = within(30, runtime.wait(&rid("a"))).await.unwrap();
+    assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+    assert!(view.concurrency_keys().await.unwrap().is_empty());
+    worker.shutdown().await.unwrap();
+}
