@@ -482,9 +482,7 @@ async fn a_requeued_keyed_run_takes_a_slot_again_or_is_refused() {
                 if !healed.load(std::sync::atomic::Ordering::SeqCst) {
                     return Err(StepError::permanent("broken"));
                 }
-                Ok(StepOutcome::Succeed {
-                    result: Vec::new(),
-                })
+                Ok(StepOutcome::Succeed { result: Vec::new() })
             }
         })
     };
@@ -510,9 +508,45 @@ async fn a_requeued_keyed_run_takes_a_slot_again_or_is_refused() {
     runtime.requeue(&rid("a")).await.unwrap();
     let view = runtime.view().clone();
     let (holders, _) = listed(&view, "k").await;
-    assert!(holders.is_empty() || holders == vec![rid("a")], "{holders:?}");
+    assert!(
+        holders.is_empty() || holders == vec![rid("a")],
+        "{holders:?}"
+    );
     let end = within(30, runtime.wait(&rid("a"))).await.unwrap();
     assert_eq!(end.termination.status, TerminalStatus::Succeeded);
     assert!(view.concurrency_keys().await.unwrap().is_empty());
     worker.shutdown().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn runtimes_of_two_queues_share_a_key_and_each_runs_its_own_runs() {
+    let (queue, store, _clock) = memory_queue().await;
+    let (alpha, beta) = (TwoSteps::default(), TwoSteps::default());
+    let build = |name: &str, runner: &TwoSteps| {
+        workflow_builder(&queue, &store, runner)
+            .queue_name(name)
+            .memo_prefix(format!("{name}-memo"))
+            .poll_interval(Duration::from_millis(5))
+            .build()
+    };
+    let (a, b) = (build("alpha", &alpha), build("beta", &beta));
+    a.submit(keyed("a1", "shared", None)).await.unwrap();
+    b.submit(keyed("b1", "shared", None)).await.unwrap();
+    a.submit(keyed("a2", "shared", None)).await.unwrap();
+    let details = a.view().concurrency_key("shared").await.unwrap();
+    assert_eq!((details.holders.len(), details.waiting.len()), (1, 2));
+    let workers = [
+        a.spawn(std::future::pending::<()>()),
+        b.spawn(std::future::pending::<()>()),
+    ];
+    for (runtime, id) in [(&a, "a1"), (&b, "b1"), (&a, "a2")] {
+        let end = within(30, runtime.wait(&rid(id))).await.unwrap();
+        assert_eq!(end.termination.status, TerminalStatus::Succeeded, "{id}");
+    }
+    assert_eq!(alpha.seen.started("shared"), vec![rid("a1"), rid("a2")]);
+    assert_eq!(beta.seen.started("shared"), vec![rid("b1")]);
+    assert_eq!(alpha.seen.max("shared").max(beta.seen.max("shared")), 1);
+    for worker in workers {
+        worker.shutdown().await.unwrap();
+    }
 }

@@ -119,6 +119,10 @@ pub(crate) struct DurableKeyWaiter {
     pub(crate) run_id: RunId,
     /// Its parked step-0 job.
     pub(crate) job_id: String,
+    /// The queue its step 0 is enqueued on when it is admitted (the queue
+    /// of the runtime it was submitted to: runtimes of other queues over
+    /// the same store share the key and may admit it).
+    pub(crate) queue: String,
     /// Its limit: it is admitted while fewer runs than this hold the key.
     pub(crate) limit: u32,
     /// When it was submitted, ms since the UNIX epoch (runtime clock).

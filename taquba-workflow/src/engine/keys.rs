@@ -115,6 +115,7 @@ impl RuntimeCore {
             durable::encode(&DurableKeyWaiter {
                 run_id: run_id.clone(),
                 job_id: job_id.to_string(),
+                queue: self.queue_name.clone(),
                 limit: concurrency.limit,
                 submitted_at_ms: now_ms,
             }),
@@ -251,7 +252,7 @@ impl RuntimeCore {
             .run_at
             .map(|ms| UNIX_EPOCH + Duration::from_millis(ms))
             .filter(|at| *at > UNIX_EPOCH + Duration::from_millis(self.now_ms()));
-        let step = self.prepare_step(
+        let mut step = self.prepare_step(
             &waiter.run_id,
             0,
             job.payload,
@@ -263,6 +264,8 @@ impl RuntimeCore {
                 reserved_headers: Vec::new(),
             },
         );
+        // On the queue of the runtime the run was submitted to.
+        step.request.queue.clone_from(&waiter.queue);
         let effects = Self::step_effects(&waiter.run_id, 0, step, SettlementEffects::default())
             .kv_put(
                 key_held_kv_key(key, &waiter.run_id),
