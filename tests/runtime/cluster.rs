@@ -843,3 +843,98 @@ async fn an_outage_past_its_budget_drops_the_shards_until_the_store_answers() {
     }
     node.shutdown().await.unwrap();
 }
+
+/// A schedule lives in the shard its name routes to: its owner creates it
+/// and fires its ticks there, a client is refused the creation (the inbox
+/// carries no spec) but pauses and resumes it through the inbox, reads it,
+/// and finds a tick's run by its id although the id routes elsewhere.
+#[tokio::test(start_paused = true)]
+async fn a_schedule_lives_and_fires_in_the_shard_its_name_routes_to() {
+    use taquba_workflow::schedule::{ScheduleSpec, tick_run_id};
+
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let runner = Scripted::default();
+    let owner = node(
+        store.clone(),
+        "owner",
+        Ownership::Static(StaticOwnership::ordinal(0, 1).unwrap()),
+        runner.clone(),
+    )
+    .await;
+    let client = node(store.clone(), "client", Ownership::Client, runner.clone()).await;
+
+    // A name whose ticks' ids route to other shards than the schedule's.
+    let name = (0..)
+        .map(|i| format!("nightly-{i}"))
+        .find(|name| {
+            let home = owner.shard_of_schedule(name);
+            (1..=3).all(|k| {
+                let tick = T0 + k * 1_000;
+                owner.shard_of(&tick_run_id(name, tick).unwrap()) != home
+            })
+        })
+        .unwrap();
+    let shard = owner.shard_of_schedule(&name);
+    assert_eq!(shard, client.shard_of_schedule(&name));
+
+    // Every second of virtual time (the cluster's pollers make virtual time
+    // advance slower than a single runtime's).
+    let every = || ScheduleSpec::every(Duration::from_secs(1)).unwrap();
+    match client.schedule(&name, every(), b"ok".to_vec()).await {
+        Err(ClusterError::NotHosted { shard: refused, .. }) => assert_eq!(refused, shard),
+        other => panic!("a client cannot create a schedule: {other:?}"),
+    }
+    assert!(matches!(
+        client.delete_schedule(&name).await,
+        Err(ClusterError::NotHosted { .. })
+    ));
+    let made = owner
+        .schedule(&name, every(), b"ok".to_vec())
+        .await
+        .unwrap();
+    assert_eq!(made.next_fire_ms, Some(T0 + 1_000));
+
+    // The first tick fires in the schedule's shard; every process finds it.
+    let first = tick_run_id(&name, T0 + 1_000).unwrap();
+    let end = client
+        .wait_timeout(&first, Duration::from_secs(600))
+        .await
+        .unwrap()
+        .expect("the first tick's run ends");
+    assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+    let home_view = owner.view(shard).await.unwrap().unwrap();
+    assert!(home_view.status(&first).await.unwrap().is_some());
+    let elsewhere = owner.view(owner.shard_of(&first)).await.unwrap().unwrap();
+    assert!(elsewhere.status(&first).await.unwrap().is_none());
+    assert!(client.status(&first).await.unwrap().is_some());
+
+    // Listed with its shard by any process.
+    let listed = client.schedules().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].0, shard);
+    assert!(listed[0].1.last_run_id.is_some());
+
+    // A client pauses it through the owner's inbox: no tick fires.
+    let Routed::Sent(sent) = client.pause_schedule(&name).await.unwrap() else {
+        panic!("a client sends");
+    };
+    assert!(matches!(
+        client.answer(&sent, Duration::from_secs(30)).await.unwrap(),
+        CommandState::Applied { .. }
+    ));
+    let paused = client.schedule_info(&name).await.unwrap().unwrap();
+    assert!(paused.paused);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after_pause = client.schedule_info(&name).await.unwrap().unwrap();
+    assert_eq!(after_pause.last_run_id, paused.last_run_id);
+
+    // Resumed by the owner directly; the owner deletes it.
+    assert!(matches!(
+        owner.resume_schedule(&name).await.unwrap(),
+        Routed::Applied(info) if !info.paused
+    ));
+    assert!(owner.delete_schedule(&name).await.unwrap());
+    assert!(owner.schedule_info(&name).await.unwrap().is_none());
+    owner.shutdown().await.unwrap();
+    client.shutdown().await.unwrap();
+}

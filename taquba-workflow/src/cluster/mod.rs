@@ -44,6 +44,7 @@ mod record;
 mod remote;
 mod route;
 mod runtime;
+mod schedules;
 mod supervisor;
 mod view;
 

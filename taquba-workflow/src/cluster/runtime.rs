@@ -132,7 +132,7 @@ impl<R, H> std::fmt::Debug for ClusterRuntime<R, H> {
 
 /// A local call that failed because the shard left this process while it
 /// ran (handed over or fenced out): sent through the inbox instead.
-fn shard_left(err: &Error) -> bool {
+pub(super) fn shard_left(err: &Error) -> bool {
     err.is_store_closed() || matches!(err, Error::RuntimeShutdown)
 }
 
@@ -183,7 +183,7 @@ where
         self.inner.hosted.list()
     }
 
-    fn local(&self, shard: u32) -> Option<Arc<LocalShard<R, H>>> {
+    pub(super) fn local(&self, shard: u32) -> Option<Arc<LocalShard<R, H>>> {
         self.inner.hosted.get(shard)
     }
 
@@ -286,7 +286,7 @@ where
         Some((local, id))
     }
 
-    async fn send<T>(
+    pub(super) async fn send<T>(
         &self,
         shard: u32,
         command: Command,
@@ -619,7 +619,9 @@ where
     /// holds it (yet).
     async fn holding(&self, run_id: &RunId) -> Result<u32, ClusterError> {
         let home = self.shard_of(run_id);
-        if !super::view::is_member_run_id(run_id) {
+        // A group member's run lives in its group's shard, a tick's run in
+        // its schedule's: look for them beyond their ids' home.
+        if !super::view::lives_beyond_home(run_id) {
             return Ok(home);
         }
         let found =

@@ -676,6 +676,13 @@ fn read_error(shard: u32) -> impl FnOnce(Error) -> ClusterViewError {
     move |source| ClusterViewError::Read { shard, source }
 }
 
+/// Whether a run under `run_id` may live in another shard than its id's
+/// home: a group member's run lives in its group's shard, a schedule
+/// tick's run in its schedule's.
+pub(crate) fn lives_beyond_home(run_id: &RunId) -> bool {
+    is_member_run_id(run_id) || crate::schedule::fire::is_tick_run_id(run_id.as_str())
+}
+
 /// Whether `run_id` has the form of a group member's run id: the hex
 /// SHA-256 of `{group_id}/{key}`, 64 lowercase hex digits.
 pub(crate) fn is_member_run_id(run_id: &RunId) -> bool {
@@ -806,7 +813,7 @@ pub(crate) async fn locate(
     {
         return Ok(Some(home));
     }
-    if !is_member_run_id(run_id) {
+    if !lives_beyond_home(run_id) {
         return Ok(None);
     }
     let searches = views

@@ -90,9 +90,10 @@ impl RuntimeCore {
             let mut effects =
                 SettlementEffects::default().kv_put(run_key.clone(), durable::encode(&record));
             merge_effects(&mut effects, with_request.clone());
+            let write = self.run_records.begin_write(run_id);
             if self
                 .commits
-                .compare_commit(&run_key, Some(&bytes), effects)
+                .compare_commit_writing(&run_key, Some(&bytes), effects, write)
                 .await?
                 .is_some()
             {
@@ -201,9 +202,10 @@ impl RuntimeCore {
             record.cancel_delivered_to = Some(job_id.to_string());
             let effects =
                 SettlementEffects::default().kv_put(run_key.clone(), durable::encode(&record));
+            let write = self.run_records.begin_write(run_id);
             if self
                 .commits
-                .compare_commit(&run_key, Some(&bytes), effects)
+                .compare_commit_writing(&run_key, Some(&bytes), effects, write)
                 .await?
                 .is_some()
             {

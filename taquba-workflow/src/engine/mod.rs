@@ -140,6 +140,9 @@ pub(crate) struct RuntimeCore {
     command_expiry: ExpiryIndex,
     /// The history entries of committed pointers, by the job they name.
     pub(crate) history_cache: crate::history::cache::HistoryCache,
+    /// Active runs' records for the claim path (shared by every runtime
+    /// over the queue).
+    pub(crate) run_records: crate::run::record_cache::RunRecordCache,
     /// When maintenance lists the inbox.
     inbox_watch: crate::engine::inbox_apply::InboxWatch,
     /// Whether this runtime's descriptor was recorded since it was built.
@@ -233,6 +236,7 @@ impl RuntimeCore {
         );
         let group_locks = GroupLocks::for_queue(&settings.queue);
         let keys = crate::coordination::keys::ConcurrencyKeys::for_queue(&settings.queue);
+        let run_records = crate::run::record_cache::RunRecordCache::for_queue(&settings.queue);
         Self {
             queue: settings.queue,
             queue_name: settings.queue_name,
@@ -250,6 +254,7 @@ impl RuntimeCore {
             ops: settings.ops,
             command_expiry: ExpiryIndex::new(COMMAND_EXPIRY_PREFIX.as_bytes().to_vec()),
             history_cache: Default::default(),
+            run_records,
             inbox_watch: Default::default(),
             descriptor_recorded: std::sync::atomic::AtomicBool::new(false),
             worker_started_at_ms: AtomicU64::new(0),

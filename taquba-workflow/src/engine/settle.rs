@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 
 use futures_util::FutureExt;
 use taquba::{Claim, JobRecord, LeaseHandle, SettlementEffects};
@@ -23,6 +24,7 @@ use crate::model::{RunOutcome, TerminalStatus};
 use crate::model::{StepError, StepErrorKind, StepOutcome, Trigger};
 use crate::run::effects::{EffectsHandle, StagedKv, TerminalEffects};
 use crate::run::inflight::InFlightGuard;
+use crate::run::record_cache::Lookup;
 use crate::runner::{Delivery, Step, StepRunner};
 use crate::store::durable::{self, DurableRunOutcome, DurableRunRecord};
 use crate::store::keys::user_headers;
@@ -420,13 +422,22 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
         let step_number = claimed.step_number;
         let job = claimed.job;
 
-        let record = match core.view.run_record(run_id).await {
-            Ok(Some(record)) => record,
-            Ok(None) => {
-                warn!(run_id = %run_id, step_number, job_id = %job.id, "step job of a run without a run record; dead-lettered");
-                return Settlement::infrastructure(Error::InconsistentRunState(run_id.clone()));
-            }
-            Err(err) => return Settlement::infrastructure(err),
+        // Read after the in-flight registration (see `record_cache`).
+        let record = match core.run_records.lookup(run_id, &job.id) {
+            Lookup::Hit(record) => record,
+            Lookup::Miss(ticket) => match core.view.run_record(run_id).await {
+                Ok(Some(record)) => {
+                    let record = Arc::new(record);
+                    core.run_records
+                        .fill(ticket, run_id, &job.id, record.clone());
+                    record
+                }
+                Ok(None) => {
+                    warn!(run_id = %run_id, step_number, job_id = %job.id, "step job of a run without a run record; dead-lettered");
+                    return Settlement::infrastructure(Error::InconsistentRunState(run_id.clone()));
+                }
+                Err(err) => return Settlement::infrastructure(err),
+            },
         };
         let mut settlement = self
             .process_recorded_step(claimed, &record, lease, claim_cancel, guard, permit)

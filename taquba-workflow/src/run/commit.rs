@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
 use crate::model::RunEnd;
+use crate::run::record_cache::RecordWrite;
 use crate::run::watch::RunWatchers;
 use crate::store::keys::RunId;
 use crate::store::outage::{OutageExceeded, outage_in};
@@ -225,6 +226,28 @@ impl Committer {
             queue
                 .kv_compare_commit(&key, expected.as_deref(), effects)
                 .await
+        })
+        .await
+    }
+
+    /// [`compare_commit`](Self::compare_commit) of effects that change a
+    /// run's record in place: `write` is held by the commit's task until
+    /// the commit has finished, even when the caller's future is dropped
+    /// (see [`record_cache`](crate::run::record_cache)).
+    pub(crate) async fn compare_commit_writing(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        effects: SettlementEffects,
+        write: RecordWrite,
+    ) -> Result<Option<Vec<EnqueueResult>>> {
+        let (key, expected) = (key.to_vec(), expected.map(<[u8]>::to_vec));
+        self.plain(|queue| async move {
+            let committed = queue
+                .kv_compare_commit(&key, expected.as_deref(), effects)
+                .await;
+            drop(write);
+            committed
         })
         .await
     }

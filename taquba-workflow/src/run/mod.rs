@@ -15,5 +15,6 @@ pub(crate) mod context;
 pub(crate) mod effects;
 pub(crate) mod ids;
 pub(crate) mod inflight;
+pub(crate) mod record_cache;
 pub(crate) mod submit_batch;
 pub(crate) mod watch;

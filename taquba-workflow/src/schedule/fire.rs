@@ -34,6 +34,25 @@ pub fn tick_run_id(name: &str, tick_ms: u64) -> Result<RunId> {
     RunId::new(format!("schedule-{name}-{tick_ms}"))
 }
 
+/// Whether `run_id` has the form of a tick's run id
+/// ([`tick_run_id`]): `schedule-{name}-{tick_ms}` with a name a schedule
+/// can have and a tick of decimal digits.
+pub(crate) fn is_tick_run_id(run_id: &str) -> bool {
+    let Some(rest) = run_id.strip_prefix("schedule-") else {
+        return false;
+    };
+    let Some((name, tick)) = rest.rsplit_once('-') else {
+        return false;
+    };
+    !name.is_empty()
+        && name.len() <= crate::schedule::MAX_SCHEDULE_NAME_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        && !tick.is_empty()
+        && tick.bytes().all(|b| b.is_ascii_digit())
+}
+
 impl RuntimeCore {
     /// Fire every due tick of this runtime's schedules. Errors are logged
     /// and left to the next round.
@@ -189,5 +208,31 @@ impl RuntimeCore {
             current = advanced;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::MAX_SCHEDULE_NAME_LEN;
+
+    #[test]
+    fn tick_run_ids_are_told_from_other_ids() {
+        let id = tick_run_id("nightly-report_2", 1_700_000_060_000).expect("valid");
+        assert!(is_tick_run_id(&id));
+        for other in [
+            "schedule-",
+            "schedule-nightly",
+            "schedule--123",
+            "schedule-nightly-",
+            "schedule-nightly-12a",
+            "schedule-night.ly-123",
+            "schedules-nightly-123",
+            "order-7",
+        ] {
+            assert!(!is_tick_run_id(other), "{other}");
+        }
+        let long = format!("schedule-{}-1", "n".repeat(MAX_SCHEDULE_NAME_LEN + 1));
+        assert!(!is_tick_run_id(&long));
     }
 }

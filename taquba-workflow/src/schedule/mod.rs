@@ -30,11 +30,11 @@
 //! [`Command::ResumeSchedule`](crate::inbox::Command::ResumeSchedule)).
 //!
 //! One writer: a store has one process that writes it, and its worker
-//! fires the schedules. A cluster (`cluster`) is many stores, each with its
-//! own schedules; a schedule is fired by the process that owns the store
-//! it was created in (there is no cluster-wide schedule).
+//! fires the schedules. A cluster is many stores: a schedule lives in the
+//! shard its name routes to, whose owner fires it
+//! ([`ClusterRuntime::schedule`](crate::cluster::ClusterRuntime::schedule)).
 
-mod fire;
+pub(crate) mod fire;
 mod manage;
 mod record;
 mod spec;

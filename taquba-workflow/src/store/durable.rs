@@ -71,7 +71,7 @@ pub(crate) async fn kv_record<T: DeserializeOwned>(
 /// The durable record of an active run, under `workflow/runs/{run_id}`:
 /// written with the step-0 enqueue, rewritten by a cancellation request,
 /// deleted by the terminating settlement.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct DurableRunRecord {
     /// SHA-256 of the run's input, for the idempotency check.
     #[serde(with = "serde_bytes")]

@@ -393,8 +393,20 @@ async fn settle(core: &RuntimeCore, queue: &Queue, claim: &Claim, settlement: Se
         }
     };
     drop(signal_lock);
+    if result.is_ok()
+        && let Some((run_id, _)) = &ended
+    {
+        core.run_records.forget(run_id);
+    }
     match result {
         Ok(Some(results)) => {
+            if let (Some((run_id, _)), Some(EnqueueResult::New(next_job))) =
+                (&next_step, results.first())
+            {
+                // The run's record is unchanged by the settlement: its
+                // cached copy now answers the next step.
+                core.run_records.advance(run_id, &claim.id, next_job);
+            }
             if let (Some((run_id, step_number)), Some(EnqueueResult::AlreadyEnqueued(existing))) =
                 (next_step, results.first())
             {
@@ -424,6 +436,7 @@ async fn settle(core: &RuntimeCore, queue: &Queue, claim: &Claim, settlement: Se
                     .await
                 {
                     Ok(()) => {
+                        core.run_records.advance(&run_id, &claim.id, existing);
                         if let Some(pending) = pending {
                             core.history_cache.put(existing.clone(), pending);
                         }
