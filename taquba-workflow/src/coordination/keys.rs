@@ -138,6 +138,10 @@ struct QueueKeys {
     ending: HashMap<RunId, String>,
     freed: BTreeSet<String>,
     notify: Arc<Notify>,
+    /// Maintenance rounds asked [`ConcurrencyKeys::pass_due`].
+    rounds: u64,
+    /// Batches of freed keys taken and not yet admitted from.
+    pumping: usize,
 }
 
 static REGISTRY: LazyLock<Mutex<HashMap<usize, QueueKeys>>> = LazyLock::new(Mutex::default);
@@ -206,14 +210,45 @@ impl ConcurrencyKeys {
         }
     }
 
-    /// The keys marked since the last call, emptied.
-    pub(crate) fn take_freed(&self) -> BTreeSet<String> {
-        self.with(|keys| std::mem::take(&mut keys.freed))
+    /// Whether this maintenance round of the queue passes over every
+    /// waiting key: the first round over the queue (in this process) and
+    /// every `every` rounds after it.
+    pub(crate) fn pass_due(&self, every: u64) -> bool {
+        self.with(|keys| {
+            let due = keys.rounds % every.max(1) == 0;
+            keys.rounds = keys.rounds.wrapping_add(1);
+            due
+        })
+    }
+
+    /// The keys marked since the last call, emptied, with a guard that
+    /// counts them as being admitted from until it drops.
+    pub(crate) fn take_freed(&self) -> (BTreeSet<String>, Pumping) {
+        self.with(|keys| {
+            keys.pumping = keys.pumping.saturating_add(1);
+            (std::mem::take(&mut keys.freed), Pumping(self.clone()))
+        })
+    }
+
+    /// Whether a key is marked, or marked keys are being admitted from:
+    /// for the test kit, whose idle is no admission to come.
+    pub(crate) fn busy(&self) -> bool {
+        self.with(|keys| !keys.freed.is_empty() || keys.pumping > 0)
     }
 
     /// Notified when a key is marked.
     pub(crate) fn notify(&self) -> Arc<Notify> {
         self.with(|keys| keys.notify.clone())
+    }
+}
+
+/// Keys taken by [`ConcurrencyKeys::take_freed`] being admitted from.
+pub(crate) struct Pumping(ConcurrencyKeys);
+
+impl Drop for Pumping {
+    fn drop(&mut self) {
+        self.0
+            .with(|keys| keys.pumping = keys.pumping.saturating_sub(1));
     }
 }
 

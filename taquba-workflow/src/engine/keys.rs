@@ -39,6 +39,10 @@ use crate::store::keys::{
 /// Slot records read per page when a key's slots are counted.
 const SLOT_PAGE: usize = 256;
 
+/// Maintenance rounds between two passes over every waiting key (the
+/// first round of a runtime always makes one).
+pub(crate) const KEY_PASS_EVERY: u64 = 20;
+
 /// A keyed submission's place: the key's lock, held until the submission
 /// committed, and whether the run is admitted at once.
 pub(crate) struct KeySlot {
@@ -200,8 +204,10 @@ impl RuntimeCore {
     /// admission removes the parked step 0 and enqueues it on the runtime's
     /// queue with the run's slot record, in one transaction. Stops at the
     /// first waiter whose limit the key's slots reach, so no later waiter
-    /// (or new submission) overtakes it. Returns how many were admitted.
-    pub(crate) async fn admit_waiters(&self, key: &str) -> Result<usize> {
+    /// (or new submission) overtakes it. With `check`, a key whose waiters
+    /// all wait has its slots checked ([`check_slots`](Self::check_slots)).
+    /// Returns how many were admitted.
+    pub(crate) async fn admit_waiters(&self, key: &str, check: bool) -> Result<usize> {
         let _lock = self.keys.lock(key).await;
         let prefix = key_waiting_prefix(key);
         let mut held = self.held_count(key).await?;
@@ -218,7 +224,7 @@ impl RuntimeCore {
                 continue;
             };
             if held >= waiter.limit {
-                if admitted == 0 {
+                if check && admitted == 0 {
                     self.check_slots(key).await?;
                 }
                 return Ok(admitted);
@@ -328,14 +334,16 @@ impl RuntimeCore {
         Ok(())
     }
 
-    /// Admit the waiters of every key that has some: a pass over the
-    /// waiter records, one key at a time, for the maintenance round (after
-    /// a crash between a termination and its admissions, or an admission
-    /// that failed). Returns how many runs were admitted.
+    /// Admit the waiters of every key that has some, checking the slots of
+    /// those still waiting: a pass over the waiter records, one key at a
+    /// time, for the first maintenance round of a runtime (after a crash
+    /// between a termination and its admissions) and every
+    /// [`KEY_PASS_EVERY`] rounds after it (an admission that failed).
+    /// Returns how many runs were admitted.
     pub(crate) async fn admit_all_waiting(&self) -> Result<usize> {
         let mut admitted = 0;
         for key in self.waiting_keys().await? {
-            admitted += self.admit_waiters(&key).await?;
+            admitted += self.admit_waiters(&key, true).await?;
         }
         Ok(admitted)
     }
@@ -379,8 +387,9 @@ impl RuntimeCore {
 pub(crate) async fn pump_keys_until(core: Arc<RuntimeCore>, stop: CancellationToken) {
     let notify = core.keys.notify();
     loop {
-        for key in core.keys.take_freed() {
-            if let Err(err) = core.admit_waiters(&key).await {
+        let (freed, pumping) = core.keys.take_freed();
+        for key in freed {
+            if let Err(err) = core.admit_waiters(&key, false).await {
                 core.note_error(&err);
                 warn!(
                     key,
@@ -388,6 +397,7 @@ pub(crate) async fn pump_keys_until(core: Arc<RuntimeCore>, stop: CancellationTo
                 );
             }
         }
+        drop(pumping);
         tokio::select! {
             biased;
             () = stop.cancelled() => return,

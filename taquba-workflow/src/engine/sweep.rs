@@ -47,7 +47,9 @@ impl RuntimeCore {
         }
         self.maintain_operator_surface().await;
         self.fire_schedules().await;
-        if let Err(err) = self.admit_all_waiting().await {
+        if self.keys.pass_due(crate::engine::keys::KEY_PASS_EVERY)
+            && let Err(err) = self.admit_all_waiting().await
+        {
             self.note_error(&err);
             warn!(queue = %self.queue_name, "admitting runs waiting on concurrency keys failed: {err}");
         }
