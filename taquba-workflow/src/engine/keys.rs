@@ -3,8 +3,9 @@
 //! admission at submission (or its parking as a waiter), the release of
 //! its slot with its termination, the admission of a key's waiters as
 //! slots free (the pump, woken by each terminating commit, and a pass of
-//! every waiting key in each maintenance round), and the re-admission of a
-//! requeued run.
+//! every waiting key in a runtime's first maintenance round and every
+//! [`KEY_PASS_EVERY`] rounds after it), and the re-admission of a requeued
+//! run.
 //!
 //! Every change of a key's records commits in the transaction of what it
 //! describes: a slot record with the enqueue of the run's claimable step 0
