@@ -98,7 +98,8 @@ pub(crate) fn run_concurrency(concurrency: DurableConcurrency, job_queue: &str) 
 impl WorkflowView {
     /// Every concurrency key with an active or a waiting run, in key order,
     /// with its counts. Reads every slot and waiter record (one per active
-    /// or waiting keyed run).
+    /// or waiting keyed run). Reads only: dropped at any await, it leaves
+    /// nothing.
     ///
     /// # Errors
     /// Storage errors.
@@ -131,7 +132,8 @@ impl WorkflowView {
     }
 
     /// The runs holding a slot of `key` and those waiting for one, in the
-    /// order they are admitted. Empty lists for a key not in use.
+    /// order they are admitted. Empty lists for a key not in use. Reads
+    /// only: dropped at any await, it leaves nothing.
     ///
     /// # Errors
     /// [`Error::InvalidRunOptions`](crate::Error::InvalidRunOptions) for a
