@@ -232,6 +232,7 @@ impl ConcurrencyKeys {
 
     /// Whether a key is marked, or marked keys are being admitted from:
     /// for the test kit, whose idle is no admission to come.
+    #[cfg(feature = "testing")]
     pub(crate) fn busy(&self) -> bool {
         self.with(|keys| !keys.freed.is_empty() || keys.pumping > 0)
     }
