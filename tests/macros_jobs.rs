@@ -76,6 +76,37 @@ async fn reindex() -> Result<usize, MathError> {
     Ok(REINDEX_CALLS.fetch_add(1, Ordering::SeqCst) + 1)
 }
 
+/// Syncs running now and the most at once, per customer.
+static SYNCS: std::sync::Mutex<Vec<(String, i32, i32)>> = std::sync::Mutex::new(Vec::new());
+
+/// At most one sync per customer at a time.
+#[job(name = "crm.sync", concurrency_key = "customer:{customer}", limit = 1)]
+async fn sync_customer(customer: String, batch: u32) -> Result<u32, MathError> {
+    let bump = |by: i32| {
+        let mut syncs = SYNCS.lock().expect("syncs");
+        if !syncs.iter().any(|(c, _, _)| *c == customer) {
+            syncs.push((customer.clone(), 0, 0));
+        }
+        for (c, now, max) in syncs.iter_mut() {
+            if *c == customer {
+                *now += by;
+                *max = (*max).max(*now);
+            }
+        }
+    };
+    bump(1);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    bump(-1);
+    Ok(batch)
+}
+
+/// Two per tenant; `limit` defaults to one without it.
+#[job(concurrency_key = "tenant:{tenant}", limit = 2)]
+async fn call_api(tenant: String) -> Result<(), MathError> {
+    let _ = tenant;
+    Ok(())
+}
+
 /// A runner with every `#[job]`, no worker running yet.
 async fn idle_runner() -> JobRunner {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
@@ -213,4 +244,50 @@ fn the_fn_stays_callable_as_written() {
         .expect("runtime");
     assert_eq!(rt.block_on(double(21)).expect("doubles"), 42);
     assert_eq!(<Double as taquba_workflow::jobs::Job>::NAME, "double");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_with_a_concurrency_key_runs_one_per_key_at_a_time() {
+    use taquba_workflow::jobs::Job;
+    let sync = SyncCustomer {
+        customer: "acme".into(),
+        batch: 1,
+    };
+    assert_eq!(sync.concurrency_key().as_deref(), Some("customer:acme"));
+    assert_eq!(sync.concurrency_limit(), 1);
+    let api = CallApi { tenant: "t".into() };
+    assert_eq!(
+        (api.concurrency_key().as_deref(), api.concurrency_limit()),
+        (Some("tenant:t"), 2)
+    );
+    assert_eq!(Add { a: 1, b: 2 }.concurrency_key(), None);
+
+    let (runner, worker) = runner().await;
+    let mut handles = Vec::new();
+    for batch in 0..30 {
+        let customer = ["acme", "globex", "initech"][batch as usize % 3].to_string();
+        handles.push(
+            runner
+                .submit(SyncCustomer { customer, batch })
+                .await
+                .expect("submits"),
+        );
+    }
+    for (batch, handle) in handles.into_iter().enumerate() {
+        assert_eq!(handle.await.expect("runs"), batch as u32);
+    }
+    let syncs = SYNCS.lock().expect("syncs").clone();
+    assert_eq!(syncs.len(), 3);
+    for (customer, now, max) in syncs {
+        assert_eq!((now, max), (0, 1), "{customer}");
+    }
+    assert!(
+        runner
+            .view()
+            .concurrency_keys()
+            .await
+            .expect("keys")
+            .is_empty()
+    );
+    worker.shutdown().await.expect("worker stops");
 }

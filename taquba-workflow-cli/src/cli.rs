@@ -110,6 +110,9 @@ pub enum Command {
     /// List, inspect, pause and resume schedules.
     #[command(subcommand)]
     Schedules(SchedulesCommand),
+    /// Concurrency keys: their active and waiting runs.
+    #[command(subcommand)]
+    Keys(KeysCommand),
     /// Serve a web dashboard of the store: runs, their steps, groups,
     /// dead letters and the store, with cancel, signal and requeue sent
     /// through the inbox. Loopback only unless `--allow-remote`.
@@ -369,6 +372,20 @@ pub enum SchedulesCommand {
         /// How the command reaches the store.
         #[command(flatten)]
         send: SendArgs,
+    },
+}
+
+/// `keys ...`
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// A table of the concurrency keys in use: runs holding a slot and
+    /// runs waiting for one.
+    List,
+    /// One key: the runs holding its slots and those waiting, in the order
+    /// they are admitted.
+    Describe {
+        /// The concurrency key.
+        key: String,
     },
 }
 

@@ -192,7 +192,9 @@ pub mod limits {
     pub use crate::model::{
         MAX_HEADERS, MAX_HEADERS_SIZE, MAX_RUN_AT_MS, MAX_TERMINATION_ERROR_LEN,
     };
-    pub use crate::store::keys::{MAX_CORRELATION_KEY_LEN, MAX_MEMBER_KEY_LEN, MAX_RUN_ID_LEN};
+    pub use crate::store::keys::{
+        MAX_CONCURRENCY_KEY_LEN, MAX_CORRELATION_KEY_LEN, MAX_MEMBER_KEY_LEN, MAX_RUN_ID_LEN,
+    };
     pub use crate::view::{DEFAULT_PAGE_LIMIT, MAX_PAGE_LIMIT};
 
     /// The queue name of a runtime built without

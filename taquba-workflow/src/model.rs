@@ -45,11 +45,27 @@ pub struct RunOptions {
     /// The first step is not claimable before this time (at most
     /// [`MAX_RUN_AT_MS`]).
     pub run_at: Option<SystemTime>,
+    /// The concurrency key of the run: at most
+    /// [`concurrency_limit`](Self::concurrency_limit) runs under one key
+    /// are active at a time, each holding a slot from its admission to its
+    /// end (timers and signal waits included). A run submitted while its
+    /// key is at its limit waits, holding no worker slot, and is admitted
+    /// in submission order as slots free. 1 to
+    /// [`MAX_CONCURRENCY_KEY_LEN`](crate::limits::MAX_CONCURRENCY_KEY_LEN) bytes,
+    /// no `/` and no control characters; anything else is refused with
+    /// [`Error::InvalidRunOptions`]. See
+    /// [`WorkflowView::concurrency_keys`](crate::WorkflowView::concurrency_keys).
+    pub concurrency_key: Option<String>,
+    /// The most runs of [`concurrency_key`](Self::concurrency_key) active at
+    /// a time, at least 1; `None` is 1. Set without a key, or 0, it is
+    /// refused with [`Error::InvalidRunOptions`].
+    pub concurrency_limit: Option<u32>,
 }
 
 impl RunOptions {
     /// Check the limits every submission is held to, in process and from
-    /// the inbox alike: the header count and size, and the run time.
+    /// the inbox alike: the header count and size, the run time, and the
+    /// concurrency key and limit.
     ///
     /// # Errors
     /// [`Error::InvalidRunOptions`] naming the limit and the value.
@@ -58,7 +74,11 @@ impl RunOptions {
             at.duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         });
-        check_limits(&self.headers, run_at_ms)
+        check_limits(&self.headers, run_at_ms)?;
+        crate::coordination::keys::check_options(
+            self.concurrency_key.as_deref(),
+            self.concurrency_limit,
+        )
     }
 }
 

@@ -3,10 +3,12 @@
 //! `taquba::QueueReader`, from any other.
 
 mod input;
+pub(crate) mod keys;
 mod ops;
 mod step_input;
 pub(crate) mod types;
 
+pub use self::keys::{ConcurrencyKey, ConcurrencyKeyDetails, KeyHolder, KeyWaiter, RunConcurrency};
 pub(crate) use self::ops::{DurableRuntimeInfo, DurableWorkerRecord};
 pub use self::types::{
     DEFAULT_PAGE_LIMIT, GroupPage, MAX_PAGE_LIMIT, RunDetails, RunFilter, RunPage, RunSummary,

@@ -266,6 +266,14 @@ async fn a_bad_child_key_is_refused_naming_it() {
         .start(&long, Vec::new(), RunOptions::default())
         .unwrap_err();
     assert!(err.to_string().contains("over the 128"), "{err}");
+    // A child takes no concurrency key: refused, not ignored.
+    let keyed = RunOptions {
+        concurrency_key: Some("customer-7".into()),
+        ..RunOptions::default()
+    };
+    let err = handle.start("c", Vec::new(), keyed).unwrap_err();
+    assert!(matches!(err, Error::InvalidRunOptions(_)), "{err}");
+    assert!(err.to_string().contains("customer-7"), "{err}");
 }
 
 /// Cancelling a grandparent cancels its child and grandchild first; each

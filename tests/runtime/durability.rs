@@ -107,6 +107,7 @@ async fn run_options_apply_to_every_step_job() {
             priority: Some(7),
             max_attempts_per_step: Some(5),
             run_at: Some(UNIX_EPOCH + Duration::from_millis(T0 + 30_000)),
+            ..Default::default()
         },
         ..Default::default()
     };

@@ -13,6 +13,7 @@
 //! * `cluster`: a cluster of processes over one store: routing, commands to other processes' shards, the key-only signal, static ownership, lease takeover and handover; worker processes with one killed by SIGKILL.
 //! * `cluster_review`: the cluster attacked at its public API: bad builder input (a refused start creates nothing), client calls, every routed call dropped at each await, shutdown twice and calls after it, duplicate node ids, joining a busy cluster, churn.
 //! * `children`: child workflows: results and failures reach the parent, links both ways, cancel cascades, crashes at each moment.
+//! * `concurrency_keys`: per-key concurrency: a limit held under 1,000 runs over 10 keys, fairness, waiting runs listed and cancelled, bad options, a crash at each await.
 //! * `cancel_lease`: a cancelled step that outlives its lease still ends its run `Cancelled`.
 //! * `durability`: durable timers, run options, restarts and crashes, reconciled dead letters.
 //! * `durable_paths`: cancel safety of every call that commits; dead letters racing cancels.
@@ -59,6 +60,7 @@ mod cancel_lease;
 mod children;
 mod cluster;
 mod cluster_review;
+mod concurrency_keys;
 mod durability;
 mod durable_paths;
 mod fixtures;

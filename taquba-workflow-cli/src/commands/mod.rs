@@ -6,6 +6,7 @@ pub mod activity;
 pub mod answer;
 pub mod cluster_info;
 pub mod groups;
+pub mod keys;
 pub mod mutate;
 pub mod offline;
 pub mod runs;
@@ -16,7 +17,8 @@ use std::io::Read;
 use std::path::Path;
 
 use crate::cli::{
-    Cli, Command, CommandsCommand, GroupsCommand, RunsCommand, SchedulesCommand, StoreCommand,
+    Cli, Command, CommandsCommand, GroupsCommand, KeysCommand, RunsCommand, SchedulesCommand,
+    StoreCommand,
 };
 use crate::cluster::{self, ClusterSession, Reads, ShardSession};
 use crate::error::{CliError, CliResult};
@@ -141,6 +143,10 @@ async fn dispatch_cluster(
             "the store at {} is a cluster: schedules belong to each shard's store; name one shard's location with --store",
             cluster.location
         ))),
+        Command::Keys(_) => Err(CliError::Refused(format!(
+            "the store at {} is a cluster: concurrency keys belong to each shard's store; name one shard's location with --store",
+            cluster.location
+        ))),
         // `run` serves the dashboard before opening a session here.
         #[cfg(feature = "ui")]
         Command::Ui(_) => unreachable!("`ui` is dispatched by `commands::run`"),
@@ -208,6 +214,8 @@ async fn dispatch(
         Command::Commands(CommandsCommand::Describe { id }) => {
             mutate::describe_command(session, &runtime, id, out).await
         }
+        Command::Keys(KeysCommand::List) => keys::list(view, out).await,
+        Command::Keys(KeysCommand::Describe { key }) => keys::describe(view, key, out).await,
         Command::Schedules(SchedulesCommand::List) => schedules::list(view, out).await,
         Command::Schedules(SchedulesCommand::Describe { name }) => {
             schedules::describe(view, name, out).await

@@ -195,6 +195,9 @@ fn describe_card(json: &DescribeJson, times: &Times) -> Card {
     if !json.children.is_empty() {
         card.field("Children", json.children.join(", "));
     }
+    if let Some(concurrency) = &json.concurrency {
+        card.field("Concurrency key", concurrency.text());
+    }
     if let Some(group) = &json.group {
         let key = json
             .group_key

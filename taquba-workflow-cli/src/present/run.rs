@@ -227,6 +227,10 @@ pub struct DescribeJson {
     /// The child runs this run's steps started, in id order.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub children: Vec<String>,
+    /// Its concurrency key, limit and whether it waits for a slot (absent
+    /// for a run without a key).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<ConcurrencyJson>,
     /// How it terminated.
     pub termination: Option<TerminationJson>,
     /// Its committed outcome.
@@ -273,6 +277,11 @@ impl DescribeJson {
             }),
             parent: run.parent.as_ref().map(ToString::to_string),
             children: run.children.iter().map(ToString::to_string).collect(),
+            concurrency: run.concurrency.as_ref().map(|c| ConcurrencyJson {
+                key: c.key.clone(),
+                limit: c.limit,
+                waiting: c.waiting,
+            }),
             termination,
             outcome,
             version: run.version.clone(),
@@ -314,4 +323,27 @@ pub struct ResultJson {
     /// Its committed outcome (`None` for a run terminated without a worker:
     /// a cancelled waiting step, a dead letter outside the worker).
     pub outcome: Option<OutcomeJson>,
+}
+
+/// A run's concurrency key, as printed.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConcurrencyJson {
+    /// The key.
+    pub key: String,
+    /// The run's limit for it.
+    pub limit: u32,
+    /// Whether the run waits for a slot.
+    pub waiting: bool,
+}
+
+impl ConcurrencyJson {
+    /// `customer:acme (limit 1, waiting for a slot)`.
+    pub fn text(&self) -> String {
+        let state = if self.waiting {
+            ", waiting for a slot"
+        } else {
+            ""
+        };
+        format!("{} (limit {}{state})", self.key, self.limit)
+    }
 }

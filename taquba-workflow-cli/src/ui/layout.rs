@@ -21,6 +21,8 @@ pub enum Section {
     DeadLetters,
     /// Schedules.
     Schedules,
+    /// Concurrency keys.
+    Keys,
     /// The store.
     Store,
     /// The signal form.
@@ -57,6 +59,7 @@ fn shell(app: Option<&App>, section: Section, title: &str, body: Markup) -> Mark
         (Section::Groups, "/groups", "Groups"),
         (Section::DeadLetters, "/dead-letters", "Dead letters"),
         (Section::Schedules, "/schedules", "Schedules"),
+        (Section::Keys, "/keys", "Keys"),
         (Section::Store, "/store", "Store"),
         (Section::Signal, "/signal", "Signal"),
     ];

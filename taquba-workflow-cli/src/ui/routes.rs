@@ -17,7 +17,7 @@ use axum::routing::get;
 
 use crate::ui::app::App;
 use crate::ui::error::UiError;
-use crate::ui::pages::{actions, dead, groups, login, run, runs, schedules, store};
+use crate::ui::pages::{actions, dead, groups, keys, login, run, runs, schedules, store};
 use crate::ui::security::CONTENT_SECURITY_POLICY;
 use crate::ui::{assets, error};
 
@@ -48,6 +48,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/groups/{id}", get(groups::page))
         .route("/dead-letters", get(dead::page))
         .route("/schedules", get(schedules::page))
+        .route("/keys", get(keys::page))
         .route(
             "/schedules/{name}/pause",
             axum::routing::post(schedules::pause),

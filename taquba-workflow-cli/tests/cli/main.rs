@@ -5,6 +5,7 @@
 //! describing, history, results, store info, discovery, exit codes) and
 //! `steer` (cancel, signal, requeue through the inbox and `--offline`),
 //! `schedules` (list, describe, pause and resume; the Schedules page),
+//! `keys` (concurrency keys listed and described; the Keys page),
 //! `ui` (the dashboard over HTTP, with `web` its client), `login` (the
 //! dashboard's token, sessions and refusals), `cluster`
 //! (a cluster root of four shards: merged listings, routed reads and
@@ -18,6 +19,7 @@ mod cluster;
 mod common;
 #[cfg(all(feature = "ui", unix))]
 mod hostile;
+mod keys;
 #[cfg(feature = "ui")]
 mod login;
 mod privilege;

@@ -169,6 +169,7 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
     });
     let call = quote_spanned!(fn_ident.span()=> #fn_ident(#(#args),*));
     let key_fn = key_fn(model, &krate);
+    let concurrency_fns = concurrency_fns(model, &krate);
     let attempts_fn = model.options.max_attempts.as_ref().map(|n| {
         quote! {
             fn max_attempts(&self) -> ::core::option::Option<u32> {
@@ -228,6 +229,7 @@ pub(crate) fn expand(model: &JobModel, func: &syn::ItemFn) -> TokenStream {
             }
 
             #key_fn
+            #concurrency_fns
             #attempts_fn
             #classify_fn
         }
@@ -281,6 +283,43 @@ fn key_fn(model: &JobModel, krate: &TokenStream) -> Option<TokenStream> {
     }
     let pieces = model.key.as_ref()?;
     let lit = model.options.key.as_ref()?;
+    let formatted = template_expr(model, pieces, lit, krate);
+    Some(quote! {
+        fn idempotency_key(&self) -> ::core::option::Option<::std::string::String> {
+            ::core::option::Option::Some(#formatted)
+        }
+    })
+}
+
+/// `Job::concurrency_key` and `Job::concurrency_limit` from
+/// `concurrency_key = "..."` and `limit = n` (default 1).
+fn concurrency_fns(model: &JobModel, krate: &TokenStream) -> Option<TokenStream> {
+    let pieces = model.concurrency_key.as_ref()?;
+    let lit = model.options.concurrency_key.as_ref()?;
+    let formatted = template_expr(model, pieces, lit, krate);
+    let limit = model
+        .options
+        .limit
+        .as_ref()
+        .map_or_else(|| quote!(1), |limit| quote!(#limit));
+    Some(quote! {
+        fn concurrency_key(&self) -> ::core::option::Option<::std::string::String> {
+            ::core::option::Option::Some(#formatted)
+        }
+        fn concurrency_limit(&self) -> u32 {
+            #limit
+        }
+    })
+}
+
+/// The `String` a key template (`lit`, parsed as `pieces`) makes of the
+/// job's fields: the text itself for a constant template.
+fn template_expr(
+    model: &JobModel,
+    pieces: &[Piece],
+    lit: &syn::LitStr,
+    krate: &TokenStream,
+) -> TokenStream {
     let span = lit.span();
     // A constant key (a singleton job): the text itself.
     if !pieces.iter().any(|p| matches!(p, Piece::Field { .. })) {
@@ -292,11 +331,7 @@ fn key_fn(model: &JobModel, krate: &TokenStream) -> Option<TokenStream> {
             })
             .collect();
         let text = syn::LitStr::new(&text, span);
-        return Some(quote! {
-            fn idempotency_key(&self) -> ::core::option::Option<::std::string::String> {
-                ::core::option::Option::Some(::std::string::String::from(#text))
-            }
-        });
+        return quote!(::std::string::String::from(#text));
     }
     let mut format = String::new();
     let mut args = Vec::new();
@@ -325,12 +360,7 @@ fn key_fn(model: &JobModel, krate: &TokenStream) -> Option<TokenStream> {
         }
     }
     let format = syn::LitStr::new(&format, span);
-    let formatted = quote_spanned!(span=> ::std::format!(#format #(, #args)*));
-    Some(quote! {
-        fn idempotency_key(&self) -> ::core::option::Option<::std::string::String> {
-            ::core::option::Option::Some(#formatted)
-        }
-    })
+    quote_spanned!(span=> ::std::format!(#format #(, #args)*))
 }
 
 #[cfg(test)]

@@ -11,6 +11,8 @@ pub(crate) const OPTIONS: &[&str] = &[
     "key",
     "idempotent",
     "max_attempts",
+    "concurrency_key",
+    "limit",
     "classify",
     "struct_name",
     "derive",
@@ -29,6 +31,10 @@ pub(crate) struct JobOptions {
     pub(crate) idempotent: Option<Ident>,
     /// `max_attempts = 5`.
     pub(crate) max_attempts: Option<LitInt>,
+    /// `concurrency_key = "{customer}"`: the concurrency key template.
+    pub(crate) concurrency_key: Option<LitStr>,
+    /// `limit = 1`: the concurrency limit of `concurrency_key`.
+    pub(crate) limit: Option<LitInt>,
     /// `classify = path::to::fn` or a closure (`|e| ...`): coerced to a
     /// `fn(&E) -> StepErrorKind`.
     pub(crate) classify: Option<Expr>,
@@ -58,6 +64,10 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> JobOptions {
             "key" => options.key = arg.lit_str("key = \"email:{to}\"", errors),
             "idempotent" if arg.flag(errors) => options.idempotent = Some(arg.key.clone()),
             "max_attempts" => options.max_attempts = arg.positive_u32("max_attempts = 5", errors),
+            "concurrency_key" => {
+                options.concurrency_key = arg.lit_str("concurrency_key = \"{customer}\"", errors)
+            }
+            "limit" => options.limit = arg.positive_u32("limit = 1", errors),
             "classify" => options.classify = classify(arg, errors),
             "struct_name" => {
                 options.struct_name =
@@ -72,6 +82,12 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> JobOptions {
         errors.spanned(
             idempotent,
             "`key = \"...\"` and `idempotent` both set the idempotency key: keep one of them",
+        );
+    }
+    if let (None, Some(limit)) = (&options.concurrency_key, &options.limit) {
+        errors.spanned(
+            limit,
+            "`limit` is the concurrency limit of a `concurrency_key`: add `concurrency_key = \"{param}\"` naming what the limit is per",
         );
     }
     options
@@ -207,6 +223,27 @@ mod tests {
         let options = parse(quote!(max_attempts = 7u32), &mut errors);
         assert!(errors.is_empty());
         assert!(options.max_attempts.is_some());
+    }
+
+    #[test]
+    fn concurrency_options_parse_and_a_limit_needs_a_key() {
+        let mut errors = Errors::new();
+        let options = parse(
+            quote!(concurrency_key = "{customer}", limit = 2),
+            &mut errors,
+        );
+        assert!(errors.is_empty(), "{:?}", errors.messages());
+        assert_eq!(
+            options.concurrency_key.map(|k| k.value()).as_deref(),
+            Some("{customer}")
+        );
+        assert!(options.limit.is_some());
+        let mut errors = Errors::new();
+        parse(quote!(limit = 1), &mut errors);
+        assert!(errors.messages()[0].contains("add `concurrency_key"));
+        let mut errors = Errors::new();
+        parse(quote!(concurrency_key = "c", limit = 0), &mut errors);
+        assert!(errors.messages()[0].contains("at least 1"));
     }
 
     #[test]

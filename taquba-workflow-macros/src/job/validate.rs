@@ -25,6 +25,8 @@ pub(crate) struct JobModel {
     pub(crate) ret: Type,
     /// The parsed `key = "..."` template.
     pub(crate) key: Option<Vec<Piece>>,
+    /// The parsed `concurrency_key = "..."` template.
+    pub(crate) concurrency_key: Option<Vec<Piece>>,
 }
 
 const RULES: ParamRules<'static> = ParamRules {
@@ -141,40 +143,39 @@ pub(crate) fn validate(
             );
             return None;
         }
-        let mut ok = true;
-        for piece in &pieces {
-            if let Piece::Field { name, .. } = piece
-                && !params.iter().any(|p| p.name() == *name)
-            {
-                let known = params
-                    .iter()
-                    .map(|p| format!("`{}`", p.name()))
-                    .collect::<Vec<_>>();
-                let listed = if known.is_empty() {
-                    format!("`{}` has no parameters besides the context", sig.ident)
-                } else {
-                    format!("the parameters of `{}` are {}", sig.ident, known.join(", "))
-                };
-                errors.spanned(
-                    lit,
-                    format!(
-                        "`{{{name}}}` in the key template is not a parameter of the job: {listed}"
-                    ),
-                );
-                ok = false;
-            } else if let Piece::Field { name, .. } = piece
-                && params.iter().any(|p| p.name() == *name && !p.cfgs.is_empty())
-            {
-                errors.spanned(
-                    lit,
-                    format!(
-                        "`{{{name}}}` in the key template is a `#[cfg]`-gated parameter, absent from some builds: name only parameters present in every build"
-                    ),
-                );
-                ok = false;
+        check_fields(&pieces, lit, "key", &params, sig, errors).then_some(pieces)
+    });
+    let concurrency_key = options.concurrency_key.as_ref().and_then(|lit| {
+        let pieces = match parse_template(&lit.value()) {
+            Ok(pieces) => pieces,
+            Err(message) => {
+                errors.spanned(lit, message.replace("key template", "concurrency_key template"));
+                return None;
             }
+        };
+        let text = lit.value();
+        if text.trim().is_empty() {
+            errors.spanned(
+                lit,
+                "the concurrency_key template is empty: name the parameter the limit is per (`concurrency_key = \"{customer}\"`), or write a constant key for one limit over every run of the job",
+            );
+            return None;
         }
-        ok.then_some(pieces)
+        let constant: String = pieces
+            .iter()
+            .filter_map(|piece| match piece {
+                Piece::Text(text) => Some(text.as_str()),
+                Piece::Field { .. } => None,
+            })
+            .collect();
+        if constant.contains('/') || constant.chars().any(char::is_control) {
+            errors.spanned(
+                lit,
+                "a concurrency key may not hold a `/` or a control character: write `:` or `-` between its parts",
+            );
+            return None;
+        }
+        check_fields(&pieces, lit, "concurrency_key", &params, sig, errors).then_some(pieces)
     });
 
     let struct_ident = match &options.struct_name {
@@ -209,7 +210,56 @@ pub(crate) fn validate(
         slots,
         ret,
         key,
+        concurrency_key,
     })
+}
+
+/// Checks that every `{field}` of a template (`what`: `key`,
+/// `concurrency_key`) names a parameter present in every build.
+fn check_fields(
+    pieces: &[Piece],
+    lit: &LitStr,
+    what: &str,
+    params: &[Param],
+    sig: &syn::Signature,
+    errors: &mut Errors,
+) -> bool {
+    let mut ok = true;
+    for piece in pieces {
+        if let Piece::Field { name, .. } = piece
+            && !params.iter().any(|p| p.name() == *name)
+        {
+            let known = params
+                .iter()
+                .map(|p| format!("`{}`", p.name()))
+                .collect::<Vec<_>>();
+            let listed = if known.is_empty() {
+                format!("`{}` has no parameters besides the context", sig.ident)
+            } else {
+                format!("the parameters of `{}` are {}", sig.ident, known.join(", "))
+            };
+            errors.spanned(
+                lit,
+                format!(
+                    "`{{{name}}}` in the {what} template is not a parameter of the job: {listed}"
+                ),
+            );
+            ok = false;
+        } else if let Piece::Field { name, .. } = piece
+            && params
+                .iter()
+                .any(|p| p.name() == *name && !p.cfgs.is_empty())
+        {
+            errors.spanned(
+                lit,
+                format!(
+                    "`{{{name}}}` in the {what} template is a `#[cfg]`-gated parameter, absent from some builds: name only parameters present in every build"
+                ),
+            );
+            ok = false;
+        }
+    }
+    ok
 }
 
 #[cfg(test)]

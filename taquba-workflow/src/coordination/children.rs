@@ -240,12 +240,20 @@ impl ChildrenHandle {
     /// for a key staged twice with another input);
     /// [`Error::ReservedHeaderInSubmit`] and [`Error::InvalidRunOptions`]
     /// for options a submission could not carry;
-    /// [`Error::InvalidRunOptions`] past [`MAX_CHILDREN_PER_STEP`];
+    /// [`Error::InvalidRunOptions`] past [`MAX_CHILDREN_PER_STEP`], and for
+    /// a [`RunOptions::concurrency_key`] (a child takes none);
     /// [`Error::EffectsSealed`] once the step has returned.
     pub fn start(&self, key: &str, input: Vec<u8>, options: RunOptions) -> Result<RunId> {
         let parent = self.parent.clone().ok_or(Error::EffectsSealed)?;
         let run_id = child_run_id(&parent, key)?;
         crate::engine::RuntimeCore::check_submission(&options, &Default::default())?;
+        if let Some(concurrency_key) = &options.concurrency_key {
+            // A key's admission reads and commits under the key's lock; a
+            // child commits inside its parent's settlement instead.
+            return Err(Error::InvalidRunOptions(format!(
+                "concurrency_key {concurrency_key:?} is set on the child `{run_id}`: child runs do not take concurrency keys"
+            )));
+        }
         let mut staging = self.lock();
         if staging.sealed {
             return Err(Error::EffectsSealed);

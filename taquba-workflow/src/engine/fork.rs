@@ -103,6 +103,7 @@ impl RuntimeCore {
                 group: None,
                 cancel_reason: None,
                 forked_from: Some(link.clone()),
+                concurrency: None,
                 version: version.clone(),
                 patches: patches.clone(),
                 parent: None,

@@ -102,6 +102,7 @@ impl Candidate {
 ///
 /// # Errors
 /// [`Error::ReservedHeaderInSubmit`] for a reserved header in `options`;
+/// [`Error::InvalidRunOptions`] for a concurrency key in `options`;
 /// [`Error::InputMismatch`] for a member whose run is active with another
 /// input; [`Error::MemberRunIdTaken`] for a member whose run id a run
 /// outside the group holds; storage errors.
@@ -112,6 +113,11 @@ pub(crate) async fn submit_members(
     options: &RunOptions,
 ) -> Result<()> {
     RuntimeCore::check_submission(options, &SettlementEffects::default())?;
+    if let Some(key) = &options.concurrency_key {
+        return Err(crate::error::Error::InvalidRunOptions(format!(
+            "concurrency_key {key:?} is set on a group's submission: group members do not take concurrency keys"
+        )));
+    }
     let counter_key = group_submissions_kv_key(group_id);
     let state = read_state(core, group_id, &counter_key).await?;
     submit_from(core, group_id, members, options, state).await
@@ -721,6 +727,7 @@ mod tests {
                 cancel_reason: None,
                 member: Some(membership(key).durable()),
                 forked_from: None,
+                concurrency: None,
                 version: None,
                 patches: Vec::new(),
                 parent: None,

@@ -442,6 +442,8 @@ impl RuntimeCore {
                         run_at: submit
                             .run_at_ms
                             .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
+                        concurrency_key: None,
+                        concurrency_limit: None,
                     },
                     effects: SettlementEffects::default(),
                 };

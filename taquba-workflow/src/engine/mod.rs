@@ -10,7 +10,8 @@
 //!   ([`attempt`]);
 //! - coordination: signals ([`signal`], by run id in [`signal_run`], from
 //!   the inbox in [`signal_command`]), group submission ([`group_submit`])
-//!   and removal ([`group_forget`]), child workflows ([`children`]);
+//!   and removal ([`group_forget`]), child workflows ([`children`]),
+//!   per-key concurrency ([`keys`]);
 //! - upkeep: retention sweeps and dead-letter reconciliation ([`sweep`]),
 //!   the runtime and worker records tools read ([`operator`]), applying
 //!   inbox commands ([`inbox_apply`]);
@@ -28,6 +29,7 @@ pub(crate) mod group_forget;
 pub(crate) mod group_submit;
 pub(crate) mod inbox_apply;
 pub(crate) mod inner;
+pub(crate) mod keys;
 pub(crate) mod operator;
 #[cfg(feature = "opentelemetry")]
 pub(crate) mod otel;
@@ -164,6 +166,8 @@ pub(crate) struct RuntimeCore {
     signal_locks: SignalLocks,
     /// The locks of run groups (shared by every runtime over the queue).
     pub(crate) group_locks: GroupLocks,
+    /// The concurrency keys (shared by every runtime over the queue).
+    pub(crate) keys: crate::coordination::keys::ConcurrencyKeys,
     observes: Observes,
     /// Dead letters the worker performed since the last reconciliation look.
     /// Signed: a dead letter counted before its settlement and uncounted
@@ -233,6 +237,7 @@ impl RuntimeCore {
             terminals.clone(),
         );
         let group_locks = GroupLocks::for_queue(&settings.queue);
+        let keys = crate::coordination::keys::ConcurrencyKeys::for_queue(&settings.queue);
         let run_records = crate::run::record_cache::RunRecordCache::for_queue(&settings.queue);
         Self {
             queue: settings.queue,
@@ -263,6 +268,7 @@ impl RuntimeCore {
             commits,
             signal_locks: SignalLocks::default(),
             group_locks,
+            keys,
             observes: settings.observes,
             own_dead_letters: AtomicI64::new(0),
             last_dead_count: AtomicI64::new(-1),
@@ -396,6 +402,7 @@ impl RuntimeCore {
             cancel_reason: run.cancel_reason.clone(),
             member: membership.map(Membership::durable),
             forked_from: run.forked_from.clone(),
+            concurrency: run.concurrency.clone(),
             version: run.version.clone(),
             patches: run.patches.clone(),
             parent: run.parent.clone(),
@@ -447,6 +454,10 @@ impl RuntimeCore {
             .kv_delete(step_kv_key(run_id))
             .kv_put(outcome_kv_key(run_id), durable::encode(&termination));
         effects = children::child_end_effects(effects, outcome, &termination);
+        if let Some(concurrency) = &termination.concurrency {
+            // The run's slot (or its waiter record) goes with it.
+            effects = self.release_key_effects(run_id, concurrency, effects);
+        }
         if let Some(membership) = membership {
             effects = effects.kv_put(
                 membership.kv_key(),

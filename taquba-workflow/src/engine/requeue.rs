@@ -105,6 +105,7 @@ impl RuntimeCore {
             version: termination.version.clone(),
             patches: termination.patches.clone(),
             parent: termination.parent.clone(),
+            concurrency: termination.concurrency.clone(),
         };
         // The history continues: the terminal record's pending entries go
         // back on the pointer, after a `Requeued` marker.
@@ -145,6 +146,8 @@ impl RuntimeCore {
             set_pointer_history(&mut effects, run_id, history);
         }
         merge_effects(&mut effects, record(step, &job_id));
+        // A keyed run takes a slot of its key again, or is refused.
+        let _key_lock = self.requeue_slot(run_id, &run, &mut effects).await?;
         // Only while the run is not active: a submission meanwhile wins.
         match self.commits.compare_commit(&run_key, None, effects).await? {
             Some(results) => {

@@ -150,7 +150,10 @@ impl RuntimeCore {
                     });
                 }
             }
-            let (effects, job_id) = self.submission_effects(
+            // A keyed run: the key's lock, held until the commit, and its
+            // admission (see `engine::keys`).
+            let slot = self.key_slot(&options).await?;
+            let (mut effects, job_id) = self.submission_effects(
                 &run_id,
                 input.clone(),
                 &input_hash,
@@ -158,9 +161,12 @@ impl RuntimeCore {
                 job_key.map_or(SubmittedAs::Plain, SubmittedAs::KeyedJob),
                 &user_effects,
             );
+            if let Some(slot) = &slot {
+                self.keyed_submission(slot, &run_id, &job_id, &mut effects)?;
+            }
             // A fresh id with nothing of the caller's riding along joins the
             // group commit; the rest compare-and-commit on the run record.
-            let committed = if fresh && batchable {
+            let committed = if fresh && batchable && slot.is_none() {
                 match self.submit_batcher.commit(effects).await? {
                     Batched::Committed(results) => Some(results),
                     // Unknown whether it committed: look, then submit again.
@@ -208,6 +214,7 @@ impl RuntimeCore {
         let run_id = spec.run_id.clone().unwrap_or_else(|| self.new_run_id());
         #[cfg(feature = "metrics")]
         let workflow = self.workflow_name_of(&spec.input);
+        let slot = self.key_slot(&spec.options).await?;
         let (mut effects, job_id) = self.submission_effects(
             &run_id,
             spec.input,
@@ -216,6 +223,9 @@ impl RuntimeCore {
             SubmittedAs::Plain,
             &spec.effects,
         );
+        if let Some(slot) = &slot {
+            self.keyed_submission(slot, &run_id, &job_id, &mut effects)?;
+        }
         crate::run::compose::merge_effects(&mut effects, extra);
         let Some(results) = self
             .commits
@@ -287,6 +297,7 @@ impl RuntimeCore {
             group: membership.map(|m| m.group_id.clone()),
             cancel_reason: None,
             forked_from: None,
+            concurrency: None,
             version: code.version.clone(),
             patches: code.patches.iter().cloned().collect(),
             parent: None,

@@ -48,6 +48,12 @@ impl RuntimeCore {
         self.maintain_operator_surface().await;
         self.fire_schedules().await;
         self.maintain_children().await;
+        if self.keys.pass_due(crate::engine::keys::KEY_PASS_EVERY)
+            && let Err(err) = self.admit_all_waiting().await
+        {
+            self.note_error(&err);
+            warn!(queue = %self.queue_name, "admitting runs waiting on concurrency keys failed: {err}");
+        }
         if let Err(err) = self.sweep_once().await {
             self.note_error(&err);
             warn!(queue = %self.queue_name, "retention sweep failed: {err}");

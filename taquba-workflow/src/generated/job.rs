@@ -70,6 +70,14 @@ pub trait GeneratedJob:
     fn idempotency_key(&self) -> Option<String> {
         None
     }
+    /// [`Job::concurrency_key`].
+    fn concurrency_key(&self) -> Option<String> {
+        None
+    }
+    /// [`Job::concurrency_limit`].
+    fn concurrency_limit(&self) -> u32 {
+        1
+    }
     /// [`Job::max_attempts`].
     fn max_attempts(&self) -> Option<u32> {
         None
@@ -97,6 +105,14 @@ impl<G: GeneratedJob> Job for G {
 
     fn idempotency_key(&self) -> Option<String> {
         GeneratedJob::idempotency_key(self)
+    }
+
+    fn concurrency_key(&self) -> Option<String> {
+        GeneratedJob::concurrency_key(self)
+    }
+
+    fn concurrency_limit(&self) -> u32 {
+        GeneratedJob::concurrency_limit(self)
     }
 
     fn max_attempts(&self) -> Option<u32> {

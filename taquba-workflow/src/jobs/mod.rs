@@ -130,6 +130,24 @@ pub trait Job: Serialize + DeserializeOwned + Send + Sync + 'static {
         None
     }
 
+    /// The concurrency key of this job: at most
+    /// [`concurrency_limit`](Self::concurrency_limit) jobs with equal keys
+    /// run at a time, the others wait (holding no worker slot) and start in
+    /// submission order (see
+    /// [`RunOptions::concurrency_key`](crate::RunOptions::concurrency_key),
+    /// which takes precedence when set). Default `None`: no limit.
+    /// `#[job(concurrency_key = "{customer}", limit = 1)]` writes it.
+    fn concurrency_key(&self) -> Option<String> {
+        None
+    }
+
+    /// The most jobs with this job's
+    /// [`concurrency_key`](Self::concurrency_key) running at a time, at
+    /// least 1. Default 1.
+    fn concurrency_limit(&self) -> u32 {
+        1
+    }
+
     /// Whether `error` may be retried. Default: transient.
     fn classify(&self, _error: &Self::Error) -> StepErrorKind {
         StepErrorKind::Transient
@@ -622,6 +640,12 @@ impl JobRunner {
         let input = job_input(&job)?;
         let input_hash = job_input_hash(&job)?;
         options.max_attempts_per_step = options.max_attempts_per_step.or(job.max_attempts());
+        if options.concurrency_key.is_none()
+            && let Some(key) = job.concurrency_key()
+        {
+            options.concurrency_key = Some(key);
+            options.concurrency_limit = options.concurrency_limit.or(Some(job.concurrency_limit()));
+        }
         let key = job.idempotency_key();
         let run_id = key.as_ref().map(|key| RunId::digest(&[key.as_bytes()]));
         // A keyed job that terminated is answered by its record; the check
@@ -934,7 +958,9 @@ impl<J: Job> JobGroup<J> {
     /// As [`RunGroup::submit`].
     ///
     /// # Errors
-    /// As [`RunGroup::submit`], plus encoding errors.
+    /// As [`RunGroup::submit`], plus encoding errors;
+    /// [`Error::InvalidRunOptions`] for a job with a
+    /// [`concurrency_key`](Job::concurrency_key).
     pub async fn submit_with(
         &self,
         jobs: impl IntoIterator<Item = J>,
@@ -945,6 +971,11 @@ impl<J: Job> JobGroup<J> {
             if i == 0 {
                 options.max_attempts_per_step =
                     options.max_attempts_per_step.or(job.max_attempts());
+            }
+            if let Some(key) = job.concurrency_key() {
+                return Err(Error::InvalidRunOptions(format!(
+                    "job {i} of the group has concurrency key {key:?}: group members do not take concurrency keys; submit it alone"
+                )));
             }
             members.push(HashedMember {
                 member: GroupMember {

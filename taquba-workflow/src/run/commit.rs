@@ -79,6 +79,9 @@ pub(crate) struct Committer {
     queue_name: Arc<str>,
     /// The outage that closed the store, when an outage guard did.
     outage: Arc<std::sync::Mutex<Option<OutageExceeded>>>,
+    /// Told of every terminating commit, so a freed concurrency slot is
+    /// given to the key's next waiter.
+    keys: crate::coordination::keys::ConcurrencyKeys,
 }
 
 impl Committer {
@@ -89,6 +92,7 @@ impl Committer {
         queue_name: &str,
     ) -> Self {
         Self {
+            keys: crate::coordination::keys::ConcurrencyKeys::for_queue(&queue),
             queue,
             watchers,
             store_closed,
@@ -165,8 +169,12 @@ impl Committer {
         let result = commit.await;
         match &result {
             Ok(value) => {
+                let committed = ended.is_some() && committed(value);
+                if let Some((run_id, _)) = ended {
+                    self.keys.ended(run_id, committed);
+                }
                 if let Some((run_id, end)) = ended
-                    && committed(value)
+                    && committed
                 {
                     #[cfg(feature = "metrics")]
                     crate::telemetry::metrics::run_ended_on(
@@ -179,10 +187,15 @@ impl Committer {
                     self.watchers.notify(run_id, end);
                 }
             }
-            Err(err) => match outage_in(err) {
-                Some(outage) => self.note_outage(&outage),
-                None => self.note_closed(Error::is_queue_store_closed(err), err),
-            },
+            Err(err) => {
+                if let Some((run_id, _)) = ended {
+                    self.keys.ended(run_id, false);
+                }
+                match outage_in(err) {
+                    Some(outage) => self.note_outage(&outage),
+                    None => self.note_closed(Error::is_queue_store_closed(err), err),
+                }
+            }
         }
         result
     }

@@ -56,6 +56,8 @@ impl DurableSchedule {
             priority: self.priority,
             max_attempts_per_step: self.max_attempts_per_step,
             run_at: None,
+            concurrency_key: None,
+            concurrency_limit: None,
         }
     }
 

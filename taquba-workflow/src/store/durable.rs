@@ -123,6 +123,10 @@ pub(crate) struct DurableRunRecord {
     /// absent for a run submitted otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) parent: Option<RunId>,
+    /// The run's concurrency key, limit and waiter number
+    /// (`RunOptions::concurrency_key`); absent for a run without a key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) concurrency: Option<crate::coordination::keys::DurableConcurrency>,
 }
 
 /// The link of a forked run to the run and step it was forked from, kept
@@ -273,6 +277,10 @@ pub(crate) struct DurableTermination {
     /// The run record's `parent`, kept (absent for a run that is no child).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) parent: Option<RunId>,
+    /// The run record's `concurrency`, kept: the termination deletes the
+    /// slot and waiter records it names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) concurrency: Option<crate::coordination::keys::DurableConcurrency>,
 }
 
 impl DurableTermination {
@@ -300,6 +308,7 @@ impl DurableTermination {
             version,
             patches,
             parent,
+            concurrency,
         } = self;
         *status == other.status
             && *error == other.error
@@ -318,6 +327,7 @@ impl DurableTermination {
             && *version == other.version
             && *patches == other.patches
             && *parent == other.parent
+            && *concurrency == other.concurrency
     }
 }
 
@@ -523,6 +533,11 @@ mod tests {
             version: Some("1.2.0".into()),
             patches: vec!["skip-slack-post".into()],
             parent: None,
+            concurrency: Some(crate::coordination::keys::DurableConcurrency {
+                key: "customer-1".into(),
+                limit: 2,
+                seq: "01J".into(),
+            }),
         };
         let back: DurableRunRecord = decode(&encode(&record)).unwrap();
         assert_eq!(back, record);
@@ -547,6 +562,7 @@ mod tests {
             patches: Vec::new(),
             forked_from: None,
             parent: None,
+            concurrency: None,
         };
         let versioned = DurableRunRecord {
             version: Some("2.0.0".into()),

@@ -438,6 +438,46 @@ pub(crate) fn user_headers(
         .collect()
 }
 
+/// The longest concurrency key
+/// ([`RunOptions::concurrency_key`](crate::RunOptions::concurrency_key)),
+/// in bytes. The key is part of the KV keys of its slots and waiters; a
+/// longer key is refused with
+/// [`Error::InvalidRunOptions`](crate::Error::InvalidRunOptions).
+pub const MAX_CONCURRENCY_KEY_LEN: usize = 256;
+
+/// The prefix of every concurrency key's slot records (runs holding a slot
+/// of the key), `workflow/concurrency/held/{key}/{run_id}`.
+pub(crate) const KEY_HELD_PREFIX: &str = "workflow/concurrency/held/";
+/// The prefix of every concurrency key's waiter records (runs waiting for
+/// a slot), `workflow/concurrency/waiting/{key}/{seq}`, in submission order.
+pub(crate) const KEY_WAITING_PREFIX: &str = "workflow/concurrency/waiting/";
+
+/// The prefix of the slot records of concurrency key `key` (which holds no
+/// `/`).
+pub(crate) fn key_held_prefix(key: &str) -> Vec<u8> {
+    format!("{KEY_HELD_PREFIX}{key}/").into_bytes()
+}
+
+/// The slot record of `run_id` under concurrency key `key`.
+pub(crate) fn key_held_kv_key(key: &str, run_id: &RunId) -> Vec<u8> {
+    let mut out = key_held_prefix(key);
+    out.extend_from_slice(run_id.as_bytes());
+    out
+}
+
+/// The prefix of the waiter records of concurrency key `key`.
+pub(crate) fn key_waiting_prefix(key: &str) -> Vec<u8> {
+    format!("{KEY_WAITING_PREFIX}{key}/").into_bytes()
+}
+
+/// The waiter record number `seq` (a ULID, so records sort in submission
+/// order) of concurrency key `key`.
+pub(crate) fn key_waiting_kv_key(key: &str, seq: &str) -> Vec<u8> {
+    let mut out = key_waiting_prefix(key);
+    out.extend_from_slice(seq.as_bytes());
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -390,7 +390,9 @@ impl Look {
     async fn of(core: &RuntimeCore, calls: usize) -> Result<Self> {
         Ok(Self {
             stats: core.queue.view().stats(&core.queue_name).await?,
-            in_flight: !core.inflight.is_empty(),
+            // A step settling, or a concurrency key's waiters being
+            // admitted after a termination freed a slot.
+            in_flight: !core.inflight.is_empty() || core.keys.busy(),
             calls,
         })
     }

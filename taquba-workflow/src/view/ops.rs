@@ -462,6 +462,9 @@ impl WorkflowView {
             patches: record.patches,
             parent: record.parent,
             children: crate::engine::children::list_children(&self.queue, run_id).await?,
+            concurrency: record
+                .concurrency
+                .map(|c| crate::view::keys::run_concurrency(c, job.queue.as_str())),
         })
     }
 
@@ -503,6 +506,9 @@ impl WorkflowView {
             patches: termination.patches,
             parent: termination.parent,
             children: crate::engine::children::list_children(&self.queue, run_id).await?,
+            concurrency: termination
+                .concurrency
+                .map(|c| crate::view::keys::run_concurrency(c, "")),
             state: RunState::Terminated(public),
         })
     }

@@ -261,6 +261,11 @@ pub struct RunDetails {
     /// The child runs this run's steps started, in id order (at most
     /// 1000), active and ended alike.
     pub children: Vec<RunId>,
+    /// The run's concurrency key
+    /// ([`RunOptions::concurrency_key`](crate::RunOptions::concurrency_key)),
+    /// its limit, and whether the run waits for a slot; `None` for a run
+    /// without a key.
+    pub concurrency: Option<crate::view::RunConcurrency>,
 }
 
 /// One page of a group listing, from

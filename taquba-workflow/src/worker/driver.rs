@@ -97,6 +97,11 @@ where
     let stop_maintenance = CancellationToken::new();
     let maintenance = (maintenance == Maintenance::Periodic)
         .then(|| tokio::spawn(maintain_until(core.clone(), stop_maintenance.clone())));
+    // The admission pump of concurrency keys, stopped with the maintenance.
+    let pump = tokio::spawn(crate::engine::keys::pump_keys_until(
+        core.clone(),
+        stop_maintenance.clone(),
+    ));
     // Stops the maintenance task also when this loop's future is dropped
     // (an aborted worker task), so it never outlives the loop.
     let _stop_on_drop = stop_maintenance.clone().drop_guard();
@@ -188,6 +193,9 @@ where
     tasks.close();
     tasks.wait().await;
     stop_maintenance.cancel();
+    if let Err(err) = pump.await {
+        warn!("concurrency key pump ended abnormally: {err}");
+    }
     let periodic = maintenance.is_some();
     if let Some(maintenance) = maintenance
         && let Err(err) = maintenance.await

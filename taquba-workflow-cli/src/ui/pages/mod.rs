@@ -4,6 +4,7 @@
 pub mod actions;
 pub mod dead;
 pub mod groups;
+pub mod keys;
 pub mod login;
 pub mod run;
 pub mod runs;

@@ -198,6 +198,10 @@ fn status_card(app: &App, json: &DescribeJson, times: &Times) -> Markup {
                     }
                 }
             }
+            @if let Some(concurrency) = &json.concurrency {
+                dt { "Concurrency key" }
+                dd #concurrency-key { a href={ "/keys#key-" (concurrency.key) } { (concurrency.text()) } }
+            }
             @if json.cancel_requested {
                 dt { "Cancel requested" }
                 dd { @match &json.cancel_reason { Some(reason) => (reason), None => "yes" } }
