@@ -184,6 +184,26 @@ fn result_of(end: &taquba_workflow::RunEnd) -> String {
     .into_owned()
 }
 
+/// A child's end reaches its waiting parent as soon as the child's
+/// termination commits, not at the next maintenance round (an hour away
+/// here).
+#[tokio::test(start_paused = true)]
+async fn a_parent_is_woken_when_its_child_ends_not_at_the_next_maintenance_round() {
+    let (queue, store, _clock) = memory_queue().await;
+    let family = Family::default();
+    let runtime = workflow_builder(&queue, &store, &family)
+        .poll_interval(Duration::from_secs(3600))
+        .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    for i in 0..3 {
+        let id = format!("quick-{i}");
+        runtime.submit(spec(&id, "parent:ok:now")).await.unwrap();
+        let end = within(60, runtime.wait(&rid(&id))).await.unwrap();
+        assert_eq!(result_of(&end), "child said now");
+    }
+    worker.shutdown().await.unwrap();
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_parent_gets_its_childs_result_and_the_links_show_both_ways() {
     let (queue, store, _clock) = memory_queue().await;

@@ -5,6 +5,7 @@
 //! removed by [`group_forget`]), child workflows ([`children`]) and
 //! per-key concurrency ([`keys`]).
 
+pub(crate) mod child_wakes;
 pub(crate) mod children;
 pub(crate) mod group;
 pub(crate) mod group_locks;

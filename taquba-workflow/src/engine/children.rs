@@ -9,10 +9,14 @@
 //! - end: every terminating settlement of a child ([`child_end_effects`],
 //!   from `terminate_effects`) records the child's end and a wake marker
 //!   in its own transaction, and removes its active marker;
-//! - wake: the maintenance round ([`RuntimeCore::maintain_children`])
-//!   sends each marked end as a signal under the child's correlation key
-//!   (waking the parent's waiting step, or buffering for its wait), then
-//!   removes the marker; a crash between the two sends it again. A step
+//! - wake: once the termination commits, the worker's wake task
+//!   ([`pump_child_wakes_until`], see
+//!   [`child_wakes`](crate::coordination::child_wakes)) sends the end as a
+//!   signal under the child's correlation key (waking the parent's waiting
+//!   step, or buffering for its wait), then removes the marker; the
+//!   maintenance round ([`RuntimeCore::maintain_children`]) sends every
+//!   marker left (a crash between the send and the removal sends it
+//!   again). A step
 //!   whose wait on a child timed out reads the end record
 //!   ([`RuntimeCore::child_wait_signal`]), so a wake that lost the race to
 //!   the timeout loses no end; the step that got the end deletes the end
@@ -308,23 +312,50 @@ impl RuntimeCore {
             let Some(child) = run_id_after(&key, CHILD_WAKES_PREFIX) else {
                 continue;
             };
-            let parent = std::str::from_utf8(&value)
-                .ok()
-                .and_then(|id| RunId::new(id).ok());
-            let active_parent = match &parent {
-                Some(parent) => self.view.run_record(parent).await?.is_some(),
-                None => false,
-            };
-            if active_parent
-                && let Some(end) = self.queue.view().kv_get(&child_end_kv_key(&child)).await?
-            {
-                let outcome = self
-                    .signal(&child_correlation_key(&child), end.to_vec())
-                    .await?;
-                debug!(child = %child, ?outcome, "child end sent to its parent");
-            }
-            self.commits.kv_compare_delete(&key, &value).await?;
+            self.wake_parent(&child, &key, &value).await?;
         }
+        Ok(())
+    }
+
+    /// Send the end of `child`, whose termination this runtime committed,
+    /// to its parent now (see [`child_wakes`](crate::coordination::child_wakes)):
+    /// nothing when its wake marker is gone (sent already).
+    pub(crate) async fn wake_parent_of(&self, child: &RunId) -> Result<()> {
+        let key = child_wake_kv_key(child);
+        match self.queue.view().kv_get(&key).await? {
+            Some(value) => self.wake_parent(child, &key, &value).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Send the end of `child` to the parent its wake marker `key` (holding
+    /// `value`, the parent's id) names, then remove the marker; nothing
+    /// while another task of this runtime sends it.
+    async fn wake_parent(&self, child: &RunId, key: &[u8], value: &[u8]) -> Result<()> {
+        let Some(_sending) = self.commits.child_wakes().begin_send(child) else {
+            return Ok(());
+        };
+        // Read again under the sending: a task that sent it meanwhile
+        // removed it.
+        if self.queue.view().kv_get(key).await?.as_deref() != Some(value) {
+            return Ok(());
+        }
+        let parent = std::str::from_utf8(value)
+            .ok()
+            .and_then(|id| RunId::new(id).ok());
+        let active_parent = match &parent {
+            Some(parent) => self.view.run_record(parent).await?.is_some(),
+            None => false,
+        };
+        if active_parent
+            && let Some(end) = self.queue.view().kv_get(&child_end_kv_key(child)).await?
+        {
+            let outcome = self
+                .signal(&child_correlation_key(child), end.to_vec())
+                .await?;
+            debug!(child = %child, ?outcome, "child end sent to its parent");
+        }
+        self.commits.kv_compare_delete(key, value).await?;
         Ok(())
     }
 
@@ -381,4 +412,28 @@ fn run_id_after(key: &[u8], prefix: &str) -> Option<RunId> {
     key.strip_prefix(prefix.as_bytes())
         .and_then(|id| std::str::from_utf8(id).ok())
         .and_then(|id| RunId::new(id).ok())
+}
+
+/// Wake the parents of the children whose termination this runtime
+/// committed, as they come (see
+/// [`child_wakes`](crate::coordination::child_wakes)), until `stop`.
+pub(crate) async fn pump_child_wakes_until(
+    core: std::sync::Arc<RuntimeCore>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let wakes = core.commits.child_wakes().clone();
+    loop {
+        let notified = wakes.notified();
+        for child in wakes.take_due() {
+            if let Err(err) = core.wake_parent_of(&child).await {
+                core.note_error(&err);
+                warn!(child = %child, "waking the parent of an ended child failed (the maintenance round sends it): {err}");
+            }
+        }
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
+            () = notified => {}
+        }
+    }
 }

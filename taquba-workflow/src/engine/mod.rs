@@ -454,6 +454,10 @@ impl RuntimeCore {
             .kv_delete(step_kv_key(run_id))
             .kv_put(outcome_kv_key(run_id), durable::encode(&termination));
         effects = children::child_end_effects(effects, outcome, &termination);
+        if termination.parent.is_some() {
+            // Its parent is woken once this termination commits.
+            self.commits.child_wakes().ending(run_id);
+        }
         if let Some(concurrency) = &termination.concurrency {
             // The run's slot (or its waiter record) goes with it.
             effects = self.release_key_effects(run_id, concurrency, effects);

@@ -82,6 +82,9 @@ pub(crate) struct Committer {
     /// Told of every terminating commit, so a freed concurrency slot is
     /// given to the key's next waiter.
     keys: crate::coordination::keys::ConcurrencyKeys,
+    /// Told of every terminating commit, so a child's parent is woken at
+    /// once.
+    child_wakes: Arc<crate::coordination::child_wakes::ChildWakes>,
 }
 
 impl Committer {
@@ -93,12 +96,19 @@ impl Committer {
     ) -> Self {
         Self {
             keys: crate::coordination::keys::ConcurrencyKeys::for_queue(&queue),
+            child_wakes: Arc::default(),
             queue,
             watchers,
             store_closed,
             queue_name: queue_name.into(),
             outage: Arc::default(),
         }
+    }
+
+    /// The prompt wakes of parents whose children this runtime's commits
+    /// end.
+    pub(crate) fn child_wakes(&self) -> &Arc<crate::coordination::child_wakes::ChildWakes> {
+        &self.child_wakes
     }
 
     /// The outage that closed the store to this process, if an
@@ -172,6 +182,7 @@ impl Committer {
                 let committed = ended.is_some() && committed(value);
                 if let Some((run_id, _)) = ended {
                     self.keys.ended(run_id, committed);
+                    self.child_wakes.ended(run_id, committed);
                 }
                 if let Some((run_id, end)) = ended
                     && committed
@@ -190,6 +201,7 @@ impl Committer {
             Err(err) => {
                 if let Some((run_id, _)) = ended {
                     self.keys.ended(run_id, false);
+                    self.child_wakes.ended(run_id, false);
                 }
                 match outage_in(err) {
                     Some(outage) => self.note_outage(&outage),

@@ -392,7 +392,9 @@ impl Look {
             stats: core.queue.view().stats(&core.queue_name).await?,
             // A step settling, or a concurrency key's waiters being
             // admitted after a termination freed a slot.
-            in_flight: !core.inflight.is_empty() || core.keys.busy(),
+            in_flight: !core.inflight.is_empty()
+                || core.keys.busy()
+                || core.commits.child_wakes().busy(),
             calls,
         })
     }

@@ -102,6 +102,11 @@ where
         core.clone(),
         stop_maintenance.clone(),
     ));
+    // The prompt wakes of parents whose children ended here.
+    let wakes = tokio::spawn(crate::engine::children::pump_child_wakes_until(
+        core.clone(),
+        stop_maintenance.clone(),
+    ));
     // Stops the maintenance task also when this loop's future is dropped
     // (an aborted worker task), so it never outlives the loop.
     let _stop_on_drop = stop_maintenance.clone().drop_guard();
@@ -195,6 +200,9 @@ where
     stop_maintenance.cancel();
     if let Err(err) = pump.await {
         warn!("concurrency key pump ended abnormally: {err}");
+    }
+    if let Err(err) = wakes.await {
+        warn!("child wake pump ended abnormally: {err}");
     }
     let periodic = maintenance.is_some();
     if let Some(maintenance) = maintenance
