@@ -9,13 +9,13 @@
 //! submits and another that runs jobs over clones of one `Arc<Queue>` share
 //! one order.
 
-use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::{Duration, UNIX_EPOCH};
 
 use taquba::Queue;
 use ulid::{Generator, Ulid};
 
+use crate::run::per_queue::{Registry, shared};
 use crate::store::keys::RunId;
 
 /// The state of one queue's ids.
@@ -56,11 +56,8 @@ fn at(ms: u64) -> std::time::SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
 }
 
-/// The generators of the queues runtimes were built over, by address; the
-/// weak reference tells a live queue from a dropped one whose address was
-/// reused.
-type Entry = (Weak<Queue>, Arc<Mutex<Monotonic>>);
-static GENERATORS: LazyLock<Mutex<HashMap<usize, Entry>>> = LazyLock::new(Mutex::default);
+/// The generators of the queues runtimes were built over.
+static GENERATORS: LazyLock<Registry<Arc<Mutex<Monotonic>>>> = LazyLock::new(Registry::default);
 
 /// The id generator of one queue. Cheap to clone.
 #[derive(Clone)]
@@ -71,15 +68,9 @@ pub(crate) struct IdGenerator {
 impl IdGenerator {
     /// The generator shared by every runtime over `queue`.
     pub(crate) fn for_queue(queue: &Arc<Queue>) -> Self {
-        let mut generators = GENERATORS.lock().unwrap_or_else(PoisonError::into_inner);
-        // Entries of dropped queues go as new ones come.
-        generators.retain(|_, (weak, _)| weak.strong_count() > 0);
-        let state = generators
-            .entry(Arc::as_ptr(queue) as usize)
-            .or_insert_with(|| (Arc::downgrade(queue), Arc::default()))
-            .1
-            .clone();
-        Self { state }
+        Self {
+            state: shared(&GENERATORS, queue, Arc::default),
+        }
     }
 
     /// A new id at `now_ms` (ms since the Unix epoch): later than every id

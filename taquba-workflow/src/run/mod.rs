@@ -15,6 +15,7 @@ pub(crate) mod context;
 pub(crate) mod effects;
 pub(crate) mod ids;
 pub(crate) mod inflight;
+pub(crate) mod per_queue;
 pub(crate) mod record_cache;
 pub(crate) mod submit_batch;
 pub(crate) mod watch;

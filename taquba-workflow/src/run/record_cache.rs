@@ -31,10 +31,11 @@
 //! commit, and reads the request.
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
 
 use taquba::Queue;
 
+use crate::run::per_queue::{Registry, shared};
 use crate::store::durable::DurableRunRecord;
 use crate::store::keys::RunId;
 
@@ -58,11 +59,7 @@ struct State {
     generation: u64,
 }
 
-/// A queue (by address) and its cache; the weak reference tells a live
-/// queue from a dropped one whose address was reused.
-type Registered = (Weak<Queue>, Arc<Mutex<State>>);
-
-static REGISTRY: LazyLock<Mutex<HashMap<usize, Registered>>> = LazyLock::new(Mutex::default);
+static REGISTRY: LazyLock<Registry<Arc<Mutex<State>>>> = LazyLock::new(Registry::default);
 
 /// See the module doc. Cheap to clone.
 #[derive(Debug, Clone, Default)]
@@ -99,14 +96,9 @@ pub(crate) struct RecordWrite {
 impl RunRecordCache {
     /// The cache of `queue`, shared by every runtime over it.
     pub(crate) fn for_queue(queue: &Arc<Queue>) -> Self {
-        let mut registry = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
-        registry.retain(|_, (weak, _)| weak.strong_count() > 0);
-        let state = registry
-            .entry(Arc::as_ptr(queue) as usize)
-            .or_insert_with(|| (Arc::downgrade(queue), Arc::default()))
-            .1
-            .clone();
-        Self { state }
+        Self {
+            state: shared(&REGISTRY, queue, Arc::default),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

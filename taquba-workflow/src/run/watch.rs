@@ -16,13 +16,14 @@
 //! closed to this process, so that every waiter on the queue stops.
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
 
 use taquba::Queue;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use crate::model::RunEnd;
+use crate::run::per_queue::{Registry, shared};
 use crate::store::keys::RunId;
 
 type Senders = Vec<(u64, oneshot::Sender<RunEnd>)>;
@@ -46,25 +47,13 @@ fn lock() -> MutexGuard<'static, Inner> {
     REGISTRY.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The tokens of the queues runtimes were built over, by address; the weak
-/// reference tells a live queue from a dropped one whose address was
-/// reused.
-static CLOSED: LazyLock<Mutex<HashMap<usize, ClosedEntry>>> = LazyLock::new(Mutex::default);
-
-/// A queue's store-closed token, with the queue it belongs to.
-type ClosedEntry = (Weak<Queue>, CancellationToken);
+/// The store-closed tokens of the queues runtimes were built over.
+static CLOSED: LazyLock<Registry<CancellationToken>> = LazyLock::new(Registry::default);
 
 /// The token fired once `queue`'s store is closed to this process, shared by
 /// every runtime over `queue`.
 pub(crate) fn store_closed_token(queue: &Arc<Queue>) -> CancellationToken {
-    let mut closed = CLOSED.lock().unwrap_or_else(PoisonError::into_inner);
-    // Entries of dropped queues go as new ones come.
-    closed.retain(|_, (weak, _)| weak.strong_count() > 0);
-    closed
-        .entry(Arc::as_ptr(queue) as usize)
-        .or_insert_with(|| (Arc::downgrade(queue), CancellationToken::new()))
-        .1
-        .clone()
+    shared(&CLOSED, queue, CancellationToken::new)
 }
 
 /// The waiters on the runs of one queue. Cheap when nobody waits: a
