@@ -803,3 +803,43 @@ async fn a_clusters_client_finds_a_child_in_its_parents_shard() {
     owner.shutdown().await.unwrap();
     client.shutdown().await.unwrap();
 }
+
+/// Retention removes a parent's links to its children with the parent, and
+/// the end of a child its parent never read once nothing can read it.
+#[tokio::test(start_paused = true)]
+async fn retention_removes_a_parents_child_links_and_unread_ends() {
+    let (queue, store, _clock) = memory_queue().await;
+    let family = Family::default();
+    let runtime = workflow_builder(&queue, &store, &family)
+        .memo_retention(Duration::ZERO)
+        .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    // One parent reads its child's end; the other never waits for it.
+    runtime.submit(spec("kept", "parent:ok:hi")).await.unwrap();
+    runtime.submit(spec("left", "orphan:ok:bye")).await.unwrap();
+    crate::common::eventually("the sweep to remove every run", || async {
+        let mut gone = true;
+        for id in ["kept", "left", "kept--c", "left--c"] {
+            gone &= runtime.status(&rid(id)).await.unwrap().is_none()
+                && runtime.outcome(&rid(id)).await.unwrap().is_none();
+        }
+        gone
+    })
+    .await;
+    crate::common::eventually("the children's state to go", || async {
+        let mut left = Vec::new();
+        for prefix in [
+            &b"workflow/children/"[..],
+            b"workflow/child-ends/",
+            b"workflow/child-wakes/",
+            b"workflow/child-active/",
+        ] {
+            let page = queue.view().kv_scan(prefix, .., 10).await.unwrap();
+            left.extend(page.entries.into_iter().map(|(k, _)| k));
+        }
+        left.is_empty()
+    })
+    .await;
+    assert_eq!(family.step0_calls("left--c"), 1);
+    worker.shutdown().await.unwrap();
+}

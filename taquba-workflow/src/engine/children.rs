@@ -135,6 +135,34 @@ pub(crate) async fn list_children(view: &QueueView, parent: &RunId) -> Result<Ve
     Ok(children)
 }
 
+/// The keys the retention sweep removes with the expired parent `parent`:
+/// its links to its children and, for each child that is no longer
+/// active, the child's end record and an end buffered for a wait the
+/// parent never made (an active child's end is its own termination's, kept
+/// for a later run of the parent under its id).
+///
+/// # Errors
+/// Storage errors.
+pub(crate) async fn expired_parent_keys(view: &QueueView, parent: &RunId) -> Result<Vec<Vec<u8>>> {
+    let prefix = child_links_kv_prefix(parent);
+    let mut entries = std::pin::pin!(view.kv_entries(&prefix, .., MAINTENANCE_PAGE));
+    let mut keys = Vec::new();
+    while let Some((key, _)) = entries.try_next().await? {
+        let child = key
+            .strip_prefix(prefix.as_slice())
+            .and_then(|id| std::str::from_utf8(id).ok())
+            .and_then(|id| RunId::new(id).ok());
+        if let Some(child) = child
+            && view.kv_get(&run_kv_key(&child)).await?.is_none()
+        {
+            keys.push(child_end_kv_key(&child));
+            keys.push(signal_buffer_kv_key(&child_correlation_key(&child)));
+        }
+        keys.push(key.to_vec());
+    }
+    Ok(keys)
+}
+
 impl RuntimeCore {
     /// The effects that start the children `starts` of `parent` in the
     /// settlement of the parent's step. A child that is active as a child
@@ -355,7 +383,21 @@ impl RuntimeCore {
                 .await?;
             debug!(child = %child, ?outcome, "child end sent to its parent");
         }
-        self.commits.kv_compare_delete(key, value).await?;
+        // A parent whose retention removed it (no run, no terminal record)
+        // can never read the end: it goes with the marker. A parent that
+        // ended but is still recorded may be requeued and read it.
+        let forgotten = !active_parent
+            && match &parent {
+                Some(parent) => self.view.terminal_record(parent).await?.is_none(),
+                None => true,
+            };
+        let mut effects = SettlementEffects::default().kv_delete(key.to_vec());
+        if forgotten {
+            effects = effects.kv_delete(child_end_kv_key(child));
+        }
+        self.commits
+            .compare_commit(key, Some(value), effects)
+            .await?;
         Ok(())
     }
 

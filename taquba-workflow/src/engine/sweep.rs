@@ -216,7 +216,8 @@ impl RuntimeCore {
             warn!(run_id = %run_id, "retention sweep deferred: {err}");
             return Expired::Keep;
         }
-        // The run's history goes with its terminal record.
+        // The run's history goes with its terminal record, and so do its
+        // links to its children and the ends of those that ended.
         let history = match crate::history::read::history_keys(self.queue.view(), &run_id).await {
             Ok(keys) => keys,
             Err(err) => {
@@ -224,6 +225,14 @@ impl RuntimeCore {
                 return Expired::Keep;
             }
         };
+        let history =
+            match crate::engine::children::expired_parent_keys(self.queue.view(), &run_id).await {
+                Ok(children) => history.into_iter().chain(children).collect::<Vec<_>>(),
+                Err(err) => {
+                    warn!(run_id = %run_id, "retention sweep deferred: {err}");
+                    return Expired::Keep;
+                }
+            };
         match outcome {
             Some(_) if keep_record => {
                 Expired::Delete(SettlementEffects::default().kv_deletes(history))
