@@ -336,38 +336,30 @@ impl RuntimeCore {
             .view()
             .kv_scan(CHILD_WAKES_PREFIX.as_bytes(), .., MAINTENANCE_PAGE)
             .await?;
-        for (key, value) in page.entries {
+        for (key, _) in page.entries {
             let Some(child) = run_id_after(&key, CHILD_WAKES_PREFIX) else {
                 continue;
             };
-            self.wake_parent(&child, &key, &value).await?;
+            self.wake_parent_of(&child).await?;
         }
         Ok(())
     }
 
-    /// Send the end of `child`, whose termination this runtime committed,
-    /// to its parent now (see [`child_wakes`](crate::coordination::child_wakes)):
-    /// nothing when its wake marker is gone (sent already).
+    /// Send the end of `child` to the parent its wake marker names, then
+    /// remove the marker: at once for a termination this runtime committed
+    /// (see [`child_wakes`](crate::coordination::child_wakes)), or from the
+    /// maintenance round. Nothing when the marker is gone (sent already),
+    /// nor while another task of this runtime sends it.
     pub(crate) async fn wake_parent_of(&self, child: &RunId) -> Result<()> {
-        let key = child_wake_kv_key(child);
-        match self.queue.view().kv_get(&key).await? {
-            Some(value) => self.wake_parent(child, &key, &value).await,
-            None => Ok(()),
-        }
-    }
-
-    /// Send the end of `child` to the parent its wake marker `key` (holding
-    /// `value`, the parent's id) names, then remove the marker; nothing
-    /// while another task of this runtime sends it.
-    async fn wake_parent(&self, child: &RunId, key: &[u8], value: &[u8]) -> Result<()> {
         let Some(_sending) = self.commits.child_wakes().begin_send(child) else {
             return Ok(());
         };
-        // Read again under the sending: a task that sent it meanwhile
-        // removed it.
-        if self.queue.view().kv_get(key).await?.as_deref() != Some(value) {
+        // Read under the sending: a task that sent it meanwhile removed it.
+        let key = child_wake_kv_key(child);
+        let Some(value) = self.queue.view().kv_get(&key).await? else {
             return Ok(());
-        }
+        };
+        let (key, value) = (key.as_slice(), value.as_ref());
         let parent = std::str::from_utf8(value)
             .ok()
             .and_then(|id| RunId::new(id).ok());

@@ -44,11 +44,7 @@ pub(crate) fn is_tick_run_id(run_id: &str) -> bool {
     let Some((name, tick)) = rest.rsplit_once('-') else {
         return false;
     };
-    !name.is_empty()
-        && name.len() <= crate::schedule::MAX_SCHEDULE_NAME_LEN
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    crate::schedule::spec::check_name(name).is_ok()
         && !tick.is_empty()
         && tick.bytes().all(|b| b.is_ascii_digit())
 }
