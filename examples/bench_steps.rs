@@ -60,7 +60,8 @@ struct Args {
     /// `submit_wait` (runs timed from their submission to their result),
     /// `jobs`, `calls` (object-store calls per step and per job, by
     /// operation and path), `group`, `raw_group` (a group member's
-    /// transactions straight on the queue), `latency` (sequential submits) or
+    /// transactions straight on the queue), `counts` (allocations, context
+    /// switches and worker parks per step and per job), `latency` (sequential submits) or
     /// `goals` (the goal rows, interleaved, in memory and on a
     /// directory). A case with a
     /// baseline measures it in the same process, interleaved, and prints
@@ -961,9 +962,13 @@ async fn goals(args: &Args) {
         let (mut e2e, mut e2e_cpu, mut group, mut raw_group, mut group_vs_raw) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut raws, mut defaults_all, mut bursts) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut floor_cpu, mut over_floor_cpu) = (Vec::new(), Vec::new());
         for _ in 0..rounds {
             let raw = raw_loop_once(kind, args, 100, false).await;
+            let shaped = raw_loop_once(kind, args, 100, true).await;
             let defaults = runtime_steps_once(kind, args, RuntimeCase::plain(None)).await;
+            floor_cpu.push(shaped.cpu_us / raw.cpu_us);
+            over_floor_cpu.push(defaults.cpu_us / shaped.cpu_us);
             let burst = jobs_per_sec(kind, args).await;
             steps.push(defaults.per_sec / raw.per_sec);
             cpu.push(defaults.cpu_us / raw.cpu_us);
@@ -1002,6 +1007,11 @@ async fn goals(args: &Args) {
         println!(
             "CPU per step at defaults vs raw 100:  ×{cpu} (goal ≤ 1.50) {}",
             verdict(cpu.median <= 1.5)
+        );
+        println!(
+            "  the queue's floor under it: the raw loop with the runtime's transition shape (dedup key, chosen job id, pointer write) uses ×{} the raw loop's CPU per step; the runtime at defaults ×{} of that",
+            Spread::of(floor_cpu),
+            Spread::of(over_floor_cpu)
         );
         println!(
             "a typed job's time in steps' (steps/s ÷ jobs/s): {job_cost} (goal ≤ 1.10) {}; its CPU in steps' ×{job_cpu}",
@@ -1051,6 +1061,142 @@ fn row(label: &str, figure: Figure, baseline: Option<Figure>) {
             "{label:<48} {:>9.0}/s {:>8.1} µs CPU",
             figure.per_sec, figure.cpu_us
         ),
+    }
+}
+
+/// The process's allocator, counting calls while [`COUNT_ALLOCS`] is set (the
+/// `counts` case only: a shared counter's cache line would otherwise tax
+/// every other case's figures).
+struct CountingAlloc;
+
+static COUNT_ALLOCS: AtomicBool = AtomicBool::new(false);
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+static ALLOC_BYTES: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is passed to `System` unchanged; the counters only
+// observe.
+unsafe impl std::alloc::GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        if COUNT_ALLOCS.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+            ALLOC_BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        }
+        // SAFETY: the caller's contract is `System`'s.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: as above.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new: usize) -> *mut u8 {
+        if COUNT_ALLOCS.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+            ALLOC_BYTES.fetch_add(new as u64, Ordering::Relaxed);
+        }
+        // SAFETY: as above.
+        unsafe { std::alloc::System.realloc(ptr, layout, new) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAlloc = CountingAlloc;
+
+/// What one measured case did, per step: allocations (and their bytes),
+/// context switches (voluntary: a thread blocked; involuntary: preempted),
+/// tokio worker parks, CPU µs.
+#[derive(Default, Clone, Copy)]
+struct Counts {
+    allocs: f64,
+    bytes: f64,
+    voluntary: f64,
+    involuntary: f64,
+    parks: f64,
+    cpu_us: f64,
+}
+
+fn process_counters() -> [u64; 6] {
+    // SAFETY: as in `cpu_micros`: `getrusage` fills the zeroed struct.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let parks: u64 = (0..metrics.num_workers())
+        .map(|w| metrics.worker_park_count(w))
+        .sum();
+    [
+        ALLOCS.load(Ordering::Relaxed),
+        ALLOC_BYTES.load(Ordering::Relaxed),
+        usage.ru_nvcsw as u64,
+        usage.ru_nivcsw as u64,
+        parks,
+        cpu_micros(),
+    ]
+}
+
+/// Run `f` (which does `steps` steps) with the counters on.
+async fn counted_case<F: std::future::Future<Output = Figure>>(steps: u64, f: F) -> Counts {
+    COUNT_ALLOCS.store(true, Ordering::Relaxed);
+    let before = process_counters();
+    f.await;
+    let after = process_counters();
+    COUNT_ALLOCS.store(false, Ordering::Relaxed);
+    let per = |i: usize| after[i].saturating_sub(before[i]) as f64 / steps as f64;
+    Counts {
+        allocs: per(0),
+        bytes: per(1),
+        voluntary: per(2),
+        involuntary: per(3),
+        parks: per(4),
+        cpu_us: per(5),
+    }
+}
+
+/// The `counts` case: per step, the raw loop's and the runtime's
+/// allocations, context switches and worker parks, each the median of
+/// `repeat` interleaved rounds (the figures include each round's set-up:
+/// opening the store and submitting the runs).
+async fn counts(kind: StoreKind, args: &Args) {
+    let steps = args.runs as u64 * u64::from(args.steps);
+    let jobs = args.jobs as u64;
+    let (mut raws, mut shapeds, mut rts, mut js) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..args.repeat.max(1) {
+        raws.push(counted_case(steps, raw_loop_once(kind, args, 100, false)).await);
+        shapeds.push(counted_case(steps, raw_loop_once(kind, args, 100, true)).await);
+        rts.push(
+            counted_case(
+                steps,
+                runtime_steps_once(kind, args, RuntimeCase::plain(None)),
+            )
+            .await,
+        );
+        js.push(counted_case(jobs, jobs_per_sec(kind, args)).await);
+    }
+    let median = |v: &[Counts], f: fn(&Counts) -> f64| {
+        let mut v: Vec<f64> = v.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "{:<28} {:>9} {:>10} {:>9} {:>9} {:>8} {:>8}",
+        "per step (per job)", "allocs", "bytes", "vol. cs", "invol. cs", "parks", "CPU µs"
+    );
+    for (label, v) in [
+        ("raw taquba loop, 100", &raws),
+        ("raw loop, runtime's shape", &shapeds),
+        ("runtime, defaults", &rts),
+        ("typed job", &js),
+    ] {
+        println!(
+            "{label:<28} {:>9.1} {:>10.0} {:>9.2} {:>9.2} {:>8.2} {:>8.1}",
+            median(v, |c| c.allocs),
+            median(v, |c| c.bytes),
+            median(v, |c| c.voluntary),
+            median(v, |c| c.involuntary),
+            median(v, |c| c.parks),
+            median(v, |c| c.cpu_us),
+        );
     }
 }
 
@@ -1164,6 +1310,10 @@ async fn bench(args: Args) {
             }
             "calls" => {
                 calls(kind, &args).await;
+                return;
+            }
+            "counts" => {
+                counts(kind, &args).await;
                 return;
             }
             "group" => group_members(kind, args.jobs, false).await.0,

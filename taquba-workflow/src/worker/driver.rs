@@ -121,6 +121,12 @@ where
             () = closed.cancelled() => break,
             permits = acquire_both(runner_slots.clone(), settling.clone()) => permits,
         };
+        // Let the step tasks already woken run first: those whose runners
+        // return now free their slots before the count below, so a claim
+        // (a queue transaction whose cost is mostly per call) takes a fuller
+        // batch. At the default 8 slots with runners that return at once,
+        // this halves the claims per step (about 4 jobs a claim to 8).
+        tokio::task::yield_now().await;
         let mut permits = vec![first];
         while let (Ok(runner), Ok(settle)) = (
             runner_slots.clone().try_acquire_owned(),
