@@ -257,13 +257,8 @@ impl Committer {
         expected: Option<&[u8]>,
         effects: SettlementEffects,
     ) -> Result<Option<Vec<EnqueueResult>>> {
-        let (key, expected) = (key.to_vec(), expected.map(<[u8]>::to_vec));
-        self.plain(|queue| async move {
-            queue
-                .kv_compare_commit(&key, expected.as_deref(), effects)
-                .await
-        })
-        .await
+        self.compare_commit_holding(key, expected, effects, None)
+            .await
     }
 
     /// [`compare_commit`](Self::compare_commit) of effects that change a
@@ -276,6 +271,19 @@ impl Committer {
         expected: Option<&[u8]>,
         effects: SettlementEffects,
         write: RecordWrite,
+    ) -> Result<Option<Vec<EnqueueResult>>> {
+        self.compare_commit_holding(key, expected, effects, Some(write))
+            .await
+    }
+
+    /// [`Queue::kv_compare_commit`], with `write` (if any) moved into the
+    /// commit's task and dropped there once the commit finished.
+    async fn compare_commit_holding(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        effects: SettlementEffects,
+        write: Option<RecordWrite>,
     ) -> Result<Option<Vec<EnqueueResult>>> {
         let (key, expected) = (key.to_vec(), expected.map(<[u8]>::to_vec));
         self.plain(|queue| async move {
