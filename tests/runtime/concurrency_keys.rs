@@ -312,6 +312,48 @@ async fn cancelling_a_running_holder_admits_the_next_run() {
     worker.shutdown().await.unwrap();
 }
 
+/// A freed slot goes to the key's next waiter as soon as the termination
+/// that freed it commits, whether a cancellation removed the holder's
+/// parked step or a settlement ended it, not at the next maintenance round
+/// (an hour away here).
+#[tokio::test(start_paused = true)]
+async fn a_freed_slot_is_given_when_its_termination_commits_not_at_the_next_maintenance_round() {
+    let runner = FnRunner(|step: Step| async move {
+        Ok(match step.delivery.run_id.as_str() {
+            // The first holder waits an hour on its timer.
+            "first" if step.step_number == 0 => {
+                StepOutcome::continue_after(Vec::new(), Duration::from_secs(3600))
+            }
+            _ => StepOutcome::Succeed { result: Vec::new() },
+        })
+    });
+    let (queue, store, _clock) = memory_queue().await;
+    let runtime = WorkflowRuntime::builder(queue.clone(), store, runner, NoopTerminalHook)
+        .poll_interval(Duration::from_secs(3600))
+        .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    for id in ["first", "second", "third"] {
+        runtime.submit(keyed(id, "k", None)).await.unwrap();
+    }
+    within(60, async {
+        eventually("the holder to wait on its timer", || async {
+            let status = runtime.status(&rid("first")).await.unwrap().unwrap();
+            status.state == RunState::Pending && status.current_step == 1
+        })
+        .await;
+    })
+    .await;
+    // The cancellation frees the slot; `second` runs and its settlement
+    // frees it for `third`.
+    assert!(runtime.cancel(&rid("first")).await.unwrap());
+    let end = within(60, runtime.wait(&rid("third"))).await.unwrap();
+    assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+    let end = within(60, runtime.wait(&rid("second"))).await.unwrap();
+    assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+    assert!(runtime.view().concurrency_keys().await.unwrap().is_empty());
+    worker.shutdown().await.unwrap();
+}
+
 #[tokio::test(start_paused = true)]
 async fn bad_keys_and_limits_are_refused_naming_the_value() {
     let (queue, store, _clock) = memory_queue().await;

@@ -25,8 +25,6 @@ const CAPACITY: usize = 4096;
 
 #[derive(Debug, Default)]
 struct State {
-    /// Children whose terminating commit is in flight.
-    ending: HashSet<RunId>,
     /// Children whose termination committed, to wake the parent of.
     due: Vec<RunId>,
     /// Children whose parent is being woken.
@@ -53,26 +51,16 @@ impl ChildWakes {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A termination of the child `child` is about to commit.
-    pub(crate) fn ending(&self, child: &RunId) {
+    /// The termination of the child `child` committed: its wake is due.
+    /// Told by the commit itself
+    /// ([`Committer::run`](crate::run::commit::Committer::run)), so nothing
+    /// is kept for a termination that never commits.
+    pub(crate) fn ended(&self, child: &RunId) {
         let mut state = self.lock();
-        if state.ending.len() >= CAPACITY {
-            state.ending.clear();
-        }
-        state.ending.insert(child.clone());
-    }
-
-    /// The terminating commit of `run_id` returned, `committed` or not;
-    /// a committed child's wake is due.
-    pub(crate) fn ended(&self, run_id: &RunId, committed: bool) {
-        let mut state = self.lock();
-        if !state.ending.remove(run_id) || !committed {
-            return;
-        }
         if state.due.len() >= CAPACITY {
             state.due.clear();
         }
-        state.due.push(run_id.clone());
+        state.due.push(child.clone());
         drop(state);
         self.notify.notify_one();
     }
@@ -120,18 +108,21 @@ mod tests {
     }
 
     #[test]
-    fn only_a_committed_childs_termination_is_due_once() {
+    fn an_ended_childs_wake_is_due_once() {
         let wakes = ChildWakes::default();
-        // Not a child (never marked ending): nothing due.
-        wakes.ended(&id("plain"), true);
-        wakes.ending(&id("c1"));
-        wakes.ended(&id("c1"), false);
-        wakes.ending(&id("c2"));
-        wakes.ended(&id("c2"), true);
-        // A second report of the same commit adds nothing.
-        wakes.ended(&id("c2"), true);
-        assert_eq!(wakes.take_due(), vec![id("c2")]);
+        wakes.ended(&id("c1"));
+        wakes.ended(&id("c2"));
+        assert_eq!(wakes.take_due(), vec![id("c1"), id("c2")]);
         assert!(wakes.take_due().is_empty());
+    }
+
+    #[test]
+    fn due_wakes_past_the_capacity_are_left_to_the_maintenance_round() {
+        let wakes = ChildWakes::default();
+        for n in 0..=CAPACITY {
+            wakes.ended(&id(&format!("c{n}")));
+        }
+        assert_eq!(wakes.take_due(), vec![id(&format!("c{CAPACITY}"))]);
     }
 
     #[test]

@@ -129,13 +129,12 @@ pub(crate) struct DurableKeyWaiter {
     pub(crate) submitted_at_ms: u64,
 }
 
-/// A queue's keys: their locks, the keyed runs whose terminating commit
-/// is in flight, and the keys a committed termination freed a slot of.
+/// A queue's keys: their locks, and the keys a committed termination freed
+/// a slot of.
 #[derive(Default)]
 struct QueueKeys {
     queue: Weak<Queue>,
     locks: HashMap<String, Weak<AsyncMutex<()>>>,
-    ending: HashMap<RunId, String>,
     freed: BTreeSet<String>,
     notify: Arc<Notify>,
     /// Maintenance rounds asked [`ConcurrencyKeys::pass_due`].
@@ -188,26 +187,16 @@ impl ConcurrencyKeys {
         lock.lock_owned().await
     }
 
-    /// Note that a termination of `run_id`, which ran under `key`, is about
-    /// to commit.
-    pub(crate) fn ending(&self, run_id: &RunId, key: &str) {
-        self.with(|keys| keys.ending.insert(run_id.clone(), key.to_string()));
-    }
-
-    /// The terminating commit of `run_id` returned, `committed` or not: a
-    /// committed one freed a slot of its key (when it had one), which is
-    /// marked for the admission pump.
-    pub(crate) fn ended(&self, run_id: &RunId, committed: bool) {
+    /// A committed termination freed a slot of `key` (or removed one of its
+    /// waiters): the key is marked for the admission pump. Told by the
+    /// commit itself ([`Committer::run`](crate::run::commit::Committer::run)),
+    /// so nothing is kept for a termination that never commits.
+    pub(crate) fn ended(&self, key: &str) {
         let notify = self.with(|keys| {
-            let key = keys.ending.remove(run_id)?;
-            committed.then(|| {
-                keys.freed.insert(key);
-                keys.notify.clone()
-            })
+            keys.freed.insert(key.to_string());
+            keys.notify.clone()
         });
-        if let Some(notify) = notify {
-            notify.notify_one();
-        }
+        notify.notify_one();
     }
 
     /// Whether this maintenance round of the queue passes over every
@@ -276,5 +265,25 @@ mod tests {
         let err = check_key(&long).expect_err("long").to_string();
         assert!(err.contains("257 bytes"), "{err}");
         assert!(check_key(&"k".repeat(MAX_CONCURRENCY_KEY_LEN)).is_ok());
+    }
+
+    #[tokio::test]
+    async fn an_ended_key_is_marked_once_and_its_pump_notified() {
+        let store = Arc::new(taquba::object_store::memory::InMemory::new());
+        let queue = Arc::new(Queue::open(store, "keys").await.expect("open"));
+        let keys = ConcurrencyKeys::for_queue(&queue);
+        let notify = keys.notify();
+        let notified = notify.notified();
+        keys.ended("a");
+        keys.ended("a");
+        keys.ended("b");
+        // The permit `notify_one` stored wakes the pump's next wait.
+        tokio::time::timeout(std::time::Duration::from_secs(5), notified)
+            .await
+            .expect("the pump is notified");
+        let (freed, pumping) = keys.take_freed();
+        assert_eq!(freed, BTreeSet::from(["a".to_string(), "b".to_string()]));
+        drop(pumping);
+        assert!(keys.take_freed().0.is_empty());
     }
 }

@@ -366,8 +366,8 @@ fn attempt_outcome(
     settlement: &Settlement,
     run: &DurableRunRecord,
 ) -> Option<DurableAttemptOutcome> {
-    if let Some((run_id, end)) = &settlement.ended {
-        let termination = &end.termination;
+    if let Some(ending) = &settlement.ended {
+        let (run_id, termination) = (&ending.run_id, &ending.end.termination);
         let error = termination.error.as_deref().unwrap_or_default();
         // The reason of a cancellation from outside, from the terminal
         // record the settlement commits (the request may be newer than the

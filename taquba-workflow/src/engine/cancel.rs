@@ -236,14 +236,14 @@ impl RuntimeCore {
         );
         let membership = Membership::from_headers(&job.headers)?;
         let termination = self.termination(&outcome, None, record, &job.id, membership.as_ref());
-        let (mut effects, ended) =
+        let (mut effects, ending) =
             self.terminate_effects(&outcome, termination, membership.as_ref(), job, false);
         effects
             .kv_deletes
             .extend(crate::coordination::signal::waiter_cleanup(job));
         let reason = DurableAttemptOutcome::cancelled(record.cancel_reason.as_deref());
         self.record_detached(&mut effects, run_id, pointer, job, reason, None);
-        let (outcome, _) = self.commits.cancel_with(&job.id, effects, ended).await?;
+        let (outcome, _) = self.commits.cancel_with(&job.id, effects, ending).await?;
         Ok(outcome)
     }
 

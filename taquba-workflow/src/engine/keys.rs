@@ -129,21 +129,6 @@ impl RuntimeCore {
         Ok(())
     }
 
-    /// `effects` (a termination of `run_id`) with the deletes of the run's
-    /// slot record and waiter record (whichever exists); the key is marked
-    /// for the admission pump once the termination commits.
-    pub(crate) fn release_key_effects(
-        &self,
-        run_id: &RunId,
-        concurrency: &DurableConcurrency,
-        effects: SettlementEffects,
-    ) -> SettlementEffects {
-        self.keys.ending(run_id, &concurrency.key);
-        effects
-            .kv_delete(key_held_kv_key(&concurrency.key, run_id))
-            .kv_delete(key_waiting_kv_key(&concurrency.key, &concurrency.seq))
-    }
-
     /// For the requeue of the keyed run `run_id` (whose restored record is
     /// `run`): take its key's lock and a slot in the requeue's `effects`.
     /// `None` for a run without a key.
@@ -379,6 +364,20 @@ impl RuntimeCore {
             keys.insert(key);
         }
     }
+}
+
+/// `effects` (a termination of `run_id`) with the deletes of the run's
+/// slot record and waiter record (whichever exists). The key is marked for
+/// the admission pump by the termination's commit (its
+/// [`Ending`](crate::run::commit::Ending) names the key).
+pub(crate) fn release_key_effects(
+    run_id: &RunId,
+    concurrency: &DurableConcurrency,
+    effects: SettlementEffects,
+) -> SettlementEffects {
+    effects
+        .kv_delete(key_held_kv_key(&concurrency.key, run_id))
+        .kv_delete(key_waiting_kv_key(&concurrency.key, &concurrency.seq))
 }
 
 /// The admission pump of the queue's keys: whenever a committed

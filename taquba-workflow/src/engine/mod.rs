@@ -61,7 +61,7 @@ use crate::error::{Error, Result};
 use crate::model::RunEnd;
 use crate::model::StepErrorKind;
 use crate::model::{MAX_TERMINATION_ERROR_LEN, RunOutcome, TerminalStatus};
-use crate::run::commit::Committer;
+use crate::run::commit::{Committer, Ending};
 use crate::run::ids::IdGenerator;
 use crate::run::inflight::InFlightRegistry;
 use crate::run::submit_batch::SubmitBatcher;
@@ -432,9 +432,11 @@ impl RuntimeCore {
     /// and the notification job when the hook observes the outcome.
     /// `step` is the terminal step's queue record: the notification inherits
     /// its attempt limit and its priority (the run's, so an urgent run's hook
-    /// is not queued behind a backlog of less urgent work). With the effects, the end the run's waiters
-    /// are told once they commit: with `outcome` when `recorded` (its run
-    /// result record was written).
+    /// is not queued behind a backlog of less urgent work). With the effects,
+    /// the [`Ending`] their commit carries: the end the run's waiters are
+    /// told once they commit (with `outcome` when `recorded`: its run
+    /// result record was written), the run's concurrency key and whether
+    /// it is a child, for the admission and child-wake pumps.
     pub(crate) fn terminate_effects(
         &self,
         outcome: &RunOutcome,
@@ -442,7 +444,7 @@ impl RuntimeCore {
         membership: Option<&Membership>,
         step: &JobRecord,
         recorded: bool,
-    ) -> (SettlementEffects, (RunId, RunEnd)) {
+    ) -> (SettlementEffects, Ending) {
         let run_id = &outcome.run_id;
         let end = RunEnd {
             termination: termination.clone().into(),
@@ -454,13 +456,15 @@ impl RuntimeCore {
             .kv_delete(step_kv_key(run_id))
             .kv_put(outcome_kv_key(run_id), durable::encode(&termination));
         effects = children::child_end_effects(effects, outcome, &termination);
-        if termination.parent.is_some() {
-            // Its parent is woken once this termination commits.
-            self.commits.child_wakes().ending(run_id);
-        }
+        let ending = Ending {
+            run_id: run_id.clone(),
+            end,
+            key: termination.concurrency.as_ref().map(|c| c.key.clone()),
+            child: termination.parent.is_some(),
+        };
         if let Some(concurrency) = &termination.concurrency {
             // The run's slot (or its waiter record) goes with it.
-            effects = self.release_key_effects(run_id, concurrency, effects);
+            effects = keys::release_key_effects(run_id, concurrency, effects);
         }
         if let Some(membership) = membership {
             effects = effects.kv_put(
@@ -488,7 +492,7 @@ impl RuntimeCore {
                     .max_attempts(step.max_attempts),
             });
         }
-        (effects, (run_id.clone(), end))
+        (effects, ending)
     }
 
     /// The outcome of a run terminated outside any runner call, at the step

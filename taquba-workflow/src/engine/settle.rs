@@ -20,9 +20,9 @@ use crate::engine::{RuntimeCore, StepEnqueueOpts};
 use crate::error::{Error, Result};
 use crate::hooks::guard::{self, panic_message};
 use crate::hooks::terminal::TerminalHook;
-use crate::model::RunEnd;
 use crate::model::{RunOutcome, TerminalStatus};
 use crate::model::{StepError, StepErrorKind, StepOutcome, Trigger};
+use crate::run::commit::Ending;
 use crate::run::effects::{EffectsHandle, StagedKv, TerminalEffects};
 use crate::run::inflight::InFlightGuard;
 use crate::run::record_cache::Lookup;
@@ -70,9 +70,9 @@ pub(crate) struct Settlement {
     /// The run and step whose pointer the acknowledgement moves, to adopt
     /// an already pending job of that step on a dedup hit.
     pub(crate) next_step: Option<(RunId, u32)>,
-    /// The run termination this settlement commits, reported to the run's
-    /// waiters once it did.
-    pub(crate) ended: Option<(RunId, RunEnd)>,
+    /// The run termination this settlement commits, reported once it did
+    /// (see [`Committer::run`](crate::run::commit::Committer::run)).
+    pub(crate) ended: Option<Ending>,
     /// The trigger of the next step, when the settlement continues the run.
     pub(crate) continued: Option<Trigger>,
     /// The job the pointer this settlement writes names, when the history
@@ -85,7 +85,7 @@ impl Settlement {
     /// it: a terminal status, `continued`, `retried`, `failed` or
     /// `dead_lettered`, and the error, if any.
     pub(crate) fn span_outcome(&self) -> (&'static str, Option<&str>) {
-        let ended = self.ended.as_ref().map(|(_, end)| &end.termination);
+        let ended = self.ended.as_ref().map(|ending| &ending.end.termination);
         match &self.kind {
             SettleKind::Ack(_) => match ended {
                 Some(termination) => (termination.status.as_str(), termination.error.as_deref()),
@@ -115,7 +115,7 @@ impl Settlement {
     }
 
     /// This settlement, reporting `ended` once it commits.
-    pub(crate) fn ending(self, ended: (RunId, RunEnd)) -> Self {
+    pub(crate) fn ending(self, ended: Ending) -> Self {
         Self {
             ended: Some(ended),
             ..self
@@ -244,14 +244,14 @@ impl RuntimeCore {
         {
             return Settlement::infrastructure(err);
         }
-        let (effects, ended) = self.terminate_effects(
+        let (effects, ending) = self.terminate_effects(
             &outcome,
             termination,
             claimed.membership.as_ref(),
             claimed.job,
             true,
         );
-        Settlement::of(SettleKind::Ack(effects)).ending(ended)
+        Settlement::of(SettleKind::Ack(effects)).ending(ending)
     }
 
     /// [`store_run_result`](Self::store_run_result) for the step job of
@@ -352,14 +352,14 @@ impl RuntimeCore {
                 false
             }
         };
-        let (effects, ended) = self.terminate_effects(
+        let (effects, ending) = self.terminate_effects(
             &outcome,
             termination,
             claimed.membership.as_ref(),
             claimed.job,
             recorded,
         );
-        Settlement::failure(error, effects).ending(ended)
+        Settlement::failure(error, effects).ending(ending)
     }
 
     /// The effects that make `payload` the run's next step.

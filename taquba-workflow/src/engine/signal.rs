@@ -242,14 +242,14 @@ impl RuntimeCore {
                 claimed.membership.as_ref(),
             );
             self.store_run_result(&outcome, &termination).await?;
-            let (effects, ended) = self.terminate_effects(
+            let (effects, ending) = self.terminate_effects(
                 &outcome,
                 termination,
                 claimed.membership.as_ref(),
                 claimed.job,
                 true,
             );
-            return Ok(Settlement::of(SettleKind::Ack(effects)).ending(ended));
+            return Ok(Settlement::of(SettleKind::Ack(effects)).ending(ending));
         }
         let buffer_key = signal_buffer_kv_key(correlation_key);
         let mut opts: StepEnqueueOpts = claimed.next_step_opts();

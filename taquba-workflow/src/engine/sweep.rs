@@ -363,7 +363,7 @@ async fn reconcile_step(
         };
         let membership = Membership::from_headers(&job.headers)?;
         let termination = core.termination(&outcome, None, &record, &job.id, membership.as_ref());
-        let (mut effects, ended) =
+        let (mut effects, ending) =
             core.terminate_effects(&outcome, termination, membership.as_ref(), job, false);
         effects
             .kv_deletes
@@ -389,7 +389,7 @@ async fn reconcile_step(
         // concurrent settlement or reconciliation as well.
         if core
             .commits
-            .compare_commit_ending(&run_key, Some(&record_bytes), effects, ended)
+            .compare_commit_ending(&run_key, Some(&record_bytes), effects, ending)
             .await?
             .is_some()
         {

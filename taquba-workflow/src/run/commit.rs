@@ -69,6 +69,25 @@ where
     }
 }
 
+/// A run termination that a commit carries, built with its effects
+/// ([`terminate_effects`](crate::engine::RuntimeCore::terminate_effects)):
+/// what the run's waiters are told, and what this process's coordination
+/// learns, once the commit committed it (see [`Committer::run`]). Nothing
+/// is told before then, so a termination built and never committed leaves
+/// nothing behind.
+#[derive(Debug)]
+pub(crate) struct Ending {
+    /// The run that ends.
+    pub(crate) run_id: RunId,
+    /// Its end, for its waiters.
+    pub(crate) end: RunEnd,
+    /// The concurrency key the run held a slot of or waited on, if any:
+    /// the key is marked for the admission pump.
+    pub(crate) key: Option<String>,
+    /// Whether the run is a child (has a parent): its parent is woken.
+    pub(crate) child: bool,
+}
+
 /// The queue commits of one runtime, each on a task of its own (see the
 /// module doc). Cheap to clone.
 #[derive(Clone)]
@@ -79,11 +98,11 @@ pub(crate) struct Committer {
     queue_name: Arc<str>,
     /// The outage that closed the store, when an outage guard did.
     outage: Arc<std::sync::Mutex<Option<OutageExceeded>>>,
-    /// Told of every terminating commit, so a freed concurrency slot is
-    /// given to the key's next waiter.
+    /// Told of every committed termination of a keyed run, so a freed
+    /// concurrency slot is given to the key's next waiter.
     keys: crate::coordination::keys::ConcurrencyKeys,
-    /// Told of every terminating commit, so a child's parent is woken at
-    /// once.
+    /// Told of every committed termination of a child, so its parent is
+    /// woken at once.
     child_wakes: Arc<crate::coordination::child_wakes::ChildWakes>,
 }
 
@@ -145,16 +164,19 @@ impl Committer {
     }
 
     /// Run the commit `commit` builds on the queue, on a task of its own.
-    /// When `ended` is given the commit carries that run termination: while
+    /// When `ending` is given the commit carries that run termination: while
     /// it is in flight the run is marked terminating, and once it returned
-    /// with a value `committed` accepts, the run's waiters in this process
-    /// are told. A closed store is noted.
+    /// with a value `committed` accepts, the termination is told to the
+    /// run's waiters in this process, to the admission pump (a keyed run)
+    /// and to the child-wake pump (a child). A failed commit, or one that
+    /// did not commit the termination, tells nobody. A closed store is
+    /// noted.
     ///
     /// # Errors
     /// The commit's error; [`Error::RuntimeShutdown`].
     pub(crate) async fn run<T, Fut>(
         &self,
-        ended: Option<(RunId, RunEnd)>,
+        ending: Option<Ending>,
         commit: impl FnOnce(Arc<Queue>) -> Fut,
         committed: impl FnOnce(&T) -> bool + Send + 'static,
     ) -> Result<T>
@@ -164,52 +186,54 @@ impl Committer {
     {
         let this = self.clone();
         let commit = commit(self.queue.clone());
-        detached(async move { this.ending_here(ended.as_ref(), commit, committed).await }).await
+        detached(async move { this.ending_here(ending.as_ref(), commit, committed).await }).await
     }
 
     /// [`run`](Self::run) on the calling task, for work that already runs
     /// whole on a task of its own (the worker's settlements).
     pub(crate) async fn ending_here<T>(
         &self,
-        ended: Option<&(RunId, RunEnd)>,
+        ending: Option<&Ending>,
         commit: impl Future<Output = taquba::Result<T>>,
         committed: impl FnOnce(&T) -> bool,
     ) -> taquba::Result<T> {
-        let _terminating = ended.map(|(run_id, _)| self.watchers.terminating(run_id));
+        let _terminating = ending.map(|ending| self.watchers.terminating(&ending.run_id));
         let result = commit.await;
         match &result {
             Ok(value) => {
-                let committed = ended.is_some() && committed(value);
-                if let Some((run_id, _)) = ended {
-                    self.keys.ended(run_id, committed);
-                    self.child_wakes.ended(run_id, committed);
-                }
-                if let Some((run_id, end)) = ended
-                    && committed
+                if let Some(ending) = ending
+                    && committed(value)
                 {
-                    #[cfg(feature = "metrics")]
-                    crate::telemetry::metrics::run_ended_on(
-                        &self.queue,
-                        &self.queue_name,
-                        run_id,
-                        end,
-                    )
-                    .await;
-                    self.watchers.notify(run_id, end);
+                    self.ended(ending).await;
                 }
             }
-            Err(err) => {
-                if let Some((run_id, _)) = ended {
-                    self.keys.ended(run_id, false);
-                    self.child_wakes.ended(run_id, false);
-                }
-                match outage_in(err) {
-                    Some(outage) => self.note_outage(&outage),
-                    None => self.note_closed(Error::is_queue_store_closed(err), err),
-                }
-            }
+            Err(err) => match outage_in(err) {
+                Some(outage) => self.note_outage(&outage),
+                None => self.note_closed(Error::is_queue_store_closed(err), err),
+            },
         }
         result
+    }
+
+    /// Tell this process of the committed termination `ending`: the
+    /// admission pump of its key, the child-wake pump, then the run's
+    /// waiters.
+    async fn ended(&self, ending: &Ending) {
+        let Ending {
+            run_id,
+            end,
+            key,
+            child,
+        } = ending;
+        if let Some(key) = key {
+            self.keys.ended(key);
+        }
+        if *child {
+            self.child_wakes.ended(run_id);
+        }
+        #[cfg(feature = "metrics")]
+        crate::telemetry::metrics::run_ended_on(&self.queue, &self.queue_name, run_id, end).await;
+        self.watchers.notify(run_id, end);
     }
 
     async fn plain<T, Fut>(&self, commit: impl FnOnce(Arc<Queue>) -> Fut) -> Result<T>
@@ -233,13 +257,8 @@ impl Committer {
         expected: Option<&[u8]>,
         effects: SettlementEffects,
     ) -> Result<Option<Vec<EnqueueResult>>> {
-        let (key, expected) = (key.to_vec(), expected.map(<[u8]>::to_vec));
-        self.plain(|queue| async move {
-            queue
-                .kv_compare_commit(&key, expected.as_deref(), effects)
-                .await
-        })
-        .await
+        self.compare_commit_holding(key, expected, effects, None)
+            .await
     }
 
     /// [`compare_commit`](Self::compare_commit) of effects that change a
@@ -253,6 +272,19 @@ impl Committer {
         effects: SettlementEffects,
         write: RecordWrite,
     ) -> Result<Option<Vec<EnqueueResult>>> {
+        self.compare_commit_holding(key, expected, effects, Some(write))
+            .await
+    }
+
+    /// [`Queue::kv_compare_commit`], with `write` (if any) moved into the
+    /// commit's task and dropped there once the commit finished.
+    async fn compare_commit_holding(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        effects: SettlementEffects,
+        write: Option<RecordWrite>,
+    ) -> Result<Option<Vec<EnqueueResult>>> {
         let (key, expected) = (key.to_vec(), expected.map(<[u8]>::to_vec));
         self.plain(|queue| async move {
             let committed = queue
@@ -265,17 +297,17 @@ impl Committer {
     }
 
     /// [`compare_commit`](Self::compare_commit) of effects that terminate a
-    /// run with `ended` (see [`run`](Self::run)).
+    /// run as `ending` says (see [`run`](Self::run)).
     pub(crate) async fn compare_commit_ending(
         &self,
         key: &[u8],
         expected: Option<&[u8]>,
         effects: SettlementEffects,
-        ended: (RunId, RunEnd),
+        ending: Ending,
     ) -> Result<Option<Vec<EnqueueResult>>> {
         let (key, expected) = (key.to_vec(), expected.map(<[u8]>::to_vec));
         self.run(
-            Some(ended),
+            Some(ending),
             |queue| async move {
                 queue
                     .kv_compare_commit(&key, expected.as_deref(), effects)
@@ -286,17 +318,17 @@ impl Committer {
         .await
     }
 
-    /// [`Queue::cancel_with`] of effects that terminate a run with `ended`
-    /// when the job is removed (see [`run`](Self::run)).
+    /// [`Queue::cancel_with`] of effects that terminate a run as `ending`
+    /// says when the job is removed (see [`run`](Self::run)).
     pub(crate) async fn cancel_with(
         &self,
         job_id: &str,
         effects: SettlementEffects,
-        ended: (RunId, RunEnd),
+        ending: Ending,
     ) -> Result<(CancelOutcome, Vec<EnqueueResult>)> {
         let job_id = job_id.to_string();
         self.run(
-            Some(ended),
+            Some(ending),
             |queue| async move { queue.cancel_with(&job_id, effects).await },
             |(outcome, _)| *outcome == CancelOutcome::Removed,
         )

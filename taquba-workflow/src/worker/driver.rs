@@ -340,7 +340,7 @@ async fn settle(core: &RuntimeCore, queue: &Queue, claim: &Claim, settlement: Se
     } = settlement;
     #[cfg(feature = "metrics")]
     let transition = match &ended {
-        Some((_, end)) => end.termination.status.as_str(),
+        Some(ending) => ending.end.termination.status.as_str(),
         None => "continued",
     };
     let result = match kind {
@@ -408,9 +408,9 @@ async fn settle(core: &RuntimeCore, queue: &Queue, claim: &Claim, settlement: Se
     };
     drop(signal_lock);
     if result.is_ok()
-        && let Some((run_id, _)) = &ended
+        && let Some(ending) = &ended
     {
-        core.run_records.forget(run_id);
+        core.run_records.forget(&ending.run_id);
     }
     match result {
         Ok(Some(results)) => {
