@@ -102,6 +102,9 @@ async fn another_process_finds_lists_and_describes_the_runs() {
             .await
             .unwrap();
     }
+    // The slow run's timer is set an hour from the (mock) time its step
+    // runs: let it run before the clock moves on.
+    until_step("the slow run's timer", &runtime, "b-slow", 2).await;
     // `fail-1` is submitted later, so `submitted since` can tell it apart.
     clock.advance(Duration::from_secs(60));
     submit_run(&runtime, "fail-1").await;
@@ -116,7 +119,6 @@ async fn another_process_finds_lists_and_describes_the_runs() {
     for id in ["a-done", "c-order", "fail-1"] {
         within(30, runtime.wait(&rid(id))).await.unwrap();
     }
-    until_step("the slow run's timer", &runtime, "b-slow", 2).await;
     let members: Vec<_> = [member_run_id("g1", "k1"), member_run_id("g1", "k2")].into();
     for id in &members {
         within(30, runtime.wait(id)).await.unwrap();
