@@ -58,7 +58,8 @@ struct Args {
     /// `shaped100`, `rt16`, `rt100`, `defaults`, `replay`, `memo`,
     /// `history` (interleaved pairs with run history off and on),
     /// `submit_wait` (runs timed from their submission to their result),
-    /// `jobs`, `calls` (object-store calls per step and per job, by
+    /// `jobs`, `raw_jobs` (a job's transactions and result record straight
+    /// on the queue), `calls` (object-store calls per step and per job, by
     /// operation and path), `group`, `raw_group` (a group member's
     /// transactions straight on the queue), `counts` (allocations, context
     /// switches and worker parks per step and per job), `latency` (sequential submits) or
@@ -318,8 +319,10 @@ async fn raw_steps(kind: StoreKind, args: &Args, in_flight: usize) -> Figure {
 }
 
 /// The raw loop with the runtime's transition shape: each next step carries
-/// a dedup key and a caller-chosen job id, and each acknowledgement also
-/// writes a small KV record (the runtime's current-step pointer). The gap
+/// a dedup key and a caller-chosen job id, each acknowledgement also writes
+/// a small KV record (the runtime's current-step pointer), and a run's last
+/// one is preceded by its result record and ends it (see
+/// [`raw_termination`]). The gap
 /// between this and [`raw_steps`] is what the runtime's durable layout
 /// costs inside the queue; the gap between this and the runtime is the
 /// runtime's own.
@@ -342,65 +345,178 @@ async fn raw_loop_once(kind: StoreKind, args: &Args, in_flight: usize, shaped: b
     }
     let total = args.runs as u64 * u64::from(args.steps);
     let steps = args.steps;
-    measure(total, async move {
-        let done = Arc::new(AtomicU64::new(0));
-        let finished = Arc::new(AtomicBool::new(false));
-        let slots = Arc::new(tokio::sync::Semaphore::new(in_flight));
-        let mut tasks = tokio::task::JoinSet::new();
-        while !finished.load(Ordering::Relaxed) {
-            let first = slots.clone().acquire_owned().await.expect("open");
-            let mut permits = vec![first];
-            while let Ok(p) = slots.clone().try_acquire_owned() {
-                permits.push(p);
-            }
-            let claims = queue
-                .claim_batch("raw", permits.len(), Duration::from_secs(30))
-                .await
-                .expect("claim");
-            if claims.is_empty() {
-                drop(permits);
-                queue
-                    .wait_for_jobs_on("raw", Duration::from_millis(5))
-                    .await;
-                continue;
-            }
-            for (claim, permit) in claims.into_iter().zip(permits) {
-                let queue = queue.clone();
-                let done = done.clone();
-                let finished = finished.clone();
-                tasks.spawn(async move {
-                    let step = u32::from_le_bytes(claim.payload[..4].try_into().expect("4 bytes"));
-                    let run = u32::from_le_bytes(claim.payload[4..8].try_into().expect("4 bytes"));
-                    let mut effects = SettlementEffects::default();
-                    if step + 1 < steps {
-                        let mut payload = (step + 1).to_le_bytes().to_vec();
-                        payload.extend_from_slice(&run.to_le_bytes());
-                        let mut options = EnqueueOptions::default();
-                        if shaped {
-                            let id = queue.next_job_id();
-                            effects = effects
-                                .kv_put(format!("bench/steps/{run}"), id.clone().into_bytes());
-                            options = options
-                                .dedup_key(format!("run:{run}:{}", step + 1))
-                                .id_override(id);
-                        }
-                        effects = effects.enqueue(EnqueueRequest {
-                            queue: "raw".into(),
-                            payload,
-                            options,
-                        });
+    let store = opened.store.clone();
+    measure(
+        total,
+        raw_worker(queue, in_flight, total, move |queue, claim| {
+            let store = store.clone();
+            async move {
+                let step = u32::from_le_bytes(claim.payload[..4].try_into().expect("4 bytes"));
+                let run = u32::from_le_bytes(claim.payload[4..8].try_into().expect("4 bytes"));
+                let mut effects = SettlementEffects::default();
+                if shaped && step + 1 >= steps {
+                    effects = raw_termination(&store, &run.to_string(), effects).await;
+                }
+                if step + 1 < steps {
+                    let mut payload = (step + 1).to_le_bytes().to_vec();
+                    payload.extend_from_slice(&run.to_le_bytes());
+                    let mut options = EnqueueOptions::default();
+                    if shaped {
+                        let id = queue.next_job_id();
+                        effects =
+                            effects.kv_put(format!("bench/steps/{run}"), id.clone().into_bytes());
+                        options = options
+                            .dedup_key(format!("run:{run}:{}", step + 1))
+                            .id_override(id);
                     }
-                    queue.ack_with(&claim, effects).await.expect("ack");
-                    if done.fetch_add(1, Ordering::Relaxed) + 1 == total {
-                        finished.store(true, Ordering::Relaxed);
-                        queue.enqueue("raw-stop", vec![]).await.ok();
-                    }
-                    drop(permit);
-                });
+                    effects = effects.enqueue(EnqueueRequest {
+                        queue: "raw".into(),
+                        payload,
+                        options,
+                    });
+                }
+                queue.ack_with(&claim, effects).await.expect("ack");
             }
-            while tasks.try_join_next().is_some() {}
+        }),
+    )
+    .await
+}
+
+/// What the seed's layout adds to a run's last settlement, straight on the
+/// queue: the run result record, an object at
+/// `bench-memo/runs/{run}/run.workflow.outcome` written first, then the run
+/// record and current-step pointer deleted and a terminal record (~100
+/// bytes) written in the settlement's transaction.
+async fn raw_termination(
+    store: &Arc<dyn ObjectStore>,
+    run: &str,
+    effects: SettlementEffects,
+) -> SettlementEffects {
+    let result = taquba::object_store::path::Path::from(format!(
+        "bench-memo/runs/{run}/run.workflow.outcome"
+    ));
+    store
+        .put(&result, vec![3u8; 60].into())
+        .await
+        .expect("result record");
+    effects
+        .kv_delete(format!("bench/runs/{run}"))
+        .kv_delete(format!("bench/steps/{run}"))
+        .kv_put(format!("bench/outcomes/{run}"), vec![5u8; 100])
+}
+
+/// Claim from the `raw` queue, up to `in_flight` jobs at a time (each
+/// claim takes every free slot, as the runtime's worker loop does), and
+/// run `settle` on each claimed job on its own task, until `total` have
+/// been settled.
+async fn raw_worker<F, Fut>(queue: Arc<Queue>, in_flight: usize, total: u64, settle: F)
+where
+    F: Fn(Arc<Queue>, taquba::Claim) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let done = Arc::new(AtomicU64::new(0));
+    let finished = Arc::new(AtomicBool::new(false));
+    let slots = Arc::new(tokio::sync::Semaphore::new(in_flight));
+    let mut tasks = tokio::task::JoinSet::new();
+    while !finished.load(Ordering::Relaxed) {
+        let first = slots.clone().acquire_owned().await.expect("open");
+        let mut permits = vec![first];
+        while let Ok(p) = slots.clone().try_acquire_owned() {
+            permits.push(p);
         }
-        while tasks.join_next().await.is_some() {}
+        let claims = queue
+            .claim_batch("raw", permits.len(), Duration::from_secs(30))
+            .await
+            .expect("claim");
+        if claims.is_empty() {
+            drop(permits);
+            queue
+                .wait_for_jobs_on("raw", Duration::from_millis(5))
+                .await;
+            continue;
+        }
+        for (claim, permit) in claims.into_iter().zip(permits) {
+            let (queue, settle) = (queue.clone(), settle.clone());
+            let (done, finished) = (done.clone(), finished.clone());
+            tasks.spawn(async move {
+                settle(queue.clone(), claim).await;
+                if done.fetch_add(1, Ordering::Relaxed) + 1 == total {
+                    finished.store(true, Ordering::Relaxed);
+                    queue.enqueue("raw-stop", vec![]).await.ok();
+                }
+                drop(permit);
+            });
+        }
+        while tasks.try_join_next().is_some() {}
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// The queue's floor under a typed job: `args.jobs` one-step jobs straight
+/// on taquba, submitted all at once and settled by [`raw_worker`] at 100 in
+/// flight, with the store traffic the seed's layout gives a job. Each
+/// submission enqueues step 0 under a dedup key and a chosen job id and
+/// writes a run record (~180 bytes) and a current-step pointer, submissions
+/// sharing transactions of up to 256, 8 transactions at a time (as the
+/// runtime's group commit does); each settlement first writes the run
+/// result record, an object at `bench-memo/runs/{id}/run.workflow.outcome`,
+/// then acknowledges the job deleting the run record and pointer and writing
+/// a terminal record (~100 bytes). Comparing it with
+/// [`raw_shaped_steps`] gives what a job costs in steps on the queue alone,
+/// under the runtime's job-in-steps ratio.
+async fn raw_jobs_once(kind: StoreKind, args: &Args) -> Figure {
+    let opened = open(kind).await;
+    let (queue, store) = (opened.queue.clone(), opened.store.clone());
+    let total = args.jobs as u64;
+    measure(total, async move {
+        let worker = tokio::spawn(raw_worker(
+            queue.clone(),
+            100,
+            total,
+            move |queue, claim| {
+                let store = store.clone();
+                async move {
+                    let run = String::from_utf8(claim.payload.to_vec()).expect("run id");
+                    let effects = raw_termination(&store, &run, SettlementEffects::default()).await;
+                    queue.ack_with(&claim, effects).await.expect("ack");
+                }
+            },
+        ));
+        let submissions = (0..args.jobs).map(|_| {
+            let run = ulid::Ulid::new().to_string();
+            let id = queue.next_job_id();
+            SettlementEffects::default()
+                .kv_put(format!("bench/runs/{run}"), vec![1u8; 180])
+                .kv_put(format!("bench/steps/{run}"), id.clone().into_bytes())
+                .enqueue(EnqueueRequest {
+                    queue: "raw".into(),
+                    payload: run.clone().into_bytes(),
+                    options: EnqueueOptions::default()
+                        .dedup_key(format!("run:{run}:0"))
+                        .id_override(id),
+                })
+        });
+        let batches: Vec<SettlementEffects> = submissions
+            .collect::<Vec<_>>()
+            .chunks(256)
+            .map(|chunk| {
+                let mut merged = SettlementEffects::default();
+                for effects in chunk {
+                    merged.enqueues.extend(effects.enqueues.iter().cloned());
+                    merged.kv_writes.extend(effects.kv_writes.clone());
+                }
+                merged
+            })
+            .collect();
+        futures_util::stream::iter(batches)
+            .map(|batch| {
+                let queue = queue.clone();
+                async move { queue.commit_effects(batch).await.expect("submit") }
+            })
+            .buffer_unordered(8)
+            .collect::<Vec<_>>()
+            .await;
+        worker.await.expect("worker");
     })
     .await
 }
@@ -963,6 +1079,7 @@ async fn goals(args: &Args) {
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut raws, mut defaults_all, mut bursts) = (Vec::new(), Vec::new(), Vec::new());
         let (mut floor_cpu, mut over_floor_cpu) = (Vec::new(), Vec::new());
+        let (mut job_floor, mut job_floor_cpu) = (Vec::new(), Vec::new());
         for _ in 0..rounds {
             let raw = raw_loop_once(kind, args, 100, false).await;
             let shaped = raw_loop_once(kind, args, 100, true).await;
@@ -970,6 +1087,9 @@ async fn goals(args: &Args) {
             floor_cpu.push(shaped.cpu_us / raw.cpu_us);
             over_floor_cpu.push(defaults.cpu_us / shaped.cpu_us);
             let burst = jobs_per_sec(kind, args).await;
+            let raw_jobs = raw_jobs_once(kind, args).await;
+            job_floor.push(shaped.per_sec / raw_jobs.per_sec);
+            job_floor_cpu.push(raw_jobs.cpu_us / shaped.cpu_us);
             steps.push(defaults.per_sec / raw.per_sec);
             cpu.push(defaults.cpu_us / raw.cpu_us);
             // What a job costs in steps: the time (and CPU) of one job over
@@ -1016,6 +1136,11 @@ async fn goals(args: &Args) {
         println!(
             "a typed job's time in steps' (steps/s ÷ jobs/s): {job_cost} (goal ≤ 1.10) {}; its CPU in steps' ×{job_cpu}",
             verdict(job_cost.median <= 1.1)
+        );
+        println!(
+            "  the queue's floor under it: a job's transactions and result record straight on taquba take {} of a shaped raw step's time (CPU ×{})",
+            Spread::of(job_floor),
+            Spread::of(job_floor_cpu)
         );
         if !memory {
             continue;
@@ -1161,6 +1286,7 @@ async fn counts(kind: StoreKind, args: &Args) {
     let steps = args.runs as u64 * u64::from(args.steps);
     let jobs = args.jobs as u64;
     let (mut raws, mut shapeds, mut rts, mut js) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut raw_js = Vec::new();
     for _ in 0..args.repeat.max(1) {
         raws.push(counted_case(steps, raw_loop_once(kind, args, 100, false)).await);
         shapeds.push(counted_case(steps, raw_loop_once(kind, args, 100, true)).await);
@@ -1172,6 +1298,7 @@ async fn counts(kind: StoreKind, args: &Args) {
             .await,
         );
         js.push(counted_case(jobs, jobs_per_sec(kind, args)).await);
+        raw_js.push(counted_case(jobs, raw_jobs_once(kind, args)).await);
     }
     let median = |v: &[Counts], f: fn(&Counts) -> f64| {
         let mut v: Vec<f64> = v.iter().map(f).collect();
@@ -1187,6 +1314,7 @@ async fn counts(kind: StoreKind, args: &Args) {
         ("raw loop, runtime's shape", &shapeds),
         ("runtime, defaults", &rts),
         ("typed job", &js),
+        ("raw job, runtime's layout", &raw_js),
     ] {
         println!(
             "{label:<28} {:>9.1} {:>10.0} {:>9.2} {:>9.2} {:>8.2} {:>8.1}",
@@ -1291,6 +1419,7 @@ async fn bench(args: Args) {
                 return;
             }
             "jobs" => jobs_per_sec(kind, &args).await,
+            "raw_jobs" => median(rounds, || raw_jobs_once(kind, &args)).await,
             "submit_wait" => median(rounds, || submit_wait_once(kind, &args)).await,
             "latency" => {
                 if args.bare {

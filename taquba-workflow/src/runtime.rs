@@ -22,7 +22,7 @@ use crate::hooks::guard::{self, MAX_HOOK_TIMEOUT, default_hook_timeout};
 use crate::hooks::terminal::TerminalHook;
 use crate::model::RunOutcome;
 use crate::model::{RunEnd, RunSpec, RunStatus, SubmitOutcome};
-use crate::run::commit::detached;
+use crate::run::commit::{detached, detached_unless_handed_over};
 use crate::runner::StepRunner;
 use crate::store::keys::RunId;
 use crate::telemetry::spans;
@@ -148,11 +148,15 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
         let core = self.inner.core.clone();
         let span = spans::submit(&core.queue_name, spec.run_id.as_deref());
         let recorded = span.clone();
-        detached(spans::within(span, async move {
-            let submitted = core.submit(spec).await;
-            spans::submitted(&recorded, &submitted);
-            submitted
-        }))
+        let handed_over = RuntimeCore::joins_group_commit(&spec);
+        detached_unless_handed_over(
+            handed_over,
+            spans::within(span, async move {
+                let submitted = core.submit(spec).await;
+                spans::submitted(&recorded, &submitted);
+                submitted
+            }),
+        )
         .await
     }
 
@@ -182,7 +186,12 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     }
 
     /// Wait until `run_id` terminates and report its termination and
-    /// outcome. A terminated run is reported at once. The wait is woken
+    /// outcome. A terminated run is reported at once, from its terminal
+    /// record and its run result record; the outcome of a run that ended
+    /// lately in this process (the last 4,096 ends, their outcomes up to
+    /// 64 KiB each and 8 MiB in all) is taken from memory instead of its
+    /// result record, for the termination the terminal record names only.
+    /// The wait is woken
     /// in-process by the commit that terminates the run (one read when it
     /// starts, none per step), so it belongs in the process that runs the
     /// worker; every runtime over the same `Arc<Queue>` there wakes it.

@@ -1530,3 +1530,102 @@ async fn a_wait_pending_across_a_worker_restart_in_process_gets_the_end() {
     assert_eq!(end.termination.status, TerminalStatus::Succeeded);
     worker.shutdown().await.unwrap();
 }
+
+/// Fails its first call permanently (`first`), then succeeds with
+/// `second`: a run requeued after its dead letter ends otherwise.
+#[derive(Clone, Default)]
+struct FailOnce {
+    calls: Arc<Mutex<u32>>,
+}
+
+impl StepRunner for FailOnce {
+    async fn run_step(&self, _step: &Step) -> Result<StepOutcome, StepError> {
+        let mut calls = self.calls.lock().expect("calls lock");
+        *calls += 1;
+        if *calls == 1 {
+            Err(StepError::permanent("first"))
+        } else {
+            Ok(StepOutcome::Succeed {
+                result: b"second".to_vec(),
+            })
+        }
+    }
+}
+
+/// The GETs of run result records (`{memo prefix}/runs/...`) counted so far.
+fn result_record_gets(store: &taquba_workflow_suite::measure::calls::CountingStore) -> u64 {
+    store
+        .counts()
+        .iter()
+        .filter(|((kind, op), _)| kind.ends_with("-memo/runs") && *op == "get")
+        .map(|(_, n)| n)
+        .sum()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_after_a_run_ended_here_takes_its_outcome_without_reading_its_result_record() {
+    use taquba_workflow_suite::measure::calls::CountingStore;
+    let counting = CountingStore::new(Arc::new(InMemory::new()));
+    let store: Arc<dyn ObjectStore> = Arc::new(counting.clone());
+    let clock = MockClock::new(T0);
+    let queue = open(&store, &clock).await;
+    let script = Script::default();
+    let runtime = workflow_builder(&queue, &store, &script).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    submit_with(&runtime, "ended", "steps:2", RunOptions::default()).await;
+    let first = within(10, runtime.wait(&rid("ended"))).await.unwrap();
+    assert_eq!(
+        first.outcome.as_ref().and_then(|o| o.result.as_deref()),
+        Some(b"ended@2".as_slice())
+    );
+    // Waits that begin after the end: the same end, outcome included, with
+    // no read of the result record (another runtime over the queue too).
+    counting.reset();
+    assert_eq!(within(5, runtime.wait(&rid("ended"))).await.unwrap(), first);
+    let other = waiter(&queue, &store, HOUR);
+    assert_eq!(within(5, other.wait(&rid("ended"))).await.unwrap(), first);
+    assert_eq!(result_record_gets(&counting), 0, "{:?}", counting.counts());
+    // The store agrees.
+    assert_eq!(runtime.outcome(&rid("ended")).await.unwrap(), first.outcome);
+
+    // Once the result record is removed, a wait reports what the store
+    // holds: no outcome.
+    let memos = taquba_workflow::MemoStore::new(store.clone(), "workflow-steps-memo");
+    assert_eq!(memos.clear_memos_for_run(&rid("ended")).await.unwrap(), 1);
+    let cleared = within(5, runtime.wait(&rid("ended"))).await.unwrap();
+    assert_eq!(cleared.termination, first.termination);
+    assert_eq!(cleared.outcome, None);
+    worker.shutdown().await.unwrap();
+    drop((runtime, other));
+    close(queue).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_after_a_requeued_run_ended_again_reports_its_second_outcome() {
+    let (queue, store, _clock) = common::memory_queue().await;
+    let runner = FailOnce::default();
+    let runtime = workflow_builder(&queue, &store, &runner).build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    submit_with(&runtime, "twice", "x", one_attempt()).await;
+    let failed = within(10, runtime.wait(&rid("twice"))).await.unwrap();
+    assert_eq!(failed.termination.status, TerminalStatus::Failed);
+    runtime.requeue(&rid("twice")).await.unwrap();
+    let second = within(10, runtime.wait(&rid("twice"))).await.unwrap();
+    assert_eq!(second.termination.status, TerminalStatus::Succeeded);
+    assert_eq!(
+        second.outcome.as_ref().and_then(|o| o.result.as_deref()),
+        Some(b"second".as_slice())
+    );
+    // Again after the end: the second end, not the first kept one.
+    assert_eq!(
+        within(5, runtime.wait(&rid("twice"))).await.unwrap(),
+        second
+    );
+    assert_eq!(
+        runtime.outcome(&rid("twice")).await.unwrap(),
+        second.outcome
+    );
+    worker.shutdown().await.unwrap();
+    drop(runtime);
+    close(queue).await;
+}

@@ -297,9 +297,14 @@ async fn commit_chunk(
     let next = new_counter_value();
     let mut merged = SettlementEffects::default();
     let mut submitted = Vec::with_capacity(batch.len());
+    // The worker here claims the members' step 0 soon: it finds their
+    // records in the claim path's cache instead of reading them back (each
+    // ticket taken before the commit, see `record_cache`).
+    let fill = options.run_at.is_none() && core.runs_worker();
+    let mut records = Vec::with_capacity(if fill { batch.len() } else { 0 });
     for candidate in &batch {
         let membership = candidate.membership(group_id);
-        let (effects, job_id) = core.submission_effects(
+        let (effects, job_id, record) = core.submission(
             &candidate.run_id,
             candidate.member.member.input.clone(),
             &candidate.member.input_hash,
@@ -310,6 +315,9 @@ async fn commit_chunk(
         // One enqueue per member (step 0), in member order.
         merged.enqueues.extend(effects.enqueues);
         merged.kv_writes.extend(effects.kv_writes);
+        if fill {
+            records.push((core.run_records.ticket(&candidate.run_id), record));
+        }
         submitted.push((candidate.run_id.clone(), job_id));
     }
     // Each member's effects move the counter too; this chunk's value wins.
@@ -327,6 +335,10 @@ async fn commit_chunk(
                     core.workflow_name_of(&candidate.member.member.input)
                         .as_deref(),
                 );
+            }
+            for ((ticket, record), (run_id, job_id)) in records.into_iter().zip(&submitted) {
+                core.run_records
+                    .fill(ticket, run_id, job_id, std::sync::Arc::new(record));
             }
             for ((run_id, job_id), result) in submitted.into_iter().zip(results) {
                 core.submitted(run_id, job_id, std::slice::from_ref(&result))

@@ -145,6 +145,9 @@ pub(crate) struct RuntimeCore {
     /// Active runs' records for the claim path (shared by every runtime
     /// over the queue).
     pub(crate) run_records: crate::run::record_cache::RunRecordCache,
+    /// The ends of runs that terminated lately in this process (shared by
+    /// every runtime over the queue).
+    pub(crate) recent_ends: crate::run::recent_ends::RecentEnds,
     /// When maintenance lists the inbox.
     inbox_watch: crate::engine::inbox_apply::InboxWatch,
     /// Whether this runtime's descriptor was recorded since it was built.
@@ -239,6 +242,7 @@ impl RuntimeCore {
         let group_locks = GroupLocks::for_queue(&settings.queue);
         let keys = crate::coordination::keys::ConcurrencyKeys::for_queue(&settings.queue);
         let run_records = crate::run::record_cache::RunRecordCache::for_queue(&settings.queue);
+        let recent_ends = crate::run::recent_ends::RecentEnds::for_queue(&settings.queue);
         Self {
             queue: settings.queue,
             queue_name: settings.queue_name,
@@ -257,6 +261,7 @@ impl RuntimeCore {
             command_expiry: ExpiryIndex::new(COMMAND_EXPIRY_PREFIX.as_bytes().to_vec()),
             history_cache: Default::default(),
             run_records,
+            recent_ends,
             inbox_watch: Default::default(),
             descriptor_recorded: std::sync::atomic::AtomicBool::new(false),
             worker_started_at_ms: AtomicU64::new(0),

@@ -69,6 +69,12 @@ impl RuntimeCore {
         Ok(())
     }
 
+    /// Whether this runtime's worker loop has started (its start is
+    /// recorded): the steps this runtime submits are claimed here.
+    pub(crate) fn runs_worker(&self) -> bool {
+        self.worker_started_at_ms.load(Ordering::Relaxed) != 0
+    }
+
     /// Record that the worker started at the recorded start stopped
     /// cleanly (its loop drained and returned), so a tool that finds no
     /// heartbeat can tell a stopped owner from a live one. Nothing is

@@ -90,6 +90,27 @@ impl RuntimeCore {
         Ok(())
     }
 
+    /// Whether the submission of `spec` joins the group commit of fresh
+    /// submissions (a runtime-drawn run id, no concurrency key, nothing of
+    /// the caller's riding along): if so, nothing of it awaits before the
+    /// batch's task has it, and the callers run it in their own task (see
+    /// [`detached_unless_handed_over`](crate::run::commit::detached_unless_handed_over)).
+    /// The first attempt of [`submit_checked`](Self::submit_checked) takes
+    /// the group commit under exactly these conditions.
+    pub(crate) fn joins_group_commit(spec: &RunSpec) -> bool {
+        spec.run_id.is_none()
+            && spec.options.concurrency_key.is_none()
+            && Self::carries_nothing(&spec.effects)
+    }
+
+    /// Whether `effects`, the caller's, are empty.
+    fn carries_nothing(effects: &SettlementEffects) -> bool {
+        effects.enqueues.is_empty()
+            && effects.kv_writes.is_empty()
+            && effects.kv_deletes.is_empty()
+            && effects.expiry_entries.is_empty()
+    }
+
     /// [`submit_hashed`](Self::submit_hashed) once `spec` is checked.
     async fn submit_checked(
         &self,
@@ -110,10 +131,7 @@ impl RuntimeCore {
         // A fresh ULID names no recorded run: its first attempt skips the
         // reads (the compare-and-commit below still guards the record).
         let mut fresh_id = run_id.is_none();
-        let batchable = user_effects.enqueues.is_empty()
-            && user_effects.kv_writes.is_empty()
-            && user_effects.kv_deletes.is_empty()
-            && user_effects.expiry_entries.is_empty();
+        let batchable = Self::carries_nothing(&user_effects);
         // Generated before the first await: submissions get ids in the
         // order they were made.
         let run_id = run_id.unwrap_or_else(|| self.new_run_id());
@@ -153,7 +171,7 @@ impl RuntimeCore {
             // A keyed run: the key's lock, held until the commit, and its
             // admission (see `engine::keys`).
             let slot = self.key_slot(&options).await?;
-            let (mut effects, job_id) = self.submission_effects(
+            let (mut effects, job_id, record) = self.submission(
                 &run_id,
                 input.clone(),
                 &input_hash,
@@ -167,8 +185,25 @@ impl RuntimeCore {
             // A fresh id with nothing of the caller's riding along joins the
             // group commit; the rest compare-and-commit on the run record.
             let committed = if fresh && batchable && slot.is_none() {
+                // The worker here will claim step 0 soon: it finds the
+                // record in the claim path's cache instead of reading it
+                // back. The ticket is taken before the commit, so a
+                // cancellation that changes the record after the commit
+                // (or is changing it) keeps it out (see `record_cache`).
+                let ticket = (options.run_at.is_none() && self.runs_worker())
+                    .then(|| self.run_records.ticket(&run_id));
                 match self.submit_batcher.commit(effects).await? {
-                    Batched::Committed(results) => Some(results),
+                    Batched::Committed(results) => {
+                        if let Some(ticket) = ticket {
+                            self.run_records.fill(
+                                ticket,
+                                &run_id,
+                                &job_id,
+                                std::sync::Arc::new(record),
+                            );
+                        }
+                        Some(results)
+                    }
                     // Unknown whether it committed: look, then submit again.
                     Batched::Abandoned => continue,
                 }
@@ -279,6 +314,28 @@ impl RuntimeCore {
         submitted_as: SubmittedAs<'_>,
         user_effects: &SettlementEffects,
     ) -> (SettlementEffects, String) {
+        let (effects, job_id, _) = self.submission(
+            run_id,
+            input,
+            input_hash,
+            options,
+            submitted_as,
+            user_effects,
+        );
+        (effects, job_id)
+    }
+
+    /// [`submission_effects`](Self::submission_effects), with the run
+    /// record they write.
+    pub(super) fn submission(
+        &self,
+        run_id: &RunId,
+        input: Vec<u8>,
+        input_hash: &[u8],
+        options: &RunOptions,
+        submitted_as: SubmittedAs<'_>,
+        user_effects: &SettlementEffects,
+    ) -> (SettlementEffects, String, DurableRunRecord) {
         let (membership, job_key) = match submitted_as {
             SubmittedAs::Plain => (None, None),
             SubmittedAs::Member(membership) => (Some(membership), None),
@@ -356,7 +413,7 @@ impl RuntimeCore {
                     crate::coordination::members::new_counter_value(),
                 );
         }
-        (effects, job_id)
+        (effects, job_id, record)
     }
 
     /// The outcome of a committed submission of `run_id` whose step-0 job

@@ -114,13 +114,18 @@ impl RuntimeCore {
         Ok(true)
     }
 
-    /// The end of a run found terminated, from its records.
+    /// The end of a run found terminated, from its terminal record and its
+    /// result record (kept in memory when the termination was committed
+    /// here lately: see `run::recent_ends`).
     async fn ended_run(&self, run_id: &RunId) -> Result<RunEnd> {
-        let Some(termination) = self.view.terminal_record(run_id).await? else {
+        let Some(record) = self.view.terminal_record(run_id).await? else {
             return Err(Error::RunNotFound(run_id.clone()));
         };
-        let outcome = self.view.run_result_of(run_id, &termination).await?;
-        let termination: RunTermination = termination.into();
+        let termination = RunTermination::from(record.clone());
+        let outcome = match self.recent_ends.outcome_of(run_id, &termination) {
+            Some(outcome) => Some(outcome),
+            None => self.view.run_result_of(run_id, &record).await?,
+        };
         Ok(RunEnd {
             termination,
             outcome,

@@ -72,13 +72,13 @@ use taquba::{Clock, Queue};
 use crate::coordination::group::RunGroup;
 use crate::coordination::members::HashedMember;
 use crate::coordination::members::{GroupMember, GroupStatus, MemberResult};
-use crate::engine::OnTerminated;
+use crate::engine::{OnTerminated, RuntimeCore};
 use crate::error::{Error, Result};
 use crate::hooks::terminal::NoopTerminalHook;
 use crate::model::{RunEnd, RunOptions, RunSpec, RunStatus, RunTermination};
 use crate::model::{RunOutcome, TerminalStatus};
 use crate::model::{StepError, StepErrorKind, StepOutcome};
-use crate::run::commit::detached;
+use crate::run::commit::detached_unless_handed_over;
 use crate::run::context::failure;
 use crate::run::watch::RunWatch;
 use crate::runner::{Delivery, Step, StepRunner};
@@ -621,9 +621,11 @@ impl JobRunner {
     ///
     /// # Cancel safety
     ///
-    /// Runs on a task of its own
-    /// ([cancel safety](crate#cancel-safety)). Dropped at
-    /// any await, the job was never committed, or it is committed and runs
+    /// The commit runs on a task of its own
+    /// ([cancel safety](crate#cancel-safety)): an unkeyed job without a
+    /// concurrency key joins the group commit of fresh submissions, whose
+    /// task has it before the first await; any other submission runs on a
+    /// task of its own. Dropped at any await, the job was never committed, or it is committed and runs
     /// as if awaited; submitting a keyed job again answers with the job
     /// the dropped call committed (an unkeyed one has no id to find it by).
     ///
@@ -664,11 +666,15 @@ impl JobRunner {
         let core = self.runtime.inner.core.clone();
         let span = crate::telemetry::spans::submit(&core.queue_name, spec.run_id.as_deref());
         let recorded = span.clone();
-        let outcome = detached(crate::telemetry::spans::within(span, async move {
-            let submitted = core.submit_hashed(spec, input_hash, on_terminated).await;
-            crate::telemetry::spans::submitted(&recorded, &submitted);
-            submitted
-        }))
+        let handed_over = RuntimeCore::joins_group_commit(&spec);
+        let outcome = detached_unless_handed_over(
+            handed_over,
+            crate::telemetry::spans::within(span, async move {
+                let submitted = core.submit_hashed(spec, input_hash, on_terminated).await;
+                crate::telemetry::spans::submitted(&recorded, &submitted);
+                submitted
+            }),
+        )
         .await?;
         let handle = self.handle(outcome.run_id, outcome.newly_submitted);
         // Watched from here on: a handle awaited after its job ended takes
@@ -803,20 +809,18 @@ impl<J: Job> JobHandle<J> {
     /// [`Error::RunNotFound`] for a job whose records are gone; storage and
     /// decoding errors.
     pub async fn join(&self) -> Result<std::result::Result<J::Output, JobError>> {
-        let early = self.lock_early().take();
+        let early = self
+            .lock_early()
+            .take()
+            .and_then(|mut watch| watch.try_ended());
         let end = match early {
-            // The watch first: an end it already holds is taken with two
-            // key reads instead of the result record's; else whichever of
-            // it and the wait sees the end first.
-            Some(mut watch) => tokio::select! {
-                biased;
-                end = watch.ended() => match self.still_the_end(&end).await? {
-                    true => end,
-                    false => self.runtime.wait(&self.id).await?,
-                },
-                end = self.runtime.wait(&self.id) => end?,
-            },
-            None => self.runtime.wait(&self.id).await?,
+            // An end the watch already holds is taken with two key reads
+            // (that it is still the job's end) instead of the result
+            // record's. Else the wait: it watches the job from before its
+            // one read of the pointer, and takes the end its own watch is
+            // told without reading again.
+            Some(end) if self.still_the_end(&end).await? => end,
+            _ => self.runtime.wait(&self.id).await?,
         };
         Self::from_end(&self.id, end)
     }

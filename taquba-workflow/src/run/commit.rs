@@ -69,6 +69,30 @@ where
     }
 }
 
+/// [`detached`], unless `handed_over`: then `work` runs in the caller's
+/// task (boxed, as `detached` boxes it). For work that hands what it
+/// commits to a task of its own before its first suspension (a fresh
+/// submission joining the group commit, see
+/// [`RuntimeCore::joins_group_commit`](crate::engine::RuntimeCore::joins_group_commit)):
+/// dropped before that, it committed nothing; after, the commit's task
+/// finishes it. A task of its own would cost a spawn and a wake across
+/// threads per call and guard nothing more.
+///
+/// # Errors
+/// As [`detached`].
+pub(crate) async fn detached_unless_handed_over<T, E, F>(handed_over: bool, work: F) -> Result<T>
+where
+    F: Future<Output = std::result::Result<T, E>> + Send + 'static,
+    T: Send + 'static,
+    E: Into<Error> + Send + 'static,
+{
+    if handed_over {
+        Box::pin(work).await.map_err(Into::into)
+    } else {
+        detached(work).await
+    }
+}
+
 /// A run termination that a commit carries, built with its effects
 /// ([`terminate_effects`](crate::engine::RuntimeCore::terminate_effects)):
 /// what the run's waiters are told, and what this process's coordination
@@ -104,6 +128,9 @@ pub(crate) struct Committer {
     /// Told of every committed termination of a child, so its parent is
     /// woken at once.
     child_wakes: Arc<crate::coordination::child_wakes::ChildWakes>,
+    /// Told of every committed termination's end, so a wait that begins
+    /// after it takes the outcome without reading it back.
+    recent_ends: crate::run::recent_ends::RecentEnds,
 }
 
 impl Committer {
@@ -116,6 +143,7 @@ impl Committer {
         Self {
             keys: crate::coordination::keys::ConcurrencyKeys::for_queue(&queue),
             child_wakes: Arc::default(),
+            recent_ends: crate::run::recent_ends::RecentEnds::for_queue(&queue),
             queue,
             watchers,
             store_closed,
@@ -216,8 +244,8 @@ impl Committer {
     }
 
     /// Tell this process of the committed termination `ending`: the
-    /// admission pump of its key, the child-wake pump, then the run's
-    /// waiters.
+    /// admission pump of its key, the child-wake pump, the recent ends,
+    /// then the run's waiters.
     async fn ended(&self, ending: &Ending) {
         let Ending {
             run_id,
@@ -233,6 +261,7 @@ impl Committer {
         }
         #[cfg(feature = "metrics")]
         crate::telemetry::metrics::run_ended_on(&self.queue, &self.queue_name, run_id, end).await;
+        self.recent_ends.ended(run_id, end);
         self.watchers.notify(run_id, end);
     }
 

@@ -113,8 +113,14 @@ impl RunRecordCache {
         {
             return Lookup::Hit(entry.record.clone());
         }
-        let generation = (!state.writing.contains_key(run_id)).then_some(state.generation);
-        Lookup::Miss(FillTicket { generation })
+        Lookup::Miss(ticket_of(&state, run_id))
+    }
+
+    /// A ticket to fill `run_id`'s entry with a record about to be
+    /// committed: taken before the commit, it keeps out a fill that a
+    /// change of the record during or after the commit would make stale.
+    pub(crate) fn ticket(&self, run_id: &RunId) -> FillTicket {
+        ticket_of(&self.lock(), run_id)
     }
 
     /// Keep `record`, read from the store after the lookup that gave
@@ -186,6 +192,13 @@ impl Drop for RecordWrite {
         }
         state.generation = state.generation.wrapping_add(1);
     }
+}
+
+/// A fill ticket for `run_id` as of `state`: none while a write of the run
+/// is in flight.
+fn ticket_of(state: &State, run_id: &RunId) -> FillTicket {
+    let generation = (!state.writing.contains_key(run_id)).then_some(state.generation);
+    FillTicket { generation }
 }
 
 /// Every mutation is a few map operations that cannot be left half done:
@@ -267,6 +280,22 @@ mod tests {
         let t = ticket(&cache, &run, "j0");
         cache.fill(t, &run, "j0", record(true));
         assert_eq!(hit(&cache, &run, "j0"), Some(true));
+    }
+
+    #[test]
+    fn a_submission_ticket_taken_before_its_commit_keeps_out_a_record_a_write_changed() {
+        let cache = RunRecordCache::default();
+        let run = id("r");
+        // Taken before the submission's commit; a cancellation writes the
+        // record after the commit and before the fill: not kept.
+        let t = cache.ticket(&run);
+        drop(cache.begin_write(&run));
+        cache.fill(t, &run, "j0", record(false));
+        assert_eq!(hit(&cache, &run, "j0"), None);
+        // No write in between: kept for the submitted step job.
+        let t = cache.ticket(&run);
+        cache.fill(t, &run, "j0", record(false));
+        assert_eq!(hit(&cache, &run, "j0"), Some(false));
     }
 
     #[test]

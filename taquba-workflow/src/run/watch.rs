@@ -148,6 +148,12 @@ pub(crate) struct RunWatch {
 }
 
 impl RunWatch {
+    /// The run's termination if one was reported already; `None` while
+    /// none is (the watch keeps listening).
+    pub(crate) fn try_ended(&mut self) -> Option<RunEnd> {
+        self.rx.try_recv().ok()
+    }
+
     /// The run's termination, once one is reported. Pending forever when
     /// none is (the caller bounds the wait).
     pub(crate) async fn ended(&mut self) -> RunEnd {

@@ -23,13 +23,15 @@ const MAX_SEGMENT_LEN: usize = 200;
 #[derive(Clone)]
 pub(crate) struct ObjectPrefix {
     store: Arc<dyn ObjectStore>,
-    prefix: String,
+    /// The prefix as a path, parsed once (every memo and result-record
+    /// path is built on it).
+    base: Path,
 }
 
 impl std::fmt::Debug for ObjectPrefix {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ObjectPrefix")
-            .field("prefix", &self.prefix)
+            .field("prefix", &self.base.as_ref())
             .finish_non_exhaustive()
     }
 }
@@ -38,7 +40,7 @@ impl ObjectPrefix {
     pub(crate) fn new(store: Arc<dyn ObjectStore>, prefix: impl Into<String>) -> Self {
         Self {
             store,
-            prefix: prefix.into(),
+            base: Path::from(prefix.into().as_str()),
         }
     }
 
@@ -46,16 +48,15 @@ impl ObjectPrefix {
     /// part: a `/` inside it is escaped, not a separator, and an overlong
     /// segment is replaced by `h-{sha256 hex}`.
     pub(crate) fn path(&self, segments: &[&str]) -> Path {
-        let base = Path::from(self.prefix.as_str());
         let parts = segments.iter().map(|segment| {
             let part = PathPart::from(*segment);
             if part.as_ref().len() > MAX_SEGMENT_LEN {
                 PathPart::from(format!("h-{}", hex::encode(sha256(segment.as_bytes()))))
             } else {
-                PathPart::from(part.as_ref().to_string())
+                part
             }
         });
-        base.parts().chain(parts).collect()
+        self.base.parts().chain(parts).collect()
     }
 
     /// The object store.

@@ -20,8 +20,15 @@ use crate::store::keys::RunId;
 /// this module cannot fail to encode (no maps with non-string keys, no
 /// unsupported types), so an error here is a programming error.
 pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    rmp_serde::to_vec_named(value).expect("durable records always encode")
+    let mut buf = Vec::with_capacity(ENCODE_CAPACITY);
+    encode_into(value, &mut buf);
+    buf
 }
+
+/// The buffer a record is encoded into starts this large (bytes): most
+/// records (run, terminal, pointer) fit, so encoding one allocates once
+/// instead of growing the buffer five or six times.
+const ENCODE_CAPACITY: usize = 256;
 
 /// Encode `value` as [`encode`] does, appending to `buf` (no intermediate
 /// buffer: for records encoded on every settlement).

@@ -215,7 +215,9 @@ pub(crate) fn step_dedup_key(run_id: &RunId, step: u32) -> String {
 }
 
 fn kv_key(parts: &[&str]) -> Vec<u8> {
-    let mut key = String::from(RESERVED_KV_PREFIX);
+    let len = RESERVED_KV_PREFIX.len() + parts.iter().map(|part| part.len() + 1).sum::<usize>();
+    let mut key = String::with_capacity(len);
+    key.push_str(RESERVED_KV_PREFIX);
     for (i, part) in parts.iter().enumerate() {
         if i > 0 {
             key.push('/');

@@ -76,7 +76,12 @@ impl MemoStore {
     /// [`Error::Store`] when listing or deleting fails; entries deleted
     /// before the failure stay deleted.
     pub async fn clear_memos_for_run(&self, run_id: &RunId) -> Result<usize> {
-        self.objects.delete_all(&self.run_dir(run_id)).await
+        // A wait must not report the result record removed here from the
+        // outcomes this process keeps of lately ended runs.
+        crate::run::recent_ends::forget_everywhere(run_id);
+        let removed = self.objects.delete_all(&self.run_dir(run_id)).await;
+        crate::run::recent_ends::forget_everywhere(run_id);
+        removed
     }
 
     fn run_dir(&self, run_id: &RunId) -> Path {

@@ -1,0 +1,259 @@
+//! The ends of the runs that terminated lately in this process, outcome
+//! included, so that a wait for a run that ended before it began takes the
+//! outcome from memory instead of reading the run result record back from
+//! the object store (a GET: a file read on a local directory, a round trip
+//! to a bucket).
+//!
+//! An end is kept once its terminating commit committed (the committer
+//! reports it, as it tells the run's watchers), and used only for the
+//! termination it belongs to: the waiter reads the run's terminal record
+//! first, as before, and takes a kept outcome only when that record
+//! describes the same termination (status, error, final step, commit
+//! time). A run ended again since (a requeue) has another terminal record
+//! and reads its result record; a run whose records retention removed is
+//! not found, whatever is kept; a run whose memos
+//! [`MemoStore::clear_memos_for_run`](crate::MemoStore::clear_memos_for_run)
+//! removed has its kept end forgotten with them.
+//!
+//! Shared by every runtime over the same queue (keyed by the queue, as the
+//! run-record cache is): the runtime that waits need not be the one whose
+//! worker ended the run. Bounded: at most [`MAX_ENDS`] ends and
+//! [`MAX_BYTES`] of their results, errors and headers, the oldest going
+//! first; an outcome over [`MAX_OUTCOME_BYTES`] is not kept.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
+
+use taquba::Queue;
+
+use crate::model::{RunEnd, RunOutcome, RunTermination};
+use crate::run::per_queue::{Registry, shared};
+use crate::store::keys::RunId;
+
+/// The most ends kept per queue.
+const MAX_ENDS: usize = 4096;
+/// The most bytes of outcomes (results, errors, headers) kept per queue.
+const MAX_BYTES: usize = 8 << 20;
+/// The largest outcome kept, in bytes; larger ones are read back.
+const MAX_OUTCOME_BYTES: usize = 64 << 10;
+
+#[derive(Debug, Default)]
+struct State {
+    ends: HashMap<RunId, (RunTermination, RunOutcome)>,
+    /// Run ids in the order their ends were kept (an id ended again is
+    /// listed again; its older listing is skipped when it comes up).
+    order: VecDeque<(RunId, u64)>,
+    /// The kept ends' outcome bytes.
+    bytes: usize,
+    /// Numbers the listings, so an old one is told from the current one.
+    next: u64,
+    /// The listing number of each kept end.
+    listed: HashMap<RunId, u64>,
+}
+
+static REGISTRY: LazyLock<Registry<Arc<Mutex<State>>>> = LazyLock::new(Registry::default);
+
+/// See the module doc. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RecentEnds {
+    state: Arc<Mutex<State>>,
+}
+
+impl RecentEnds {
+    /// The recent ends of `queue`'s runs, shared by every runtime over it.
+    pub(crate) fn for_queue(queue: &Arc<Queue>) -> Self {
+        Self {
+            state: shared(&REGISTRY, queue, Arc::default),
+        }
+    }
+
+    /// Keep `end`, just committed for `run_id`, if it carries an outcome
+    /// small enough.
+    pub(crate) fn ended(&self, run_id: &RunId, end: &RunEnd) {
+        let Some(outcome) = &end.outcome else {
+            return;
+        };
+        let size = outcome_bytes(outcome);
+        if size > MAX_OUTCOME_BYTES {
+            self.lock().forget(run_id);
+            return;
+        }
+        let mut state = self.lock();
+        state.forget(run_id);
+        let number = state.next;
+        state.next += 1;
+        state.bytes += size;
+        state
+            .ends
+            .insert(run_id.clone(), (end.termination.clone(), outcome.clone()));
+        state.listed.insert(run_id.clone(), number);
+        state.order.push_back((run_id.clone(), number));
+        while state.ends.len() > MAX_ENDS || state.bytes > MAX_BYTES {
+            let Some((oldest, number)) = state.order.pop_front() else {
+                break;
+            };
+            if state.listed.get(&oldest) == Some(&number) {
+                state.forget(&oldest);
+            }
+        }
+        // Listings of ends forgotten or kept again since pile up only
+        // until the next pass over them.
+        if state.order.len() > 2 * MAX_ENDS {
+            let State { order, listed, .. } = &mut *state;
+            order.retain(|(id, number)| listed.get(id) == Some(number));
+        }
+    }
+
+    /// The outcome kept for `run_id`'s termination `termination` (as its
+    /// terminal record, just read, describes it); `None` when none is kept
+    /// for that termination.
+    pub(crate) fn outcome_of(
+        &self,
+        run_id: &RunId,
+        termination: &RunTermination,
+    ) -> Option<RunOutcome> {
+        let state = self.lock();
+        let (kept, outcome) = state.ends.get(run_id)?;
+        (kept == termination).then(|| outcome.clone())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Plain map and queue updates that cannot be left half done.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Forget the end kept for `run_id` over every queue: its run result record
+/// is being removed ([`MemoStore::clear_memos_for_run`](crate::MemoStore::clear_memos_for_run),
+/// which knows its object store, not the queue), and a wait after that
+/// reads the store, which no longer has it.
+pub(crate) fn forget_everywhere(run_id: &RunId) {
+    let states: Vec<Arc<Mutex<State>>> = REGISTRY
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .values()
+        .map(|(_, state)| state.clone())
+        .collect();
+    for state in states {
+        RecentEnds { state }.lock().forget(run_id);
+    }
+}
+
+impl State {
+    fn forget(&mut self, run_id: &RunId) {
+        if let Some((_, outcome)) = self.ends.remove(run_id) {
+            self.bytes -= outcome_bytes(&outcome);
+        }
+        self.listed.remove(run_id);
+    }
+}
+
+/// The bytes `outcome` holds beyond its fixed size.
+fn outcome_bytes(outcome: &RunOutcome) -> usize {
+    outcome.result.as_ref().map_or(0, Vec::len)
+        + outcome.error.as_ref().map_or(0, String::len)
+        + outcome
+            .headers
+            .iter()
+            .map(|(name, value)| name.len() + value.len())
+            .sum::<usize>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::TerminalStatus;
+
+    fn end(run: &RunId, at_ms: u64, result: usize) -> RunEnd {
+        RunEnd {
+            termination: RunTermination {
+                status: TerminalStatus::Succeeded,
+                error: None,
+                error_kind: None,
+                final_step: 0,
+                terminated_at_ms: at_ms,
+            },
+            outcome: Some(RunOutcome {
+                run_id: run.clone(),
+                status: TerminalStatus::Succeeded,
+                result: Some(vec![7; result]),
+                error: None,
+                headers: HashMap::new(),
+                final_step: 0,
+            }),
+        }
+    }
+
+    fn id(i: usize) -> RunId {
+        RunId::new(format!("run-{i}")).unwrap()
+    }
+
+    #[test]
+    fn an_outcome_answers_only_its_own_termination() {
+        let ends = RecentEnds::default();
+        let run = id(1);
+        let first = end(&run, 10, 3);
+        ends.ended(&run, &first);
+        assert_eq!(
+            ends.outcome_of(&run, &first.termination),
+            first.outcome.clone()
+        );
+        // Ended again (after a requeue): the earlier termination no longer
+        // finds an outcome, the new one finds its own.
+        let second = end(&run, 20, 5);
+        ends.ended(&run, &second);
+        assert_eq!(ends.outcome_of(&run, &first.termination), None);
+        assert_eq!(ends.outcome_of(&run, &second.termination), second.outcome);
+        assert_eq!(ends.lock().bytes, 5);
+    }
+
+    #[test]
+    fn ends_without_an_outcome_or_too_large_are_not_kept() {
+        let ends = RecentEnds::default();
+        let run = id(1);
+        let mut bare = end(&run, 10, 0);
+        bare.outcome = None;
+        ends.ended(&run, &bare);
+        assert_eq!(ends.outcome_of(&run, &bare.termination), None);
+        let large = end(&run, 10, MAX_OUTCOME_BYTES + 1);
+        ends.ended(&run, &large);
+        assert_eq!(ends.outcome_of(&run, &large.termination), None);
+        assert_eq!(ends.lock().bytes, 0);
+    }
+
+    #[test]
+    fn the_oldest_ends_go_first_past_the_bounds() {
+        let ends = RecentEnds::default();
+        for i in 0..MAX_ENDS + 10 {
+            ends.ended(&id(i), &end(&id(i), 1, 1));
+        }
+        let state = ends.lock();
+        assert_eq!(state.ends.len(), MAX_ENDS);
+        assert!(!state.ends.contains_key(&id(9)));
+        assert!(state.ends.contains_key(&id(10)));
+        assert_eq!(state.bytes, MAX_ENDS);
+        drop(state);
+        // By bytes: each of these holds a sixteenth of the bound's worth.
+        let ends = RecentEnds::default();
+        for i in 0..200 {
+            ends.ended(&id(i), &end(&id(i), 1, MAX_OUTCOME_BYTES));
+        }
+        let state = ends.lock();
+        assert!(state.bytes <= MAX_BYTES);
+        assert_eq!(state.ends.len(), MAX_BYTES / MAX_OUTCOME_BYTES);
+        assert!(state.ends.contains_key(&id(199)));
+    }
+
+    #[test]
+    fn listings_of_ids_kept_again_do_not_pile_up() {
+        let ends = RecentEnds::default();
+        let run = id(1);
+        for at in 0..(3 * MAX_ENDS) as u64 {
+            ends.ended(&run, &end(&run, at, 1));
+        }
+        let state = ends.lock();
+        assert_eq!(state.ends.len(), 1);
+        assert!(state.order.len() <= 2 * MAX_ENDS + 1);
+        assert_eq!(state.bytes, 1);
+    }
+}
