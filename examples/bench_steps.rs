@@ -348,7 +348,7 @@ async fn raw_loop_once(kind: StoreKind, args: &Args, in_flight: usize, shaped: b
     let store = opened.store.clone();
     measure(
         total,
-        raw_worker(queue, in_flight, total, move |queue, claim| {
+        raw_worker(queue, "raw", in_flight, total, move |queue, claim| {
             let store = store.clone();
             async move {
                 let step = u32::from_le_bytes(claim.payload[..4].try_into().expect("4 bytes"));
@@ -405,12 +405,17 @@ async fn raw_termination(
         .kv_put(format!("bench/outcomes/{run}"), vec![5u8; 100])
 }
 
-/// Claim from the `raw` queue, up to `in_flight` jobs at a time (each
+/// Claim from the queue `name`, up to `in_flight` jobs at a time (each
 /// claim takes every free slot, as the runtime's worker loop does), and
 /// run `settle` on each claimed job on its own task, until `total` have
 /// been settled.
-async fn raw_worker<F, Fut>(queue: Arc<Queue>, in_flight: usize, total: u64, settle: F)
-where
+async fn raw_worker<F, Fut>(
+    queue: Arc<Queue>,
+    name: &'static str,
+    in_flight: usize,
+    total: u64,
+    settle: F,
+) where
     F: Fn(Arc<Queue>, taquba::Claim) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
@@ -425,14 +430,12 @@ where
             permits.push(p);
         }
         let claims = queue
-            .claim_batch("raw", permits.len(), Duration::from_secs(30))
+            .claim_batch(name, permits.len(), Duration::from_secs(30))
             .await
             .expect("claim");
         if claims.is_empty() {
             drop(permits);
-            queue
-                .wait_for_jobs_on("raw", Duration::from_millis(5))
-                .await;
+            queue.wait_for_jobs_on(name, Duration::from_millis(5)).await;
             continue;
         }
         for (claim, permit) in claims.into_iter().zip(permits) {
@@ -471,6 +474,7 @@ async fn raw_jobs_once(kind: StoreKind, args: &Args) -> Figure {
     measure(total, async move {
         let worker = tokio::spawn(raw_worker(
             queue.clone(),
+            "raw",
             100,
             total,
             move |queue, claim| {
@@ -617,62 +621,28 @@ async fn group_members(kind: StoreKind, members: usize, sample_memory: bool) -> 
 /// one transaction each (a step-0 enqueue with a caller-chosen id and a
 /// dedup key, the pointer, the run record and the member record per
 /// member, and the group's counter), while a loop of 100 in flight claims
-/// them; each is settled as a run's termination is (its result object
-/// written first, then an acknowledgement deleting the run record and the
-/// pointer and writing the terminal and member records); then every
+/// them; each is settled as a run's termination is ([`raw_termination`],
+/// with its member record in the acknowledgement); then every
 /// member's record is scanned and its result object read back.
 async fn raw_group_once(kind: StoreKind, members: usize) -> Figure {
     let opened = open(kind).await;
     let (queue, store) = (opened.queue.clone(), opened.store.clone());
     let record = vec![0u8; 64];
     measure(members as u64, async {
-        let worker = {
-            let (queue, store, record) = (queue.clone(), store.clone(), record.clone());
-            tokio::spawn(async move {
-                let mut done = 0;
-                let slots = Arc::new(tokio::sync::Semaphore::new(100));
-                let mut tasks = tokio::task::JoinSet::new();
-                while done < members {
-                    let first = slots.clone().acquire_owned().await.expect("open");
-                    let mut permits = vec![first];
-                    while let Ok(p) = slots.clone().try_acquire_owned() {
-                        permits.push(p);
-                    }
-                    let claims = queue
-                        .claim_batch("rawg", permits.len(), Duration::from_secs(30))
-                        .await
-                        .expect("claim");
-                    if claims.is_empty() {
-                        drop(permits);
-                        queue
-                            .wait_for_jobs_on("rawg", Duration::from_millis(5))
-                            .await;
-                        continue;
-                    }
-                    done += claims.len();
-                    for (claim, permit) in claims.into_iter().zip(permits) {
-                        let (queue, store, record) = (queue.clone(), store.clone(), record.clone());
-                        tasks.spawn(async move {
-                            let m =
-                                u64::from_le_bytes(claim.payload[..8].try_into().expect("8 bytes"));
-                            let path = taquba::object_store::path::Path::from(format!(
-                                "bench-memo/runs/{m}/run.workflow.outcome"
-                            ));
-                            store.put(&path, record.clone().into()).await.expect("put");
-                            let effects = SettlementEffects::default()
-                                .kv_delete(format!("bench/runs/{m}"))
-                                .kv_delete(format!("bench/steps/{m}"))
-                                .kv_put(format!("bench/outcomes/{m}"), record.clone())
-                                .kv_put(format!("bench/members/{m}"), record);
-                            queue.ack_with(&claim, effects).await.expect("ack");
-                            drop(permit);
-                        });
-                    }
-                    while tasks.try_join_next().is_some() {}
+        let worker = tokio::spawn(raw_worker(queue.clone(), "rawg", 100, members as u64, {
+            let (store, record) = (store.clone(), record.clone());
+            move |queue, claim| {
+                let (store, record) = (store.clone(), record.clone());
+                async move {
+                    let m = u64::from_le_bytes(claim.payload[..8].try_into().expect("8 bytes"));
+                    let effects =
+                        raw_termination(&store, &m.to_string(), SettlementEffects::default())
+                            .await
+                            .kv_put(format!("bench/members/{m}"), record);
+                    queue.ack_with(&claim, effects).await.expect("ack");
                 }
-                while tasks.join_next().await.is_some() {}
-            })
-        };
+            }
+        }));
         let ids: Vec<u64> = (0..members as u64).collect();
         for chunk in ids.chunks(256) {
             let mut effects = SettlementEffects::default();

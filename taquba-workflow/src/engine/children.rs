@@ -207,7 +207,7 @@ impl RuntimeCore {
                 None => {}
             }
             let input_hash = sha256(&start.input).to_vec();
-            let (mut effects, _job_id) = self.submission_effects(
+            let (mut effects, _job_id, _) = self.submission_effects(
                 child,
                 start.input,
                 &input_hash,

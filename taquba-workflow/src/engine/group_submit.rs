@@ -304,7 +304,7 @@ async fn commit_chunk(
     let mut records = Vec::with_capacity(if fill { batch.len() } else { 0 });
     for candidate in &batch {
         let membership = candidate.membership(group_id);
-        let (effects, job_id, record) = core.submission(
+        let (effects, job_id, record) = core.submission_effects(
             &candidate.run_id,
             candidate.member.member.input.clone(),
             &candidate.member.input_hash,
@@ -477,7 +477,7 @@ async fn submit_member(
         if rerun {
             clear_earlier_run(core, &run_id).await?;
         }
-        let (effects, job_id) = core.submission_effects(
+        let (effects, job_id, _) = core.submission_effects(
             &run_id,
             member.member.input.clone(),
             &member.input_hash,

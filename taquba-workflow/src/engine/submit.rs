@@ -171,7 +171,7 @@ impl RuntimeCore {
             // A keyed run: the key's lock, held until the commit, and its
             // admission (see `engine::keys`).
             let slot = self.key_slot(&options).await?;
-            let (mut effects, job_id, record) = self.submission(
+            let (mut effects, job_id, record) = self.submission_effects(
                 &run_id,
                 input.clone(),
                 &input_hash,
@@ -250,7 +250,7 @@ impl RuntimeCore {
         #[cfg(feature = "metrics")]
         let workflow = self.workflow_name_of(&spec.input);
         let slot = self.key_slot(&spec.options).await?;
-        let (mut effects, job_id) = self.submission_effects(
+        let (mut effects, job_id, _) = self.submission_effects(
             &run_id,
             spec.input,
             &input_hash,
@@ -304,30 +304,9 @@ impl RuntimeCore {
     /// `input_hash`): the step-0 enqueue first, so its result is at index
     /// 0, the pointer, the run record, the member record of a group member,
     /// then `user_effects`. With the step-0 job id. A keyed job's
-    /// idempotency key is carried (cut) in [`HEADER_JOB_KEY`].
+    /// idempotency key is carried (cut) in [`HEADER_JOB_KEY`]. With the
+    /// run record they write (for the claim path's cache).
     pub(super) fn submission_effects(
-        &self,
-        run_id: &RunId,
-        input: Vec<u8>,
-        input_hash: &[u8],
-        options: &RunOptions,
-        submitted_as: SubmittedAs<'_>,
-        user_effects: &SettlementEffects,
-    ) -> (SettlementEffects, String) {
-        let (effects, job_id, _) = self.submission(
-            run_id,
-            input,
-            input_hash,
-            options,
-            submitted_as,
-            user_effects,
-        );
-        (effects, job_id)
-    }
-
-    /// [`submission_effects`](Self::submission_effects), with the run
-    /// record they write.
-    pub(super) fn submission(
         &self,
         run_id: &RunId,
         input: Vec<u8>,
