@@ -80,6 +80,7 @@ mod limits;
 mod lost_payloads;
 mod memo_effects;
 mod operator;
+mod perf_review;
 mod poison;
 mod record_cache_review;
 mod reruns;

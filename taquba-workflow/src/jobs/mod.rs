@@ -819,25 +819,48 @@ impl<J: Job> JobHandle<J> {
             // record's. Else the wait: it watches the job from before its
             // one read of the pointer, and takes the end its own watch is
             // told without reading again.
-            Some(end) if self.still_the_end(&end).await? => end,
-            _ => self.runtime.wait(&self.id).await?,
+            Some(end) => match self.still_the_end(end).await? {
+                Some(end) => end,
+                None => self.runtime.wait(&self.id).await?,
+            },
+            None => self.runtime.wait(&self.id).await?,
         };
         Self::from_end(&self.id, end)
     }
 
-    /// Whether `end`, watched earlier, is still the job's end: it is not
-    /// active again (a requeue) and its terminal record describes that
+    /// `end`, watched earlier, if it is still the job's end: it is not
+    /// active again (a requeue), its terminal record describes that
     /// termination (status, error, final step, time: not a later one's,
-    /// nor gone to retention).
-    async fn still_the_end(&self, end: &RunEnd) -> Result<bool> {
+    /// nor gone to retention), and its outcome is still what this process
+    /// keeps of its lately ended runs (`None` once
+    /// [`MemoStore::clear_memos_for_run`](crate::MemoStore::clear_memos_for_run)
+    /// removed its result record, or once it is no longer kept: the caller
+    /// then reads the store).
+    async fn still_the_end(&self, end: RunEnd) -> Result<Option<RunEnd>> {
         let view = self.runtime.view();
         if view.current_step_if_active(&self.id).await?.is_some() {
-            return Ok(false);
+            return Ok(None);
         }
-        Ok(view
+        let same = view
             .terminal_record(&self.id)
             .await?
-            .is_some_and(|recorded| RunTermination::from(recorded) == end.termination))
+            .is_some_and(|recorded| RunTermination::from(recorded) == end.termination);
+        if !same {
+            return Ok(None);
+        }
+        if end.outcome.is_none() {
+            return Ok(Some(end));
+        }
+        let kept = self
+            .runtime
+            .inner
+            .core
+            .recent_ends
+            .outcome_of(&self.id, &end.termination);
+        Ok(kept.map(|outcome| RunEnd {
+            termination: end.termination,
+            outcome: Some(outcome),
+        }))
     }
 
     /// The watch taken by the first join (a poisoned lock only guards an
