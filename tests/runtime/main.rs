@@ -42,7 +42,6 @@
 //! * `signal_run`: signals that outlive their wait, and `signal_run`.
 //! * `signals`: signal delivery, buffering, timeouts, races, oversized keys, crashes.
 //! * `single_writer`: a process whose store another opened stops instead of running on.
-//! * `spans`: the runtime's `tracing` spans.
 //! * `staged_enqueues`: enqueues a caller stages cannot forge the runtime's jobs.
 //! * `storage_outages`: storage blips and outages held for a whole call or window.
 //! * `stored_formats`: keys, paths and headers as a 0.13 store has them.
@@ -92,7 +91,6 @@ mod schedules;
 mod signal_run;
 mod signals;
 mod single_writer;
-mod spans;
 mod staged_enqueues;
 mod storage_outages;
 mod stored_formats;

@@ -319,8 +319,7 @@ impl RunGroup {
         // wrote does not match it.
         let outcome = self
             .core
-            .view
-            .run_result_of(&record.run_id, &terminated)
+            .outcome_of_termination(&record.run_id, &terminated)
             .await?;
         let termination: RunTermination = terminated.into();
         Ok(MemberResult {

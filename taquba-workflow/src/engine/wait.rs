@@ -7,7 +7,8 @@ use taquba::JobStatus;
 
 use crate::engine::RuntimeCore;
 use crate::error::{Error, Result};
-use crate::model::{RunEnd, RunTermination};
+use crate::model::{RunEnd, RunOutcome, RunTermination};
+use crate::store::durable::DurableTermination;
 use crate::store::keys::RunId;
 
 impl RuntimeCore {
@@ -121,14 +122,29 @@ impl RuntimeCore {
         let Some(record) = self.view.terminal_record(run_id).await? else {
             return Err(Error::RunNotFound(run_id.clone()));
         };
-        let termination = RunTermination::from(record.clone());
-        let outcome = match self.recent_ends.outcome_of(run_id, &termination) {
-            Some(outcome) => Some(outcome),
-            None => self.view.run_result_of(run_id, &record).await?,
-        };
+        let outcome = self.outcome_of_termination(run_id, &record).await?;
         Ok(RunEnd {
-            termination,
+            termination: record.into(),
             outcome,
         })
+    }
+
+    /// The outcome of `run_id`'s termination `record` (its terminal
+    /// record, just read): from the recent ends when this process committed
+    /// it lately (see `run::recent_ends`), else from its run result record,
+    /// `None` when that is absent or belongs to another termination.
+    ///
+    /// # Errors
+    /// Storage errors reading the result record.
+    pub(crate) async fn outcome_of_termination(
+        &self,
+        run_id: &RunId,
+        record: &DurableTermination,
+    ) -> Result<Option<RunOutcome>> {
+        let termination = RunTermination::from(record.clone());
+        match self.recent_ends.outcome_of(run_id, &termination) {
+            Some(outcome) => Ok(Some(outcome)),
+            None => self.view.run_result_of(run_id, record).await,
+        }
     }
 }

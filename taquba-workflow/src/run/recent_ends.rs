@@ -68,16 +68,18 @@ impl RecentEnds {
     }
 
     /// Keep `end`, just committed for `run_id`, if it carries an outcome
-    /// small enough.
+    /// small enough; else forget what was kept of an earlier end of the run
+    /// id (whatever it was, it is not this end's).
     pub(crate) fn ended(&self, run_id: &RunId, end: &RunEnd) {
-        let Some(outcome) = &end.outcome else {
+        let Some(outcome) = end
+            .outcome
+            .as_ref()
+            .filter(|outcome| outcome_bytes(outcome) <= MAX_OUTCOME_BYTES)
+        else {
+            self.lock().forget(run_id);
             return;
         };
         let size = outcome_bytes(outcome);
-        if size > MAX_OUTCOME_BYTES {
-            self.lock().forget(run_id);
-            return;
-        }
         let mut state = self.lock();
         state.forget(run_id);
         let number = state.next;
@@ -205,6 +207,24 @@ mod tests {
         assert_eq!(ends.outcome_of(&run, &first.termination), None);
         assert_eq!(ends.outcome_of(&run, &second.termination), second.outcome);
         assert_eq!(ends.lock().bytes, 5);
+    }
+
+    #[test]
+    fn an_end_that_is_not_kept_forgets_the_run_ids_earlier_one() {
+        let ends = RecentEnds::default();
+        let run = id(1);
+        let first = end(&run, 10, 3);
+        ends.ended(&run, &first);
+        // The run id ends again, at the same instant and the same way,
+        // without an outcome: the first end's outcome is not its.
+        let mut again = end(&run, 10, 0);
+        again.outcome = None;
+        ends.ended(&run, &again);
+        assert_eq!(ends.outcome_of(&run, &first.termination), None);
+        assert_eq!(ends.lock().bytes, 0);
+        ends.ended(&run, &first);
+        ends.ended(&run, &end(&run, 10, MAX_OUTCOME_BYTES + 1));
+        assert_eq!(ends.outcome_of(&run, &first.termination), None);
     }
 
     #[test]

@@ -3,19 +3,28 @@
 //! and job id, its outcome and error; spans for submissions, signals and
 //! cancellations with their answers; the runner's own events inside the
 //! step's span.
+//!
+//! A test binary of its own: the spans are collected by a thread-local
+//! subscriber (`set_default`), and `tracing` caches each callsite's
+//! interest process-wide. In the runtime's binary, a test running at the
+//! same time on another thread, with no subscriber, could register a step
+//! span's callsite as uninteresting just as this one set its subscriber,
+//! and the spans were then never created (seen once in a full run).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use taquba_workflow::testing::TestRuntime;
-use taquba_workflow::{RunSpec, Step, StepError, StepOutcome, StepRunner};
+use taquba_workflow::{RunId, RunSpec, Step, StepError, StepOutcome, StepRunner};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::common::rid;
+fn rid(id: &str) -> RunId {
+    RunId::new(id).expect("valid test run id")
+}
 
 /// A span as recorded: its name and the fields it was given or recorded.
 #[derive(Debug, Clone, Default)]
