@@ -545,7 +545,37 @@ mod tests {
             .expect("read")
             .expect("the member record");
         let terminated = record.terminated.clone().expect("terminated");
+        // While this process keeps the member's end (it committed it), the
+        // member's outcome is what that commit reported, whatever the store
+        // holds now.
+        let kept = results[0].outcome.clone();
+        let forged_elsewhere = DurableTermination {
+            input_hash: sha256(b"another input").to_vec(),
+            ..terminated.clone()
+        };
+        let mut outcome: RunOutcome = kept.clone().expect("outcome");
+        outcome.result = Some(b"forged".to_vec());
+        core.memo_store
+            .new_run_memo(&record.run_id)
+            .put_reserved(
+                RUN_RESULT_MEMO_KEY,
+                &durable::encode(&DurableRunResult {
+                    termination: forged_elsewhere,
+                    outcome: DurableRunOutcome::from(&outcome),
+                }),
+            )
+            .await
+            .expect("write");
+        let answered = group
+            .member_result("a".into(), record.clone())
+            .await
+            .expect("member result")
+            .outcome;
+        assert_eq!(answered, kept);
+        // From the store alone (a process that did not commit the end):
+        // the result record must match the member's whole termination.
         let forge = |termination: DurableTermination| async {
+            crate::run::recent_ends::forget_everywhere(&record.run_id);
             let mut outcome: RunOutcome = results[0].outcome.clone().expect("outcome");
             outcome.result = Some(b"forged".to_vec());
             let forged = DurableRunResult {

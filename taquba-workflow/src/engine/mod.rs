@@ -464,6 +464,7 @@ impl RuntimeCore {
         let ending = Ending {
             run_id: run_id.clone(),
             end,
+            record: termination.clone(),
             key: termination.concurrency.as_ref().map(|c| c.key.clone()),
             child: termination.parent.is_some(),
         };

@@ -7,7 +7,7 @@ use taquba::JobStatus;
 
 use crate::engine::RuntimeCore;
 use crate::error::{Error, Result};
-use crate::model::{RunEnd, RunOutcome, RunTermination};
+use crate::model::{RunEnd, RunOutcome};
 use crate::store::durable::DurableTermination;
 use crate::store::keys::RunId;
 
@@ -141,8 +141,7 @@ impl RuntimeCore {
         run_id: &RunId,
         record: &DurableTermination,
     ) -> Result<Option<RunOutcome>> {
-        let termination = RunTermination::from(record.clone());
-        match self.recent_ends.outcome_of(run_id, &termination) {
+        match self.recent_ends.outcome_of(run_id, record) {
             Some(outcome) => Ok(Some(outcome)),
             None => self.view.run_result_of(run_id, record).await,
         }

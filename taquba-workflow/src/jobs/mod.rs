@@ -841,11 +841,10 @@ impl<J: Job> JobHandle<J> {
         if view.current_step_if_active(&self.id).await?.is_some() {
             return Ok(None);
         }
-        let same = view
-            .terminal_record(&self.id)
-            .await?
-            .is_some_and(|recorded| RunTermination::from(recorded) == end.termination);
-        if !same {
+        let Some(recorded) = view.terminal_record(&self.id).await? else {
+            return Ok(None);
+        };
+        if RunTermination::from(recorded.clone()) != end.termination {
             return Ok(None);
         }
         if end.outcome.is_none() {
@@ -856,7 +855,7 @@ impl<J: Job> JobHandle<J> {
             .inner
             .core
             .recent_ends
-            .outcome_of(&self.id, &end.termination);
+            .outcome_of(&self.id, &recorded);
         Ok(kept.map(|outcome| RunEnd {
             termination: end.termination,
             outcome: Some(outcome),

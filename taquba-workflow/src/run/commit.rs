@@ -105,6 +105,9 @@ pub(crate) struct Ending {
     pub(crate) run_id: RunId,
     /// Its end, for its waiters.
     pub(crate) end: RunEnd,
+    /// The terminal record the commit writes (its history entries aside),
+    /// which the recent ends key the end's outcome by.
+    pub(crate) record: crate::store::durable::DurableTermination,
     /// The concurrency key the run held a slot of or waited on, if any:
     /// the key is marked for the admission pump.
     pub(crate) key: Option<String>,
@@ -250,6 +253,7 @@ impl Committer {
         let Ending {
             run_id,
             end,
+            record,
             key,
             child,
         } = ending;
@@ -261,7 +265,7 @@ impl Committer {
         }
         #[cfg(feature = "metrics")]
         crate::telemetry::metrics::run_ended_on(&self.queue, &self.queue_name, run_id, end).await;
-        self.recent_ends.ended(run_id, end);
+        self.recent_ends.ended(run_id, record, end);
         self.watchers.notify(run_id, end);
     }
 

@@ -5,11 +5,14 @@
 //! to a bucket).
 //!
 //! An end is kept once its terminating commit committed (the committer
-//! reports it, as it tells the run's watchers), and used only for the
-//! termination it belongs to: the waiter reads the run's terminal record
-//! first, as before, and takes a kept outcome only when that record
-//! describes the same termination (status, error, final step, commit
-//! time). A run ended again since (a requeue) has another terminal record
+//! reports it, as it tells the run's watchers), with the terminal record
+//! that commit wrote, and used only for that termination: the waiter reads
+//! the run's terminal record first, as before, and takes a kept outcome
+//! only when that record is the kept one (the whole record but its history
+//! entries, as a result record is matched to its termination: a run under
+//! the same id that ended the same way in the same millisecond, with
+//! another input or as a plain run instead of a group member, does not
+//! match). A run ended again since (a requeue) has another terminal record
 //! and reads its result record; a run whose records retention removed is
 //! not found, whatever is kept; a run whose memos
 //! [`MemoStore::clear_memos_for_run`](crate::MemoStore::clear_memos_for_run)
@@ -26,8 +29,9 @@ use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
 
 use taquba::Queue;
 
-use crate::model::{RunEnd, RunOutcome, RunTermination};
+use crate::model::{RunEnd, RunOutcome};
 use crate::run::per_queue::{Registry, shared};
+use crate::store::durable::DurableTermination;
 use crate::store::keys::RunId;
 
 /// The most ends kept per queue.
@@ -39,7 +43,9 @@ const MAX_OUTCOME_BYTES: usize = 64 << 10;
 
 #[derive(Debug, Default)]
 struct State {
-    ends: HashMap<RunId, (RunTermination, RunOutcome)>,
+    /// Each run's kept end: the terminal record its commit wrote, and its
+    /// outcome.
+    ends: HashMap<RunId, (DurableTermination, RunOutcome)>,
     /// Run ids in the order their ends were kept (an id ended again is
     /// listed again; its older listing is skipped when it comes up).
     order: VecDeque<(RunId, u64)>,
@@ -67,10 +73,11 @@ impl RecentEnds {
         }
     }
 
-    /// Keep `end`, just committed for `run_id`, if it carries an outcome
-    /// small enough; else forget what was kept of an earlier end of the run
-    /// id (whatever it was, it is not this end's).
-    pub(crate) fn ended(&self, run_id: &RunId, end: &RunEnd) {
+    /// Keep `end`, just committed for `run_id` with the terminal record
+    /// `record`, if it carries an outcome small enough; else forget what
+    /// was kept of an earlier end of the run id (whatever it was, it is not
+    /// this end's).
+    pub(crate) fn ended(&self, run_id: &RunId, record: &DurableTermination, end: &RunEnd) {
         let Some(outcome) = end
             .outcome
             .as_ref()
@@ -87,7 +94,7 @@ impl RecentEnds {
         state.bytes += size;
         state
             .ends
-            .insert(run_id.clone(), (end.termination.clone(), outcome.clone()));
+            .insert(run_id.clone(), (record.clone(), outcome.clone()));
         state.listed.insert(run_id.clone(), number);
         state.order.push_back((run_id.clone(), number));
         while state.ends.len() > MAX_ENDS || state.bytes > MAX_BYTES {
@@ -106,17 +113,17 @@ impl RecentEnds {
         }
     }
 
-    /// The outcome kept for `run_id`'s termination `termination` (as its
-    /// terminal record, just read, describes it); `None` when none is kept
-    /// for that termination.
+    /// The outcome kept for `run_id`'s termination whose terminal record,
+    /// just read, is `record`; `None` when none is kept for that
+    /// termination.
     pub(crate) fn outcome_of(
         &self,
         run_id: &RunId,
-        termination: &RunTermination,
+        record: &DurableTermination,
     ) -> Option<RunOutcome> {
         let state = self.lock();
         let (kept, outcome) = state.ends.get(run_id)?;
-        (kept == termination).then(|| outcome.clone())
+        kept.same_termination(record).then(|| outcome.clone())
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -166,15 +173,32 @@ mod tests {
     use super::*;
     use crate::model::TerminalStatus;
 
-    fn end(run: &RunId, at_ms: u64, result: usize) -> RunEnd {
-        RunEnd {
-            termination: RunTermination {
-                status: TerminalStatus::Succeeded,
-                error: None,
-                error_kind: None,
-                final_step: 0,
-                terminated_at_ms: at_ms,
-            },
+    /// A termination at `at_ms` with a `result`-byte result: its terminal
+    /// record and its end.
+    fn end(run: &RunId, at_ms: u64, result: usize) -> (DurableTermination, RunEnd) {
+        let record = DurableTermination {
+            status: crate::store::durable::DurableStatus::Succeeded,
+            error: None,
+            error_kind: None,
+            final_step: 0,
+            terminated_at_ms: at_ms,
+            input_hash: vec![1; 32],
+            submitted_at_ms: Some(1),
+            job_id: Some("j".into()),
+            history: None,
+            execution: None,
+            workflow: None,
+            group: None,
+            cancel_reason: None,
+            member: None,
+            forked_from: None,
+            concurrency: None,
+            version: None,
+            patches: Vec::new(),
+            parent: None,
+        };
+        let end = RunEnd {
+            termination: record.clone().into(),
             outcome: Some(RunOutcome {
                 run_id: run.clone(),
                 status: TerminalStatus::Succeeded,
@@ -183,7 +207,12 @@ mod tests {
                 headers: HashMap::new(),
                 final_step: 0,
             }),
-        }
+        };
+        (record, end)
+    }
+
+    fn keep(ends: &RecentEnds, run: &RunId, (record, end): &(DurableTermination, RunEnd)) {
+        ends.ended(run, record, end);
     }
 
     fn id(i: usize) -> RunId {
@@ -195,18 +224,41 @@ mod tests {
         let ends = RecentEnds::default();
         let run = id(1);
         let first = end(&run, 10, 3);
-        ends.ended(&run, &first);
-        assert_eq!(
-            ends.outcome_of(&run, &first.termination),
-            first.outcome.clone()
-        );
+        keep(&ends, &run, &first);
+        assert_eq!(ends.outcome_of(&run, &first.0), first.1.outcome.clone());
         // Ended again (after a requeue): the earlier termination no longer
         // finds an outcome, the new one finds its own.
         let second = end(&run, 20, 5);
-        ends.ended(&run, &second);
-        assert_eq!(ends.outcome_of(&run, &first.termination), None);
-        assert_eq!(ends.outcome_of(&run, &second.termination), second.outcome);
+        keep(&ends, &run, &second);
+        assert_eq!(ends.outcome_of(&run, &first.0), None);
+        assert_eq!(ends.outcome_of(&run, &second.0), second.1.outcome);
         assert_eq!(ends.lock().bytes, 5);
+    }
+
+    #[test]
+    fn a_termination_the_same_but_for_its_input_or_membership_is_another() {
+        let ends = RecentEnds::default();
+        let run = id(1);
+        let kept = end(&run, 10, 3);
+        keep(&ends, &run, &kept);
+        // Another run under the id, ended the same way in the same
+        // millisecond with another input: not the kept outcome's.
+        let other_input = DurableTermination {
+            input_hash: vec![2; 32],
+            ..kept.0.clone()
+        };
+        assert_eq!(ends.outcome_of(&run, &other_input), None);
+        let other_job = DurableTermination {
+            job_id: Some("k".into()),
+            ..kept.0.clone()
+        };
+        assert_eq!(ends.outcome_of(&run, &other_job), None);
+        // The history entries the settlement adds afterwards do not count.
+        let with_history = DurableTermination {
+            history: Some(Default::default()),
+            ..kept.0.clone()
+        };
+        assert_eq!(ends.outcome_of(&run, &with_history), kept.1.outcome);
     }
 
     #[test]
@@ -214,30 +266,30 @@ mod tests {
         let ends = RecentEnds::default();
         let run = id(1);
         let first = end(&run, 10, 3);
-        ends.ended(&run, &first);
+        keep(&ends, &run, &first);
         // The run id ends again, at the same instant and the same way,
         // without an outcome: the first end's outcome is not its.
-        let mut again = end(&run, 10, 0);
+        let (record, mut again) = end(&run, 10, 0);
         again.outcome = None;
-        ends.ended(&run, &again);
-        assert_eq!(ends.outcome_of(&run, &first.termination), None);
+        ends.ended(&run, &record, &again);
+        assert_eq!(ends.outcome_of(&run, &first.0), None);
         assert_eq!(ends.lock().bytes, 0);
-        ends.ended(&run, &first);
-        ends.ended(&run, &end(&run, 10, MAX_OUTCOME_BYTES + 1));
-        assert_eq!(ends.outcome_of(&run, &first.termination), None);
+        keep(&ends, &run, &first);
+        keep(&ends, &run, &end(&run, 10, MAX_OUTCOME_BYTES + 1));
+        assert_eq!(ends.outcome_of(&run, &first.0), None);
     }
 
     #[test]
     fn ends_without_an_outcome_or_too_large_are_not_kept() {
         let ends = RecentEnds::default();
         let run = id(1);
-        let mut bare = end(&run, 10, 0);
+        let (record, mut bare) = end(&run, 10, 0);
         bare.outcome = None;
-        ends.ended(&run, &bare);
-        assert_eq!(ends.outcome_of(&run, &bare.termination), None);
+        ends.ended(&run, &record, &bare);
+        assert_eq!(ends.outcome_of(&run, &record), None);
         let large = end(&run, 10, MAX_OUTCOME_BYTES + 1);
-        ends.ended(&run, &large);
-        assert_eq!(ends.outcome_of(&run, &large.termination), None);
+        keep(&ends, &run, &large);
+        assert_eq!(ends.outcome_of(&run, &large.0), None);
         assert_eq!(ends.lock().bytes, 0);
     }
 
@@ -245,7 +297,7 @@ mod tests {
     fn the_oldest_ends_go_first_past_the_bounds() {
         let ends = RecentEnds::default();
         for i in 0..MAX_ENDS + 10 {
-            ends.ended(&id(i), &end(&id(i), 1, 1));
+            keep(&ends, &id(i), &end(&id(i), 1, 1));
         }
         let state = ends.lock();
         assert_eq!(state.ends.len(), MAX_ENDS);
@@ -253,10 +305,10 @@ mod tests {
         assert!(state.ends.contains_key(&id(10)));
         assert_eq!(state.bytes, MAX_ENDS);
         drop(state);
-        // By bytes: each of these holds a sixteenth of the bound's worth.
+        // By bytes: each of these holds the largest outcome kept.
         let ends = RecentEnds::default();
         for i in 0..200 {
-            ends.ended(&id(i), &end(&id(i), 1, MAX_OUTCOME_BYTES));
+            keep(&ends, &id(i), &end(&id(i), 1, MAX_OUTCOME_BYTES));
         }
         let state = ends.lock();
         assert!(state.bytes <= MAX_BYTES);
@@ -269,7 +321,7 @@ mod tests {
         let ends = RecentEnds::default();
         let run = id(1);
         for at in 0..(3 * MAX_ENDS) as u64 {
-            ends.ended(&run, &end(&run, at, 1));
+            keep(&ends, &run, &end(&run, at, 1));
         }
         let state = ends.lock();
         assert_eq!(state.ends.len(), 1);
