@@ -301,7 +301,6 @@ async fn commit_chunk(
     // records in the claim path's cache instead of reading them back (each
     // ticket taken before the commit, see `record_cache`).
     let fill = options.run_at.is_none() && core.runs_worker();
-    let mut records = Vec::with_capacity(if fill { batch.len() } else { 0 });
     for candidate in &batch {
         let membership = candidate.membership(group_id);
         let (effects, job_id, record) = core.submission_effects(
@@ -315,10 +314,8 @@ async fn commit_chunk(
         // One enqueue per member (step 0), in member order.
         merged.enqueues.extend(effects.enqueues);
         merged.kv_writes.extend(effects.kv_writes);
-        if fill {
-            records.push((core.run_records.ticket(&candidate.run_id), record));
-        }
-        submitted.push((candidate.run_id.clone(), job_id));
+        let cached = fill.then(|| (core.run_records.ticket(&candidate.run_id), record));
+        submitted.push((candidate.run_id.clone(), job_id, cached));
     }
     // Each member's effects move the counter too; this chunk's value wins.
     merged.kv_writes.insert(counter_key.to_vec(), next.clone());
@@ -336,11 +333,11 @@ async fn commit_chunk(
                         .as_deref(),
                 );
             }
-            for ((ticket, record), (run_id, job_id)) in records.into_iter().zip(&submitted) {
-                core.run_records
-                    .fill(ticket, run_id, job_id, std::sync::Arc::new(record));
-            }
-            for ((run_id, job_id), result) in submitted.into_iter().zip(results) {
+            for ((run_id, job_id, cached), result) in submitted.into_iter().zip(results) {
+                if let Some((ticket, record)) = cached {
+                    core.run_records
+                        .fill(ticket, &run_id, &job_id, std::sync::Arc::new(record));
+                }
                 core.submitted(run_id, job_id, std::slice::from_ref(&result))
                     .await?;
             }

@@ -625,8 +625,8 @@ impl JobRunner {
     /// ([cancel safety](crate#cancel-safety)): an unkeyed job without a
     /// concurrency key joins the group commit of fresh submissions, whose
     /// task has it before the first await; any other submission runs on a
-    /// task of its own. Dropped at any await, the job was never committed, or it is committed and runs
-    /// as if awaited; submitting a keyed job again answers with the job
+    /// task of its own. Dropped at any await, the job was never committed,
+    /// or it is committed and runs as if awaited; submitting a keyed job again answers with the job
     /// the dropped call committed (an unkeyed one has no id to find it by).
     ///
     /// # Errors

@@ -41,20 +41,29 @@ const MAX_BYTES: usize = 8 << 20;
 /// The largest outcome kept, in bytes; larger ones are read back.
 const MAX_OUTCOME_BYTES: usize = 64 << 10;
 
+/// One run's kept end.
+#[derive(Debug)]
+struct Kept {
+    /// The terminal record its commit wrote.
+    record: DurableTermination,
+    outcome: RunOutcome,
+    /// Its outcome's bytes (see [`outcome_bytes`]).
+    bytes: usize,
+    /// Its listing in [`State::order`].
+    number: u64,
+}
+
 #[derive(Debug, Default)]
 struct State {
-    /// Each run's kept end: the terminal record its commit wrote, and its
-    /// outcome.
-    ends: HashMap<RunId, (DurableTermination, RunOutcome)>,
+    ends: HashMap<RunId, Kept>,
     /// Run ids in the order their ends were kept (an id ended again is
-    /// listed again; its older listing is skipped when it comes up).
+    /// listed again; a listing whose number is not its kept end's is
+    /// skipped when it comes up).
     order: VecDeque<(RunId, u64)>,
     /// The kept ends' outcome bytes.
     bytes: usize,
-    /// Numbers the listings, so an old one is told from the current one.
+    /// The next listing's number.
     next: u64,
-    /// The listing number of each kept end.
-    listed: HashMap<RunId, u64>,
 }
 
 static REGISTRY: LazyLock<Registry<Arc<Mutex<State>>>> = LazyLock::new(Registry::default);
@@ -78,38 +87,43 @@ impl RecentEnds {
     /// was kept of an earlier end of the run id (whatever it was, it is not
     /// this end's).
     pub(crate) fn ended(&self, run_id: &RunId, record: &DurableTermination, end: &RunEnd) {
-        let Some(outcome) = end
+        let kept = end
             .outcome
             .as_ref()
-            .filter(|outcome| outcome_bytes(outcome) <= MAX_OUTCOME_BYTES)
-        else {
-            self.lock().forget(run_id);
-            return;
-        };
-        let size = outcome_bytes(outcome);
+            .map(|outcome| (outcome, outcome_bytes(outcome)))
+            .filter(|(_, bytes)| *bytes <= MAX_OUTCOME_BYTES);
         let mut state = self.lock();
         state.forget(run_id);
+        let Some((outcome, bytes)) = kept else {
+            return;
+        };
         let number = state.next;
         state.next += 1;
-        state.bytes += size;
-        state
-            .ends
-            .insert(run_id.clone(), (record.clone(), outcome.clone()));
-        state.listed.insert(run_id.clone(), number);
+        state.bytes += bytes;
+        state.ends.insert(
+            run_id.clone(),
+            Kept {
+                record: record.clone(),
+                outcome: outcome.clone(),
+                bytes,
+                number,
+            },
+        );
         state.order.push_back((run_id.clone(), number));
         while state.ends.len() > MAX_ENDS || state.bytes > MAX_BYTES {
             let Some((oldest, number)) = state.order.pop_front() else {
                 break;
             };
-            if state.listed.get(&oldest) == Some(&number) {
+            if state.is_listed(&oldest, number) {
                 state.forget(&oldest);
             }
         }
         // Listings of ends forgotten or kept again since pile up only
         // until the next pass over them.
         if state.order.len() > 2 * MAX_ENDS {
-            let State { order, listed, .. } = &mut *state;
-            order.retain(|(id, number)| listed.get(id) == Some(number));
+            let mut order = std::mem::take(&mut state.order);
+            order.retain(|(id, number)| state.is_listed(id, *number));
+            state.order = order;
         }
     }
 
@@ -122,8 +136,10 @@ impl RecentEnds {
         record: &DurableTermination,
     ) -> Option<RunOutcome> {
         let state = self.lock();
-        let (kept, outcome) = state.ends.get(run_id)?;
-        kept.same_termination(record).then(|| outcome.clone())
+        let kept = state.ends.get(run_id)?;
+        kept.record
+            .same_termination(record)
+            .then(|| kept.outcome.clone())
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -150,10 +166,16 @@ pub(crate) fn forget_everywhere(run_id: &RunId) {
 
 impl State {
     fn forget(&mut self, run_id: &RunId) {
-        if let Some((_, outcome)) = self.ends.remove(run_id) {
-            self.bytes -= outcome_bytes(&outcome);
+        if let Some(kept) = self.ends.remove(run_id) {
+            self.bytes -= kept.bytes;
         }
-        self.listed.remove(run_id);
+    }
+
+    /// Whether the listing `number` of `run_id` is its kept end's.
+    fn is_listed(&self, run_id: &RunId, number: u64) -> bool {
+        self.ends
+            .get(run_id)
+            .is_some_and(|kept| kept.number == number)
     }
 }
 
