@@ -998,9 +998,16 @@ fn print_calls(label: &str, count: u64, unit: &str) {
         "{label}: {:.2} store calls per {unit} ({total} for {count})",
         total as f64 / count as f64
     );
+    let bytes = counting.put_bytes();
     for ((kind, op), n) in calls {
+        let written = match bytes.get(&kind) {
+            Some(written) if op == "put" => {
+                format!("{:>9.0} bytes per {unit}", *written as f64 / count as f64)
+            }
+            _ => String::new(),
+        };
         println!(
-            "  {:<8} {:<28} {:>9.3} per {unit}",
+            "  {:<8} {:<28} {:>9.3} per {unit} {written}",
             op,
             if kind.is_empty() { "(root)" } else { &kind },
             n as f64 / count as f64

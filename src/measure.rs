@@ -61,6 +61,7 @@ pub mod calls {
     pub struct CountingStore {
         inner: Arc<dyn ObjectStore>,
         counts: Arc<Mutex<BTreeMap<(String, &'static str), u64>>>,
+        put_bytes: Arc<Mutex<BTreeMap<String, u64>>>,
     }
 
     impl CountingStore {
@@ -69,7 +70,17 @@ pub mod calls {
             Self {
                 inner,
                 counts: Arc::default(),
+                put_bytes: Arc::default(),
             }
+        }
+
+        /// The bytes written by whole-object puts so far, by path kind
+        /// (multipart uploads are counted as calls only).
+        pub fn put_bytes(&self) -> BTreeMap<String, u64> {
+            self.put_bytes
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone()
         }
 
         /// The calls so far: `(path kind, operation) → count`.
@@ -83,6 +94,10 @@ pub mod calls {
         /// Set every counter back to 0.
         pub fn reset(&self) {
             self.counts
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clear();
+            self.put_bytes
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .clear();
@@ -136,6 +151,12 @@ pub mod calls {
             opts: PutOptions,
         ) -> object_store::Result<PutResult> {
             self.note("put", Some(location));
+            *self
+                .put_bytes
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(kind_of(location))
+                .or_default() += payload.content_length() as u64;
             self.inner.put_opts(location, payload, opts).await
         }
 

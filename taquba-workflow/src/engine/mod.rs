@@ -155,6 +155,10 @@ pub(crate) struct RuntimeCore {
     /// The start its worker record names (ms, runtime clock); 0 before it
     /// is recorded.
     worker_started_at_ms: AtomicU64,
+    /// How many periodic maintenance tasks of this runtime run now (each
+    /// reconciles dead-lettered steps every poll interval; see
+    /// [`maintained_here`](Self::maintained_here)).
+    maintainers: std::sync::atomic::AtomicUsize,
     memo_prefix: String,
     pub(crate) inflight: Arc<InFlightRegistry>,
     /// Waiters on run terminations in this process.
@@ -265,6 +269,7 @@ impl RuntimeCore {
             inbox_watch: Default::default(),
             descriptor_recorded: std::sync::atomic::AtomicBool::new(false),
             worker_started_at_ms: AtomicU64::new(0),
+            maintainers: std::sync::atomic::AtomicUsize::new(0),
             memo_prefix,
             inflight: Arc::default(),
             run_watchers,

@@ -1,5 +1,7 @@
 //! Waiting for a run's termination: woken in-process by the terminating
-//! commit, with a periodic look at the current step for dead letters.
+//! commit, with a periodic look at the current step for dead letters (less
+//! and less often while the step stays the same, when this process's
+//! worker and maintenance run: see [`LookBackoff`]).
 
 use std::time::Duration;
 
@@ -19,6 +21,11 @@ impl RuntimeCore {
     /// steps it takes. Every poll interval the wait also looks at the run's
     /// current step: a step dead-lettered outside the worker (the reaper)
     /// is reconciled here rather than left to the next maintenance round.
+    /// While this runtime's periodic maintenance runs (which reconciles
+    /// those every poll interval itself), the looks at a step that stays
+    /// the same come less often, up to [`LookBackoff`]'s bound: thousands
+    /// of waits on long steps then cost a few reads a second, not
+    /// thousands.
     pub(crate) async fn wait_run(&self, run_id: &RunId) -> Result<RunEnd> {
         match self.wait_run_until(run_id, None).await? {
             Some(end) => Ok(end),
@@ -46,6 +53,7 @@ impl RuntimeCore {
         // the same pointer means the records disagree.
         let mut missing: Option<String> = None;
         let mut look_at_step = false;
+        let mut backoff = LookBackoff::new(self.poll_interval);
         loop {
             // Registered before the reads: a termination committed after
             // them reaches the watch.
@@ -84,15 +92,16 @@ impl RuntimeCore {
                         if missing.as_deref() == Some(pointer.job_id.as_str()) {
                             return Err(Error::InconsistentRunState(run_id.clone()));
                         }
-                        missing = Some(pointer.job_id);
+                        missing = Some(pointer.job_id.clone());
                     }
                 }
             }
             look_at_step = true;
+            let period = backoff.next(&pointer.job_id, self.maintained_here());
             tokio::select! {
                 end = watch.ended() => return Ok(Some(end)),
                 () = self.store_closed.cancelled() => return Err(self.store_closed_error()),
-                () = tokio::time::sleep(self.poll_interval.max(Duration::from_millis(1))) => {}
+                () = tokio::time::sleep(period) => {}
                 () = expired() => return Ok(None),
             }
         }
@@ -145,5 +154,109 @@ impl RuntimeCore {
             Some(outcome) => Ok(Some(outcome)),
             None => self.view.run_result_of(run_id, record).await,
         }
+    }
+}
+
+/// How long a wait sleeps between its looks at a run's current step.
+///
+/// One poll interval (at least 1 ms) after a look that found the run at a
+/// new step, or when this runtime runs no periodic maintenance (a client, or
+/// the test kit, whose rounds the caller runs): the wait's own look is then
+/// what reconciles a step dead-lettered outside the worker. While the
+/// maintenance runs here, every termination of the queue's runs is either
+/// committed by this process (and wakes the wait at once) or reconciled by
+/// that maintenance within a poll interval (and wakes it too), so the look
+/// is a safety net: each look that finds the same step doubles the sleep,
+/// up to [`MAX_LOOK_FACTOR`] poll intervals and at most [`MAX_LOOK_SLEEP`]
+/// (never under one poll interval).
+#[derive(Debug)]
+pub(crate) struct LookBackoff {
+    poll_interval: Duration,
+    /// The job the last look found current, and the sleep after it.
+    last: Option<(String, Duration)>,
+}
+
+/// The most poll intervals a wait sleeps between two looks at one step.
+pub(crate) const MAX_LOOK_FACTOR: u32 = 16;
+
+/// The longest sleep between two looks at one step (unless the poll
+/// interval itself is longer).
+pub(crate) const MAX_LOOK_SLEEP: Duration = Duration::from_secs(30);
+
+impl LookBackoff {
+    /// A backoff over `poll_interval`, before any look.
+    pub(crate) fn new(poll_interval: Duration) -> Self {
+        Self {
+            poll_interval: poll_interval.max(Duration::from_millis(1)),
+            last: None,
+        }
+    }
+
+    /// The sleep after a look that found `job_id` current; `maintained`
+    /// when this runtime's periodic maintenance runs now.
+    pub(crate) fn next(&mut self, job_id: &str, maintained: bool) -> Duration {
+        let base = self.poll_interval;
+        let sleep = match &self.last {
+            Some((job, sleep)) if maintained && job == job_id => {
+                let cap = (base * MAX_LOOK_FACTOR).min(MAX_LOOK_SLEEP).max(base);
+                (*sleep * 2).min(cap)
+            }
+            _ => base,
+        };
+        match &mut self.last {
+            Some((job, last)) if job == job_id => *last = sleep,
+            _ => self.last = Some((job_id.to_string(), sleep)),
+        }
+        sleep
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn looks_at_one_step_double_their_sleep_up_to_sixteen_poll_intervals() {
+        let mut backoff = LookBackoff::new(500 * MS);
+        let sleeps: Vec<u64> = (0..8)
+            .map(|_| backoff.next("job-a", true).as_millis() as u64)
+            .collect();
+        assert_eq!(sleeps, [500, 1000, 2000, 4000, 8000, 8000, 8000, 8000]);
+    }
+
+    #[test]
+    fn a_new_step_brings_the_sleep_back_to_one_poll_interval() {
+        let mut backoff = LookBackoff::new(100 * MS);
+        for _ in 0..5 {
+            backoff.next("job-a", true);
+        }
+        assert_eq!(backoff.next("job-b", true), 100 * MS);
+        assert_eq!(backoff.next("job-b", true), 200 * MS);
+    }
+
+    #[test]
+    fn without_maintenance_here_every_look_is_one_poll_interval_apart() {
+        let mut backoff = LookBackoff::new(100 * MS);
+        for _ in 0..5 {
+            assert_eq!(backoff.next("job-a", false), 100 * MS);
+        }
+        // Maintenance starting later backs off from there.
+        assert_eq!(backoff.next("job-a", true), 200 * MS);
+        // And stopping brings the sleep back at once.
+        assert_eq!(backoff.next("job-a", false), 100 * MS);
+    }
+
+    #[test]
+    fn the_sleep_is_bounded_by_thirty_seconds_unless_the_poll_interval_is_longer() {
+        let mut backoff = LookBackoff::new(Duration::from_secs(5));
+        let last = (0..10).map(|_| backoff.next("job-a", true)).last();
+        assert_eq!(last, Some(MAX_LOOK_SLEEP));
+        let mut slow = LookBackoff::new(Duration::from_secs(60));
+        let last = (0..10).map(|_| slow.next("job-a", true)).last();
+        assert_eq!(last, Some(Duration::from_secs(60)));
+        let mut zero = LookBackoff::new(Duration::ZERO);
+        assert_eq!(zero.next("job-a", false), MS);
     }
 }

@@ -208,7 +208,7 @@ impl Committer {
     pub(crate) async fn run<T, Fut>(
         &self,
         ending: Option<Ending>,
-        commit: impl FnOnce(Arc<Queue>) -> Fut,
+        commit: impl FnOnce(Arc<Queue>) -> Fut + Send + 'static,
         committed: impl FnOnce(&T) -> bool + Send + 'static,
     ) -> Result<T>
     where
@@ -216,34 +216,29 @@ impl Committer {
         Fut: Future<Output = taquba::Result<T>> + Send + 'static,
     {
         let this = self.clone();
-        let commit = commit(self.queue.clone());
-        detached(async move { this.ending_here(ending.as_ref(), commit, committed).await }).await
+        detached(async move {
+            // The commit's future is built here and awaited in place, so
+            // the task holds it once (an argument awaited is held twice).
+            let terminating = this.terminating(ending.as_ref());
+            let result = commit(this.queue.clone()).await;
+            terminating.finish(result, committed).await
+        })
+        .await
     }
 
-    /// [`run`](Self::run) on the calling task, for work that already runs
-    /// whole on a task of its own (the worker's settlements).
-    pub(crate) async fn ending_here<T>(
-        &self,
-        ending: Option<&Ending>,
-        commit: impl Future<Output = taquba::Result<T>>,
-        committed: impl FnOnce(&T) -> bool,
-    ) -> taquba::Result<T> {
-        let _terminating = ending.map(|ending| self.watchers.terminating(&ending.run_id));
-        let result = commit.await;
-        match &result {
-            Ok(value) => {
-                if let Some(ending) = ending
-                    && committed(value)
-                {
-                    self.ended(ending).await;
-                }
-            }
-            Err(err) => match outage_in(err) {
-                Some(outage) => self.note_outage(&outage),
-                None => self.note_closed(Error::is_queue_store_closed(err), err),
-            },
+    /// The termination `ending` (if any) of a commit about to be awaited on
+    /// the calling task, for work that already runs whole on a task of its
+    /// own (the worker's settlements): the run is marked terminating until
+    /// [`Terminating::finish`] is given the commit's result, which tells
+    /// the termination as [`run`](Self::run) does. The commit is awaited by
+    /// the caller between the two, so its future is held once, in the
+    /// caller's own state.
+    pub(crate) fn terminating<'a>(&'a self, ending: Option<&'a Ending>) -> Terminating<'a> {
+        Terminating {
+            committer: self,
+            ending,
+            _marked: ending.map(|ending| self.watchers.terminating(&ending.run_id)),
         }
-        result
     }
 
     /// Tell this process of the committed termination `ending`: the
@@ -269,7 +264,10 @@ impl Committer {
         self.watchers.notify(run_id, end);
     }
 
-    async fn plain<T, Fut>(&self, commit: impl FnOnce(Arc<Queue>) -> Fut) -> Result<T>
+    async fn plain<T, Fut>(
+        &self,
+        commit: impl FnOnce(Arc<Queue>) -> Fut + Send + 'static,
+    ) -> Result<T>
     where
         T: Send + 'static,
         Fut: Future<Output = taquba::Result<T>> + Send + 'static,
@@ -391,6 +389,45 @@ impl Committer {
         let job_id = job_id.to_string();
         self.plain(|queue| async move { queue.wake_scheduled(&job_id, payload).await })
             .await
+    }
+}
+
+/// A commit carrying a run's termination, in flight on the calling task
+/// (see [`Committer::terminating`]): the run stays marked terminating while
+/// this lives.
+pub(crate) struct Terminating<'a> {
+    committer: &'a Committer,
+    ending: Option<&'a Ending>,
+    _marked: Option<crate::run::watch::TerminatingGuard>,
+}
+
+impl Terminating<'_> {
+    /// Take the commit's `result`: once it returned a value `committed`
+    /// accepts, the termination is told to the run's waiters in this
+    /// process, to the admission pump (a keyed run) and to the child-wake
+    /// pump (a child); a failed commit, or one that did not commit the
+    /// termination, tells nobody. A closed store or an outage is noted.
+    /// The run is unmarked when this returns.
+    pub(crate) async fn finish<T>(
+        self,
+        result: taquba::Result<T>,
+        committed: impl FnOnce(&T) -> bool,
+    ) -> taquba::Result<T> {
+        let committer = self.committer;
+        match &result {
+            Ok(value) => {
+                if let Some(ending) = self.ending
+                    && committed(value)
+                {
+                    committer.ended(ending).await;
+                }
+            }
+            Err(err) => match outage_in(err) {
+                Some(outage) => committer.note_outage(&outage),
+                None => committer.note_closed(Error::is_queue_store_closed(err), err),
+            },
+        }
+        result
     }
 }
 

@@ -239,6 +239,7 @@ where
 /// abandoned: each of its commits is whole, and the next start redoes the
 /// rest.
 async fn maintain_until(core: Arc<RuntimeCore>, stop: CancellationToken) {
+    let _maintaining = core.maintaining();
     let period = core.poll_interval.max(Duration::from_millis(1));
     loop {
         tokio::select! {
@@ -345,9 +346,9 @@ async fn settle(core: &RuntimeCore, queue: &Queue, claim: &Claim, settlement: Se
     };
     let result = match kind {
         SettleKind::Ack(effects) => {
-            let acked = core
-                .commits
-                .ending_here(ended.as_ref(), queue.ack_with(claim, effects), |_| true)
+            let terminating = core.commits.terminating(ended.as_ref());
+            let acked = terminating
+                .finish(queue.ack_with(claim, effects).await, |_| true)
                 .await
                 .map(Some);
             // A notification's acknowledgement moves no run.
@@ -376,23 +377,19 @@ async fn settle(core: &RuntimeCore, queue: &Queue, claim: &Claim, settlement: Se
             // the count cannot take it for a foreign dead letter; uncounted
             // when no dead letter happened.
             core.note_own_dead_letter();
-            let dead_letter = async {
-                if permanent {
-                    queue
-                        .dead_letter_with(claim, &error, effects)
-                        .await
-                        .map(|_| true)
-                } else {
-                    queue
-                        .nack_with(claim, &error, effects)
-                        .await
-                        .map(|outcome| matches!(outcome, NackOutcome::DeadLettered(_)))
-                }
+            let terminating = core.commits.terminating(ended.as_ref());
+            let dead_letter = if permanent {
+                queue
+                    .dead_letter_with(claim, &error, effects)
+                    .await
+                    .map(|_| true)
+            } else {
+                queue
+                    .nack_with(claim, &error, effects)
+                    .await
+                    .map(|outcome| matches!(outcome, NackOutcome::DeadLettered(_)))
             };
-            let dead_lettered = core
-                .commits
-                .ending_here(ended.as_ref(), dead_letter, |dead| *dead)
-                .await;
+            let dead_lettered = terminating.finish(dead_letter, |dead| *dead).await;
             if !matches!(dead_lettered, Ok(true)) {
                 core.forget_own_dead_letter();
             }
