@@ -131,9 +131,11 @@ pub enum Error {
     GroupNotFound(RunId),
     /// A plain submission (a run, a typed workflow start, a keyed job) named
     /// the run id of a group member's run (the hex SHA-256 of
-    /// `{group_id}/{key}`), active or terminated: a plain run under it
-    /// would answer for the member's run, or overwrite its terminal and
-    /// result records. Submit the member through its group.
+    /// `{group_id}/{key}`): a terminated member's (a plain run under it
+    /// would overwrite its terminal and result records), or an active
+    /// member's with another input. (An active member's run submitted
+    /// plain with its own input is a duplicate, as in 0.13:
+    /// `newly_submitted == false`.) Submit the member through its group.
     #[error(
         "run id `{run_id}` belongs to member {key:?} of group `{group_id}`; submit it through the group"
     )]

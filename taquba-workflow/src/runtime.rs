@@ -128,7 +128,9 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// - [`Error::InputMismatch`](crate::Error::InputMismatch): the run is
     ///   active with a different input.
     /// - [`Error::GroupMemberRunId`](crate::Error::GroupMemberRunId): the
-    ///   run id is a group member's.
+    ///   run id is a terminated group member's, or an active member's with
+    ///   another input (an active member's with its own input is answered
+    ///   as a duplicate, as in 0.13).
     /// - [`Error::ReservedHeaderInSubmit`](crate::Error::ReservedHeaderInSubmit):
     ///   a `workflow.` header in `spec.options` or on an enqueue of
     ///   `spec.effects`.

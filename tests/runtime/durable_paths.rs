@@ -1281,8 +1281,12 @@ async fn a_plain_submission_under_a_terminated_members_run_id_is_refused() {
     worker.shutdown().await.unwrap();
 }
 
+/// A plain submission under an active member's run id: with the member's
+/// own input it is a duplicate that commits nothing (the seed's group test
+/// expects `newly_submitted == false`), and the member still ends as the
+/// group's; with another input it is refused, naming the group and key.
 #[tokio::test(start_paused = true)]
-async fn a_plain_submission_under_an_active_members_run_id_is_refused() {
+async fn a_plain_submission_under_an_active_members_run_id_is_a_duplicate_or_refused() {
     let (queue, store, _clock) = memory_queue().await;
     let script = Script::default();
     let runtime = workflow_builder(&queue, &store, &script).build();
@@ -1297,7 +1301,13 @@ async fn a_plain_submission_under_an_active_members_run_id_is_refused() {
         state(&runtime, member_id.as_str()).await == Some(RunState::Running)
     })
     .await;
-    let refused = runtime.submit(spec(member_id.as_str(), "gate")).await;
+    let duplicate = runtime
+        .submit(spec(member_id.as_str(), "gate"))
+        .await
+        .expect("a duplicate of the active member");
+    assert!(!duplicate.newly_submitted);
+    assert_eq!(duplicate.run_id, member_id);
+    let refused = runtime.submit(spec(member_id.as_str(), "other")).await;
     assert!(
         refused
             .as_ref()

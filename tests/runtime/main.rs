@@ -88,6 +88,7 @@ mod review_round;
 mod run_ids;
 mod runs;
 mod schedules;
+mod seed_conformance;
 mod signal_run;
 mod signals;
 mod single_writer;

@@ -431,11 +431,17 @@ impl RuntimeCore {
         })
     }
 
-    /// The answer to a plain submission of an active run.
+    /// The answer to a plain submission of an active run: a duplicate
+    /// (`newly_submitted == false`, the current step's job) when the input
+    /// is the run's, as 0.13 answers it also for an active group member's
+    /// run (the seed's group tests submit a re-run member's id plain and
+    /// get the duplicate; nothing is committed, so the member stays the
+    /// group's).
     ///
     /// # Errors
-    /// [`Error::GroupMemberRunId`] for a member's run,
-    /// [`Error::InputMismatch`] for another input.
+    /// [`Error::GroupMemberRunId`] for a member's run with another input
+    /// (the id is the group's, whatever the input),
+    /// [`Error::InputMismatch`] for another input of any other run.
     async fn duplicate(
         &self,
         run_id: &RunId,
@@ -443,10 +449,10 @@ impl RuntimeCore {
         input_hash: &[u8],
     ) -> Result<SubmitOutcome> {
         let current = self.view.current_job(run_id).await?;
-        if let Some((_, job)) = &current {
-            self.check_same_membership(run_id, &job.headers, None)?;
-        }
         if existing.input_hash != input_hash {
+            if let Some((_, job)) = &current {
+                self.check_same_membership(run_id, &job.headers, None)?;
+            }
             return Err(Error::InputMismatch(run_id.clone()));
         }
         Ok(SubmitOutcome {
