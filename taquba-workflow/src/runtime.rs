@@ -199,7 +199,12 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// worker; every runtime over the same `Arc<Queue>` there wakes it.
     /// Every [`poll_interval`](crate::WorkflowRuntimeBuilder::poll_interval)
     /// it also looks at the run's current step, so a step dead-lettered
-    /// outside the worker (the queue's reaper) ends the wait promptly.
+    /// outside the worker (the queue's reaper) ends the wait promptly. While
+    /// this runtime's worker runs (its maintenance reconciles such dead
+    /// letters every poll interval and wakes the wait), looks that find the
+    /// same step come twice as far apart each time, up to 16 poll intervals
+    /// and at most 30 s (never under one poll interval): many waits on long
+    /// steps cost a few reads a second between them.
     ///
     /// # Cancel safety
     ///
