@@ -62,7 +62,9 @@ struct Args {
     /// on the queue), `calls` (object-store calls per step and per job, by
     /// operation and path), `group`, `raw_group` (a group member's
     /// transactions straight on the queue), `counts` (allocations, context
-    /// switches and worker parks per step and per job), `latency` (sequential submits) or
+    /// switches and worker parks per step and per job), `idle_waits` (the
+    /// CPU of `--jobs` waits on runs parked on a signal, against the same
+    /// runtime idle without them), `latency` (sequential submits) or
     /// `goals` (the goal rows, interleaved, in memory and on a
     /// directory). A case with a
     /// baseline measures it in the same process, interleaved, and prints
@@ -1414,6 +1416,10 @@ async fn bench(args: Args) {
                 goals(&args).await;
                 return;
             }
+            "idle_waits" => {
+                idle_waits(kind, &args).await;
+                return;
+            }
             "calls" => {
                 calls(kind, &args).await;
                 return;
@@ -1559,5 +1565,121 @@ async fn bench(args: Args) {
         args.big_group,
         raw_kib,
         raw_kib as f64 / args.big_group as f64
+    );
+}
+
+/// Parks step 0 on a signal keyed by its run id; step 1 succeeds.
+struct ParkOnSignal;
+
+impl StepRunner for ParkOnSignal {
+    async fn run_step(&self, step: &Step) -> Result<StepOutcome, StepError> {
+        if step.step_number == 0 {
+            Ok(StepOutcome::continue_on_signal(
+                Vec::new(),
+                format!("idle-{}", step.run_id),
+                Duration::from_secs(3600),
+            ))
+        } else {
+            Ok(StepOutcome::Succeed { result: Vec::new() })
+        }
+    }
+}
+
+/// The poll interval of the `idle_waits` case (short, so that a few
+/// seconds hold many of a wait's looks).
+const IDLE_POLL: Duration = Duration::from_millis(50);
+
+/// How long each `idle_waits` window lasts.
+const IDLE_WINDOW: Duration = Duration::from_secs(4);
+
+/// The CPU the process spends over [`IDLE_WINDOW`] (µs per second of the
+/// window).
+async fn idle_cpu() -> f64 {
+    let cpu = cpu_micros();
+    let start = Instant::now();
+    tokio::time::sleep(IDLE_WINDOW).await;
+    cpu_micros().saturating_sub(cpu) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// `--jobs` runs parked on a signal (a step that stays the same for
+/// minutes, as an agent waiting for a human or a payment does), each
+/// followed by a `wait` in this process: the CPU those waits cost while
+/// nothing happens, against the same runtime idle before they started,
+/// then the time from signalling every run to the last wait's return.
+async fn idle_waits(kind: StoreKind, args: &Args) {
+    let opened = open(kind).await;
+    let runtime = WorkflowRuntime::builder(
+        opened.queue.clone(),
+        opened.store.clone(),
+        ParkOnSignal,
+        NoopTerminalHook,
+    )
+    .poll_interval(IDLE_POLL)
+    .build();
+    let worker = runtime.spawn(std::future::pending::<()>());
+    let mut ids = Vec::new();
+    for _ in 0..args.jobs {
+        ids.push(
+            runtime
+                .submit(RunSpec::default())
+                .await
+                .expect("submit")
+                .run_id,
+        );
+    }
+    // Every run parked on its signal (its pointer names step 1).
+    for id in &ids {
+        while runtime
+            .status(id)
+            .await
+            .expect("status")
+            .is_none_or(|status| status.current_step < 1)
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let idle = idle_cpu().await;
+    let waits: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let runtime = runtime.clone();
+            let id = id.clone();
+            tokio::spawn(async move { runtime.wait(&id).await.expect("wait") })
+        })
+        .collect();
+    // The waits' first looks, then the window.
+    tokio::time::sleep(IDLE_POLL * 4).await;
+    let waiting = idle_cpu().await;
+    let signalled = Instant::now();
+    for id in &ids {
+        runtime
+            .signal(&format!("idle-{id}"), Vec::new())
+            .await
+            .expect("signal");
+    }
+    for wait in waits {
+        wait.await.expect("the wait's task");
+    }
+    let ended = signalled.elapsed();
+    worker.shutdown().await.expect("shutdown");
+    println!(
+        "{} runs parked on a signal, poll interval {} ms, {} s windows",
+        args.jobs,
+        IDLE_POLL.as_millis(),
+        IDLE_WINDOW.as_secs()
+    );
+    println!(
+        "runtime idle, no waits                {:>9.0} µs CPU per s",
+        idle
+    );
+    println!(
+        "with a wait on every run              {:>9.0} µs CPU per s   ×{:.2} of idle, {:.2} µs per wait per s",
+        waiting,
+        waiting / idle.max(1.0),
+        (waiting - idle).max(0.0) / args.jobs as f64
+    );
+    println!(
+        "signals sent to the last wait's end   {:>9.0} ms",
+        ended.as_secs_f64() * 1e3
     );
 }
