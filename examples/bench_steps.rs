@@ -291,16 +291,7 @@ async fn runtime_steps_once(kind: StoreKind, args: &Args, case: RuntimeCase) -> 
         builder = builder.history_limit(0);
     }
     let runtime = builder.build();
-    let mut ids = Vec::new();
-    for _ in 0..args.runs {
-        ids.push(
-            runtime
-                .submit(RunSpec::default())
-                .await
-                .expect("submit")
-                .run_id,
-        );
-    }
+    let ids = submit_runs(&runtime, args.runs).await;
     let total = args.runs as u64 * u64::from(args.steps);
     let figure = measure(total, async {
         let worker = runtime.spawn(std::future::pending::<()>());
@@ -312,6 +303,25 @@ async fn runtime_steps_once(kind: StoreKind, args: &Args, case: RuntimeCase) -> 
     .await;
     drop(runtime);
     figure
+}
+
+/// Submit `count` runs with generated ids and empty input, one after the
+/// other; their ids in submission order.
+async fn submit_runs<R: StepRunner + 'static>(
+    runtime: &WorkflowRuntime<R, NoopTerminalHook>,
+    count: usize,
+) -> Vec<taquba_workflow::RunId> {
+    let mut ids = Vec::with_capacity(count);
+    for _ in 0..count {
+        ids.push(
+            runtime
+                .submit(RunSpec::default())
+                .await
+                .expect("submit")
+                .run_id,
+        );
+    }
+    ids
 }
 
 /// The raw loop: `in_flight` transitions at a time, each a claim and an
@@ -1617,16 +1627,7 @@ async fn idle_waits(kind: StoreKind, args: &Args) {
     .poll_interval(IDLE_POLL)
     .build();
     let worker = runtime.spawn(std::future::pending::<()>());
-    let mut ids = Vec::new();
-    for _ in 0..args.jobs {
-        ids.push(
-            runtime
-                .submit(RunSpec::default())
-                .await
-                .expect("submit")
-                .run_id,
-        );
-    }
+    let ids = submit_runs(&runtime, args.jobs).await;
     // Every run parked on its signal (its pointer names step 1).
     for id in &ids {
         while runtime

@@ -81,6 +81,42 @@ impl StepRunner for Gated {
     }
 }
 
+/// A runtime over `queue` and `store` with a default [`Scripted`] runner
+/// and `hook`, its poll interval 50 ms.
+fn hooked<H: TerminalHook + 'static>(
+    queue: &Arc<taquba::Queue>,
+    store: Arc<dyn taquba::object_store::ObjectStore>,
+    hook: H,
+) -> WorkflowRuntime<Scripted, H> {
+    WorkflowRuntime::builder(queue.clone(), store, Scripted::default(), hook)
+        .poll_interval(Duration::from_millis(50))
+        .build()
+}
+
+/// A fresh in-memory store (its queue, its object store, its clock at
+/// [`T0`]) and a runtime over it with a default [`Scripted`] runner, its
+/// worker running.
+struct Running {
+    queue: Arc<taquba::Queue>,
+    store: Arc<dyn taquba::object_store::ObjectStore>,
+    clock: taquba::MockClock,
+    rt: WorkflowRuntime<Scripted, NoopTerminalHook>,
+    worker: taquba_workflow::RunnerHandle,
+}
+
+async fn running() -> Running {
+    let (queue, store, clock) = memory_queue().await;
+    let rt = workflow_builder(&queue, &store, &Scripted::default()).build();
+    let worker = rt.spawn(std::future::pending::<()>());
+    Running {
+        queue,
+        store,
+        clock,
+        rt,
+        worker,
+    }
+}
+
 async fn until_running<R: StepRunner, H: TerminalHook>(rt: &WorkflowRuntime<R, H>, id: &str) {
     eventually("the step is claimed", || async {
         matches!(
@@ -147,9 +183,9 @@ async fn resubmission_of_an_active_run_is_a_noop_and_another_input_is_a_mismatch
 // duplicate."
 #[tokio::test(start_paused = true)]
 async fn a_duplicate_submission_reports_the_current_steps_job() {
-    let (queue, store, _clock) = memory_queue().await;
-    let rt = workflow_builder(&queue, &store, &Scripted::default()).build();
-    let worker = rt.spawn(std::future::pending::<()>());
+    let Running {
+        queue, rt, worker, ..
+    } = running().await;
     let first = rt.submit(spec("ptr", "wait")).await.unwrap();
     until_step("step 1 scheduled", &rt, "ptr", 1).await;
     let again = rt.submit(spec("ptr", "wait")).await.unwrap();
@@ -214,9 +250,7 @@ async fn submit_effects_apply_with_step_zero_and_a_duplicate_drops_them() {
 // report the earlier run's record." (and a terminated run releases its id)
 #[tokio::test(start_paused = true)]
 async fn a_resubmitted_run_id_does_not_report_the_earlier_runs_outcome() {
-    let (queue, store, _clock) = memory_queue().await;
-    let rt = workflow_builder(&queue, &store, &Scripted::default()).build();
-    let worker = rt.spawn(std::future::pending::<()>());
+    let Running { rt, worker, .. } = running().await;
     rt.submit(spec("again", "ok")).await.unwrap();
     let end = ends_within(&rt, "again", 10, "first run").await;
     assert_eq!(end.termination.status, TerminalStatus::Succeeded);
@@ -335,9 +369,9 @@ async fn a_transient_error_retries_up_to_the_runs_attempt_limit() {
 // kind (`terminate_recorded(.., None)`).
 #[tokio::test(start_paused = true)]
 async fn a_cancel_verdict_carries_its_reason_and_no_error_kind() {
-    let (queue, store, _clock) = memory_queue().await;
-    let rt = workflow_builder(&queue, &store, &Scripted::default()).build();
-    let worker = rt.spawn(std::future::pending::<()>());
+    let Running {
+        queue, rt, worker, ..
+    } = running().await;
     rt.submit(spec("cv", "cancel")).await.unwrap();
     let end = ends_within(&rt, "cv", 10, "cancel verdict").await;
     assert_eq!(end.termination.status, TerminalStatus::Cancelled);
@@ -354,9 +388,7 @@ async fn a_cancel_verdict_carries_its_reason_and_no_error_kind() {
 // for a run that is unknown, still active" (outcome).
 #[tokio::test(start_paused = true)]
 async fn wait_timeout_is_none_for_an_active_run_whose_outcome_is_none() {
-    let (queue, store, _clock) = memory_queue().await;
-    let rt = workflow_builder(&queue, &store, &Scripted::default()).build();
-    let worker = rt.spawn(std::future::pending::<()>());
+    let Running { rt, worker, .. } = running().await;
     rt.submit(spec("slow", "wait")).await.unwrap();
     assert!(
         rt.wait_timeout(&rid("slow"), Duration::from_secs(2))
@@ -379,9 +411,13 @@ async fn wait_timeout_is_none_for_an_active_run_whose_outcome_is_none() {
 // memo prefix."
 #[tokio::test(start_paused = true)]
 async fn a_view_built_from_the_queue_and_memo_store_agrees_with_the_runtime() {
-    let (queue, store, _clock) = memory_queue().await;
-    let rt = workflow_builder(&queue, &store, &Scripted::default()).build();
-    let worker = rt.spawn(std::future::pending::<()>());
+    let Running {
+        queue,
+        store,
+        rt,
+        worker,
+        ..
+    } = running().await;
     rt.submit(spec("viewed", "hello")).await.unwrap();
     ends_within(&rt, "viewed", 10, "viewed").await;
     let view = WorkflowView::new(
@@ -406,9 +442,7 @@ async fn a_view_built_from_the_queue_and_memo_store_agrees_with_the_runtime() {
 // terminal."
 #[tokio::test(start_paused = true)]
 async fn cancel_of_an_unknown_or_terminated_run_is_false() {
-    let (queue, store, _clock) = memory_queue().await;
-    let rt = workflow_builder(&queue, &store, &Scripted::default()).build();
-    let worker = rt.spawn(std::future::pending::<()>());
+    let Running { rt, worker, .. } = running().await;
     assert!(!rt.cancel(&rid("nobody")).await.unwrap());
     rt.submit(spec("done", "ok")).await.unwrap();
     ends_within(&rt, "done", 10, "done").await;
@@ -428,9 +462,7 @@ async fn cancel_of_an_unknown_or_terminated_run_is_false() {
 async fn cancelling_a_pending_step_ends_the_run_before_returning() {
     let (queue, store, clock) = memory_queue().await;
     let hook = Recorder::default();
-    let rt = WorkflowRuntime::builder(queue.clone(), store, Scripted::default(), hook.clone())
-        .poll_interval(Duration::from_millis(50))
-        .build();
+    let rt = hooked(&queue, store, hook.clone());
     rt.submit(spec("pend", "ok")).await.unwrap();
     clock.advance(Duration::from_millis(500));
     assert!(rt.cancel(&rid("pend")).await.unwrap());
@@ -620,9 +652,7 @@ impl Picky {
 async fn the_hook_runs_once_with_the_submitters_headers_and_applies_its_effects() {
     let (queue, store, _clock) = memory_queue().await;
     let hook = Picky::default();
-    let rt = WorkflowRuntime::builder(queue.clone(), store, Scripted::default(), hook.clone())
-        .poll_interval(Duration::from_millis(50))
-        .build();
+    let rt = hooked(&queue, store, hook.clone());
     let worker = rt.spawn(std::future::pending::<()>());
     let mut s = spec("hooked", "steps:2");
     s.options
@@ -666,9 +696,7 @@ async fn the_hook_runs_once_with_the_submitters_headers_and_applies_its_effects(
 async fn a_hook_that_does_not_observe_a_run_is_not_called_for_it() {
     let (queue, store, _clock) = memory_queue().await;
     let hook = Picky::default();
-    let rt = WorkflowRuntime::builder(queue.clone(), store, Scripted::default(), hook.clone())
-        .poll_interval(Duration::from_millis(50))
-        .build();
+    let rt = hooked(&queue, store, hook.clone());
     let worker = rt.spawn(std::future::pending::<()>());
     rt.submit(spec("quiet-1", "ok")).await.unwrap();
     rt.submit(spec("loud-1", "ok")).await.unwrap();
@@ -689,9 +717,7 @@ async fn a_hook_that_does_not_observe_a_run_is_not_called_for_it() {
 async fn a_failing_hook_retries_up_to_the_terminal_steps_attempts() {
     let (queue, store, _clock) = memory_queue().await;
     let hook = Picky::default();
-    let rt = WorkflowRuntime::builder(queue.clone(), store, Scripted::default(), hook.clone())
-        .poll_interval(Duration::from_millis(50))
-        .build();
+    let rt = hooked(&queue, store, hook.clone());
     let worker = rt.spawn(std::future::pending::<()>());
     let mut s = spec("retry-hook", "ok");
     s.options.max_attempts_per_step = Some(2);
@@ -750,9 +776,7 @@ async fn a_timer_step_waits_for_the_mock_clock() {
 // it"; "a second signal before consumption replaces the first."
 #[tokio::test(start_paused = true)]
 async fn a_buffered_signal_is_replaced_by_a_later_one_and_consumed_by_the_next_waiter() {
-    let (queue, store, _clock) = memory_queue().await;
-    let rt = workflow_builder(&queue, &store, &Scripted::default()).build();
-    let worker = rt.spawn(std::future::pending::<()>());
+    let Running { rt, worker, .. } = running().await;
     assert_eq!(
         rt.signal("early", b"one".to_vec()).await.unwrap(),
         SignalOutcome::Buffered
@@ -779,9 +803,7 @@ async fn a_buffered_signal_is_replaced_by_a_later_one_and_consumed_by_the_next_w
 // signal arrived".
 #[tokio::test(start_paused = true)]
 async fn a_signal_to_a_waiting_run_is_delivered() {
-    let (queue, store, _clock) = memory_queue().await;
-    let rt = workflow_builder(&queue, &store, &Scripted::default()).build();
-    let worker = rt.spawn(std::future::pending::<()>());
+    let Running { rt, worker, .. } = running().await;
     rt.submit(spec("waiter", "signal:approve")).await.unwrap();
     until_step("waiting", &rt, "waiter", 1).await;
     assert_eq!(
@@ -801,9 +823,9 @@ async fn a_signal_to_a_waiting_run_is_delivered() {
 // longer wanted."
 #[tokio::test(start_paused = true)]
 async fn a_cleared_signal_is_not_delivered_and_the_wait_times_out() {
-    let (queue, store, clock) = memory_queue().await;
-    let rt = workflow_builder(&queue, &store, &Scripted::default()).build();
-    let worker = rt.spawn(std::future::pending::<()>());
+    let Running {
+        clock, rt, worker, ..
+    } = running().await;
     rt.signal("stale", b"old".to_vec()).await.unwrap();
     assert!(rt.clear_signal("stale").await.unwrap());
     assert!(!rt.clear_signal("stale").await.unwrap());
@@ -827,9 +849,7 @@ async fn a_cleared_signal_is_not_delivered_and_the_wait_times_out() {
 // a second one fails that run".
 #[tokio::test(start_paused = true)]
 async fn a_second_waiter_on_a_key_fails_its_own_run() {
-    let (queue, store, _clock) = memory_queue().await;
-    let rt = workflow_builder(&queue, &store, &Scripted::default()).build();
-    let worker = rt.spawn(std::future::pending::<()>());
+    let Running { rt, worker, .. } = running().await;
     rt.submit(spec("w1", "signal:shared")).await.unwrap();
     until_step("first waiter", &rt, "w1", 1).await;
     rt.submit(spec("w2", "signal:shared")).await.unwrap();
@@ -1105,9 +1125,7 @@ async fn memo_retention_removes_a_runs_state_a_window_after_its_end() {
 // order" with each member's `run_id`, `termination` and `outcome`.
 #[tokio::test(start_paused = true)]
 async fn group_members_run_under_their_digest_run_ids() {
-    let (queue, store, _clock) = memory_queue().await;
-    let rt = workflow_builder(&queue, &store, &Scripted::default()).build();
-    let worker = rt.spawn(std::future::pending::<()>());
+    let Running { rt, worker, .. } = running().await;
     let group = rt.group(rid("g1"));
     assert_eq!(group.id(), &rid("g1"));
     let members = vec![
@@ -1801,9 +1819,7 @@ async fn a_workflow_enum_runs_its_steps_and_reports_typed_results() {
 async fn a_step_dead_lettered_outside_the_worker_is_reconciled_as_failed() {
     let (queue, store, clock) = memory_queue().await;
     let hook = Recorder::default();
-    let rt = WorkflowRuntime::builder(queue.clone(), store, Scripted::default(), hook.clone())
-        .poll_interval(Duration::from_millis(50))
-        .build();
+    let rt = hooked(&queue, store, hook.clone());
     rt.submit(spec("hung", "ok")).await.unwrap();
     let claim = claim_step(&queue).await.expect("step 0");
     queue.dead_letter(&claim, "hung up").await.unwrap();
@@ -1838,9 +1854,7 @@ async fn a_step_dead_lettered_outside_the_worker_is_reconciled_as_failed() {
 async fn the_hook_of_a_run_cancelled_while_pending_receives_the_submitters_headers() {
     let (queue, store, _clock) = memory_queue().await;
     let hook = Recorder::default();
-    let rt = WorkflowRuntime::builder(queue.clone(), store, Scripted::default(), hook.clone())
-        .poll_interval(Duration::from_millis(50))
-        .build();
+    let rt = hooked(&queue, store, hook.clone());
     let mut s = spec("hdr-cancel", "ok");
     s.options
         .headers
@@ -1955,9 +1969,9 @@ async fn a_woken_step_sees_the_same_signal_on_every_attempt() {
 // that timed out is no longer a waiter.
 #[tokio::test(start_paused = true)]
 async fn a_signal_after_the_wait_timed_out_is_buffered() {
-    let (queue, store, clock) = memory_queue().await;
-    let rt = workflow_builder(&queue, &store, &Scripted::default()).build();
-    let worker = rt.spawn(std::future::pending::<()>());
+    let Running {
+        clock, rt, worker, ..
+    } = running().await;
     rt.submit(spec("late-sig", "signal:late:1000"))
         .await
         .unwrap();
@@ -2541,9 +2555,7 @@ async fn payload_keys_collapse_equal_jobs_only() {
 async fn a_cancelled_waiter_is_no_longer_signalled_and_observes_is_consulted() {
     let (queue, store, _clock) = memory_queue().await;
     let hook = Picky::default();
-    let rt = WorkflowRuntime::builder(queue.clone(), store, Scripted::default(), hook.clone())
-        .poll_interval(Duration::from_millis(50))
-        .build();
+    let rt = hooked(&queue, store, hook.clone());
     let worker = rt.spawn(std::future::pending::<()>());
     rt.submit(spec("quiet-waiter", "signal:gone"))
         .await
