@@ -200,11 +200,13 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// Every [`poll_interval`](crate::WorkflowRuntimeBuilder::poll_interval)
     /// it also looks at the run's current step, so a step dead-lettered
     /// outside the worker (the queue's reaper) ends the wait promptly. While
-    /// this runtime's worker runs (its maintenance reconciles such dead
-    /// letters every poll interval and wakes the wait), looks that find the
-    /// same step come twice as far apart each time, up to 16 poll intervals
-    /// and at most 30 s (never under one poll interval): many waits on long
-    /// steps cost a few reads a second between them.
+    /// this runtime's worker runs, looks that find the same step still
+    /// waiting its turn (pending, or scheduled on a timer or a signal) come
+    /// twice as far apart each time, up to 16 poll intervals and at most
+    /// 30 s (never under one poll interval): such a step ends only once
+    /// claimed, and the worker's settlement or its maintenance wakes the
+    /// wait then. Many waits on parked runs cost a few reads a second
+    /// between them; a claimed step is looked at every poll interval.
     ///
     /// # Cancel safety
     ///

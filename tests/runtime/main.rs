@@ -85,6 +85,7 @@ mod record_cache_review;
 mod reruns;
 mod retention_replay;
 mod review_round;
+mod review_stop37;
 mod run_ids;
 mod runs;
 mod schedules;

@@ -159,6 +159,9 @@ pub(crate) struct RuntimeCore {
     /// reconciles dead-lettered steps every poll interval; see
     /// [`maintained_here`](Self::maintained_here)).
     maintainers: std::sync::atomic::AtomicUsize,
+    /// Told when a periodic maintenance task of this runtime stops: waits
+    /// in a backed-off sleep look again (see `engine::wait`).
+    pub(crate) maintenance_stopped: tokio::sync::Notify,
     memo_prefix: String,
     pub(crate) inflight: Arc<InFlightRegistry>,
     /// Waiters on run terminations in this process.
@@ -270,6 +273,7 @@ impl RuntimeCore {
             descriptor_recorded: std::sync::atomic::AtomicBool::new(false),
             worker_started_at_ms: AtomicU64::new(0),
             maintainers: std::sync::atomic::AtomicUsize::new(0),
+            maintenance_stopped: tokio::sync::Notify::new(),
             memo_prefix,
             inflight: Arc::default(),
             run_watchers,

@@ -85,8 +85,9 @@ impl RuntimeCore {
 
     /// Whether a periodic maintenance task of this runtime runs now: its
     /// worker claims and settles the steps here (every termination it
-    /// commits wakes this process's waiters), and the task reconciles the
-    /// steps the queue dead-letters outside the worker every poll interval.
+    /// commits wakes this process's waiters), and the task reconciles,
+    /// every poll interval, the dead-lettered steps whose dead letter did
+    /// not end their run (see `engine::wait::LookBackoff`).
     pub(crate) fn maintained_here(&self) -> bool {
         self.maintainers.load(Ordering::Relaxed) > 0
     }
@@ -128,5 +129,6 @@ pub(crate) struct MaintainingGuard {
 impl Drop for MaintainingGuard {
     fn drop(&mut self) {
         self.core.maintainers.fetch_sub(1, Ordering::Relaxed);
+        self.core.maintenance_stopped.notify_waiters();
     }
 }

@@ -450,8 +450,25 @@ impl RuntimeCore {
     ) -> Result<SubmitOutcome> {
         let current = self.view.current_job(run_id).await?;
         if existing.input_hash != input_hash {
-            if let Some((_, job)) = &current {
-                self.check_same_membership(run_id, &job.headers, None)?;
+            match &current {
+                Some((_, job)) => self.check_same_membership(run_id, &job.headers, None)?,
+                // Ended since the record was read: a member's end names its
+                // group and key on its terminal record.
+                None if existing.group.is_some() => {
+                    if let Some(member) = self
+                        .view
+                        .terminal_record(run_id)
+                        .await?
+                        .and_then(|termination| termination.member)
+                    {
+                        return Err(Error::GroupMemberRunId {
+                            run_id: run_id.clone(),
+                            group_id: member.group_id,
+                            key: member.key,
+                        });
+                    }
+                }
+                None => {}
             }
             return Err(Error::InputMismatch(run_id.clone()));
         }

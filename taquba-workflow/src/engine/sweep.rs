@@ -60,8 +60,10 @@ impl RuntimeCore {
         }
     }
 
-    /// Count a dead letter the worker itself performs (its run was
-    /// terminated in the same transaction), so it does not trigger a scan.
+    /// Count a dead letter the worker itself performs that terminates its
+    /// run in the same transaction, so it does not trigger a scan (a dead
+    /// letter that leaves its run active is not counted: the scan
+    /// reconciles it).
     pub(crate) fn note_own_dead_letter(&self) {
         self.own_dead_letters.fetch_add(1, Ordering::Relaxed);
     }

@@ -1,6 +1,6 @@
 //! Waiting for a run's termination: woken in-process by the terminating
 //! commit, with a periodic look at the current step for dead letters (less
-//! and less often while the step stays the same, when this process's
+//! and less often while the step waits its turn here and this process's
 //! worker and maintenance run: see [`LookBackoff`]).
 
 use std::time::Duration;
@@ -58,6 +58,11 @@ impl RuntimeCore {
             // Registered before the reads: a termination committed after
             // them reaches the watch.
             let mut watch = self.run_watchers.watch(run_id);
+            // Enabled before `maintained_here` is read below: a maintenance
+            // task stopping after that read ends a backed-off sleep.
+            let maintenance_stopped = self.maintenance_stopped.notified();
+            tokio::pin!(maintenance_stopped);
+            maintenance_stopped.as_mut().enable();
             let Some(pointer) = self.view.current_step_if_active(run_id).await? else {
                 if !self.read_termination_is_durable(run_id)? {
                     // The reads show a terminating commit of this process
@@ -74,6 +79,9 @@ impl RuntimeCore {
                 }
                 return self.ended_run(run_id).await.map(Some);
             };
+            // Whether the look found the step waiting its turn here: see
+            // `LookBackoff`.
+            let mut waiting_its_turn = false;
             if look_at_step {
                 // The record alone: the payload may be a large object.
                 match self.queue.view().job_record(&pointer.job_id).await? {
@@ -85,7 +93,11 @@ impl RuntimeCore {
                             continue;
                         }
                     }
-                    Some(_) => missing = None,
+                    Some(job) => {
+                        missing = None;
+                        waiting_its_turn = job.queue == self.queue_name.as_str()
+                            && matches!(job.status, JobStatus::Pending | JobStatus::Scheduled);
+                    }
                     None => {
                         // Settled between the two reads (the pointer moved
                         // with it), or a pointer without its job.
@@ -97,11 +109,12 @@ impl RuntimeCore {
                 }
             }
             look_at_step = true;
-            let period = backoff.next(&pointer.job_id, self.maintained_here());
+            let period = backoff.next(&pointer.job_id, waiting_its_turn && self.maintained_here());
             tokio::select! {
                 end = watch.ended() => return Ok(Some(end)),
                 () = self.store_closed.cancelled() => return Err(self.store_closed_error()),
                 () = tokio::time::sleep(period) => {}
+                () = &mut maintenance_stopped => {}
                 () = expired() => return Ok(None),
             }
         }
@@ -159,16 +172,30 @@ impl RuntimeCore {
 
 /// How long a wait sleeps between its looks at a run's current step.
 ///
-/// One poll interval (at least 1 ms) after a look that found the run at a
-/// new step, or when this runtime runs no periodic maintenance (a client, or
-/// the test kit, whose rounds the caller runs): the wait's own look is then
-/// what reconciles a step dead-lettered outside the worker. While the
-/// maintenance runs here, every termination of the queue's runs is either
-/// committed by this process (and wakes the wait at once) or reconciled by
-/// that maintenance within a poll interval (and wakes it too), so the look
-/// is a safety net: each look that finds the same step doubles the sleep,
-/// up to [`MAX_LOOK_FACTOR`] poll intervals and at most [`MAX_LOOK_SLEEP`]
-/// (never under one poll interval).
+/// One poll interval (at least 1 ms), unless the last look found the step
+/// *waiting its turn here*: its job pending or scheduled (a timer, a
+/// signal wait, a backlog) on this runtime's own queue, while this
+/// runtime's periodic maintenance runs. Such a job can end only once
+/// claimed; claimed by this worker, its settlement either commits the
+/// run's end (which wakes the wait), moves the run on, or dead-letters the
+/// step, which maintenance reconciles within a poll interval (it counts as
+/// the worker's own only a dead letter that ended its run in the same
+/// commit). So the look is then a safety net, and each one that finds the
+/// same job still waiting doubles the sleep, up to [`MAX_LOOK_FACTOR`] poll
+/// intervals and at most [`MAX_LOOK_SLEEP`] (never under one poll
+/// interval). A claimed step (running here or held by other code, whose
+/// lease may expire into the queue's reaper), a step of another queue and
+/// a runtime without maintenance (a client, the test kit) keep one look
+/// every poll interval; so does every wait once maintenance stops (the
+/// sleep under way is cut short). Thousands of waits cost little this way:
+/// only the runs that wait their turn can be many (the running ones are
+/// bounded by the worker's slots).
+///
+/// What is left to the backed-off look: a job waiting its turn that other
+/// code claims and dead-letters in one sleep, with the queue's dead count
+/// unchanged by the time maintenance looks (dead-job retention removing as
+/// many): the wait sees it at its next look, at most 16 poll intervals
+/// later, and maintenance at its full pass.
 #[derive(Debug)]
 pub(crate) struct LookBackoff {
     poll_interval: Duration,
@@ -192,12 +219,13 @@ impl LookBackoff {
         }
     }
 
-    /// The sleep after a look that found `job_id` current; `maintained`
-    /// when this runtime's periodic maintenance runs now.
-    pub(crate) fn next(&mut self, job_id: &str, maintained: bool) -> Duration {
+    /// The sleep after a look that found `job_id` current; `quiet` when the
+    /// look found it waiting its turn here while this runtime's periodic
+    /// maintenance runs.
+    pub(crate) fn next(&mut self, job_id: &str, quiet: bool) -> Duration {
         let base = self.poll_interval;
         let sleep = match &self.last {
-            Some((job, sleep)) if maintained && job == job_id => {
+            Some((job, sleep)) if quiet && job == job_id => {
                 let cap = (base * MAX_LOOK_FACTOR).min(MAX_LOOK_SLEEP).max(base);
                 (*sleep * 2).min(cap)
             }
@@ -237,14 +265,14 @@ mod tests {
     }
 
     #[test]
-    fn without_maintenance_here_every_look_is_one_poll_interval_apart() {
+    fn a_look_that_is_not_quiet_is_one_poll_interval_from_the_next() {
         let mut backoff = LookBackoff::new(100 * MS);
         for _ in 0..5 {
             assert_eq!(backoff.next("job-a", false), 100 * MS);
         }
-        // Maintenance starting later backs off from there.
+        // A quiet look later backs off from there.
         assert_eq!(backoff.next("job-a", true), 200 * MS);
-        // And stopping brings the sleep back at once.
+        // And one that is not brings the sleep back at once.
         assert_eq!(backoff.next("job-a", false), 100 * MS);
     }
 

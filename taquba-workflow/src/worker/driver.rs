@@ -375,8 +375,14 @@ async fn settle(core: &RuntimeCore, queue: &Queue, claim: &Claim, settlement: Se
             let error = cut_to(&error, MAX_TERMINATION_ERROR_LEN);
             // Counted before the commit, so a look between the commit and
             // the count cannot take it for a foreign dead letter; uncounted
-            // when no dead letter happened.
-            core.note_own_dead_letter();
+            // when no dead letter happened. Only a dead letter that ends its
+            // run in the same commit is the worker's own: one that leaves
+            // the run active (an infrastructure failure) is reconciled by
+            // the next maintenance round, as a foreign one is.
+            let own = ended.is_some();
+            if own {
+                core.note_own_dead_letter();
+            }
             let terminating = core.commits.terminating(ended.as_ref());
             let dead_letter = if permanent {
                 queue
@@ -390,7 +396,7 @@ async fn settle(core: &RuntimeCore, queue: &Queue, claim: &Claim, settlement: Se
                     .map(|outcome| matches!(outcome, NackOutcome::DeadLettered(_)))
             };
             let dead_lettered = terminating.finish(dead_letter, |dead| *dead).await;
-            if !matches!(dead_lettered, Ok(true)) {
+            if own && !matches!(dead_lettered, Ok(true)) {
                 core.forget_own_dead_letter();
             }
             #[cfg(feature = "metrics")]
