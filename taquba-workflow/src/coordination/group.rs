@@ -38,8 +38,8 @@ const RESULTS_WINDOW: usize = 256;
 /// run of the member, and belongs to the group: a plain submission
 /// under it is refused ([`Error::GroupMemberRunId`]), so the group always
 /// reports its member's own run; only an active member's run submitted
-/// plain with its own input is answered, as a duplicate (as in 0.13). The manifest is durable, so
-/// [`results`](Self::results), [`status`](Self::status),
+/// plain with its own input is answered, as a duplicate (as in 0.13). The
+/// manifest is durable, so [`results`](Self::results), [`status`](Self::status),
 /// [`cancel`](Self::cancel) and [`forget`](Self::forget) work after a
 /// restart. A second [`submit`](Self::submit) of the same set (or
 /// [`resume`](Self::resume)) runs again only the members that did not

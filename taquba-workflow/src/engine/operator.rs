@@ -4,7 +4,6 @@
 //! sweep. Failures are logged and retried at the next round, as
 //! for the rest of maintenance.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use taquba::SettlementEffects;
@@ -76,22 +75,6 @@ impl RuntimeCore {
         self.worker_started_at_ms.load(Ordering::Relaxed) != 0
     }
 
-    /// Mark a periodic maintenance task of this runtime as running until
-    /// the returned guard drops (see [`maintained_here`](Self::maintained_here)).
-    pub(crate) fn maintaining(self: &Arc<Self>) -> MaintainingGuard {
-        self.maintainers.fetch_add(1, Ordering::Relaxed);
-        MaintainingGuard { core: self.clone() }
-    }
-
-    /// Whether a periodic maintenance task of this runtime runs now: its
-    /// worker claims and settles the steps here (every termination it
-    /// commits wakes this process's waiters), and the task reconciles,
-    /// every poll interval, the dead-lettered steps whose dead letter did
-    /// not end their run (see `engine::wait::LookBackoff`).
-    pub(crate) fn maintained_here(&self) -> bool {
-        self.maintainers.load(Ordering::Relaxed) > 0
-    }
-
     /// Record that the worker started at the recorded start stopped
     /// cleanly (its loop drained and returned), so a tool that finds no
     /// heartbeat can tell a stopped owner from a live one. Nothing is
@@ -118,17 +101,5 @@ impl RuntimeCore {
             claim_lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
             stopped_at_ms,
         }
-    }
-}
-
-/// A periodic maintenance task running (see [`RuntimeCore::maintaining`]).
-pub(crate) struct MaintainingGuard {
-    core: Arc<RuntimeCore>,
-}
-
-impl Drop for MaintainingGuard {
-    fn drop(&mut self) {
-        self.core.maintainers.fetch_sub(1, Ordering::Relaxed);
-        self.core.maintenance_stopped.notify_waiters();
     }
 }

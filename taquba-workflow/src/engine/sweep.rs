@@ -2,6 +2,7 @@
 //! was dead-lettered outside the worker (the reaper, crash recovery at
 //! open), and the retention sweeps of terminated runs and groups.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -58,6 +59,22 @@ impl RuntimeCore {
             self.note_error(&err);
             warn!(queue = %self.queue_name, "retention sweep failed: {err}");
         }
+    }
+
+    /// Mark a periodic maintenance task of this runtime as running until
+    /// the returned guard drops (see [`maintained_here`](Self::maintained_here)).
+    pub(crate) fn maintaining(self: &Arc<Self>) -> MaintainingGuard {
+        self.maintainers.fetch_add(1, Ordering::Relaxed);
+        MaintainingGuard { core: self.clone() }
+    }
+
+    /// Whether a periodic maintenance task of this runtime runs now: its
+    /// worker claims and settles the steps here (every termination it
+    /// commits wakes this process's waiters), and the task reconciles,
+    /// every poll interval, the dead-lettered steps whose dead letter did
+    /// not end their run (see `engine::wait::LookBackoff`).
+    pub(crate) fn maintained_here(&self) -> bool {
+        self.maintainers.load(Ordering::Relaxed) > 0
     }
 
     /// Count a dead letter the worker itself performs that terminates its
@@ -401,6 +418,18 @@ async fn reconcile_step(
         }
     }
     Ok(0)
+}
+
+/// A periodic maintenance task running (see [`RuntimeCore::maintaining`]).
+pub(crate) struct MaintainingGuard {
+    core: Arc<RuntimeCore>,
+}
+
+impl Drop for MaintainingGuard {
+    fn drop(&mut self) {
+        self.core.maintainers.fetch_sub(1, Ordering::Relaxed);
+        self.core.maintenance_stopped.notify_waiters();
+    }
 }
 
 #[cfg(test)]

@@ -21,11 +21,11 @@ impl RuntimeCore {
     /// steps it takes. Every poll interval the wait also looks at the run's
     /// current step: a step dead-lettered outside the worker (the reaper)
     /// is reconciled here rather than left to the next maintenance round.
-    /// While this runtime's periodic maintenance runs (which reconciles
-    /// those every poll interval itself), the looks at a step that stays
-    /// the same come less often, up to [`LookBackoff`]'s bound: thousands
-    /// of waits on long steps then cost a few reads a second, not
-    /// thousands.
+    /// While the step waits its turn here (pending or scheduled on this
+    /// runtime's queue) and this runtime's periodic maintenance runs, the
+    /// looks at it come less often, up to [`LookBackoff`]'s bound:
+    /// thousands of waits on parked runs then cost a few reads a second,
+    /// not thousands.
     pub(crate) async fn wait_run(&self, run_id: &RunId) -> Result<RunEnd> {
         match self.wait_run_until(run_id, None).await? {
             Some(end) => Ok(end),

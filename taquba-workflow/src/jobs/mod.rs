@@ -626,8 +626,9 @@ impl JobRunner {
     /// concurrency key joins the group commit of fresh submissions, whose
     /// task has it before the first await; any other submission runs on a
     /// task of its own. Dropped at any await, the job was never committed,
-    /// or it is committed and runs as if awaited; submitting a keyed job again answers with the job
-    /// the dropped call committed (an unkeyed one has no id to find it by).
+    /// or it is committed and runs as if awaited; submitting a keyed job
+    /// again answers with the job the dropped call committed (an unkeyed
+    /// one has no id to find it by).
     ///
     /// # Errors
     /// [`Error::InputMismatch`] when the job's idempotency key names a job
@@ -819,10 +820,11 @@ impl<J: Job> JobHandle<J> {
             // record's. Else the wait: it watches the job from before its
             // one read of the pointer, and takes the end its own watch is
             // told without reading again.
-            Some(end) => match self.still_the_end(end).await? {
-                Some(end) => end,
-                None => self.runtime.wait(&self.id).await?,
-            },
+            Some(end) => self.still_the_end(end).await?,
+            None => None,
+        };
+        let end = match end {
+            Some(end) => end,
             None => self.runtime.wait(&self.id).await?,
         };
         Self::from_end(&self.id, end)

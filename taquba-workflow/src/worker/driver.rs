@@ -27,7 +27,7 @@ use crate::hooks::terminal::TerminalHook;
 use crate::model::MAX_TERMINATION_ERROR_LEN;
 use crate::runner::StepRunner;
 use crate::store::durable::{self, DurableCurrentStep};
-use crate::store::keys::step_kv_key;
+use crate::store::keys::{HEADER_TERMINAL, step_kv_key};
 use crate::telemetry::spans;
 
 /// Settlements in flight per runner slot (at least [`MIN_SETTLING`]): a
@@ -376,10 +376,11 @@ async fn settle(core: &RuntimeCore, queue: &Queue, claim: &Claim, settlement: Se
             // Counted before the commit, so a look between the commit and
             // the count cannot take it for a foreign dead letter; uncounted
             // when no dead letter happened. Only a dead letter that ends its
-            // run in the same commit is the worker's own: one that leaves
-            // the run active (an infrastructure failure) is reconciled by
-            // the next maintenance round, as a foreign one is.
-            let own = ended.is_some();
+            // run in the same commit (or a notification's, which has no run
+            // to reconcile) is the worker's own: one that leaves the run
+            // active (an infrastructure failure) is reconciled by the next
+            // maintenance round, as a foreign one is.
+            let own = ended.is_some() || claim.job().headers.contains_key(HEADER_TERMINAL);
             if own {
                 core.note_own_dead_letter();
             }
