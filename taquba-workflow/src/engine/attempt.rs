@@ -178,7 +178,13 @@ impl RuntimeCore {
             SettleKind::Retry(_) => return,
         };
         match target {
-            Target::Terminal => set_terminal_history(effects, run_id, pending),
+            Target::Terminal => match settlement.ended.as_mut() {
+                // The terminal record the ending carries is the one the
+                // effects write: encoded again with the entries, not
+                // decoded back from its bytes first.
+                Some(ending) => put_terminal_history(effects, run_id, &mut ending.record, pending),
+                None => set_terminal_history(effects, run_id, pending),
+            },
             Target::Pointer => {
                 let chunk =
                     pending.flush_if_full(run_id, run.execution.as_deref(), self.ops.history_limit);
@@ -304,6 +310,26 @@ pub(super) fn set_terminal_history(
         termination.history = Some(pending);
         *bytes = durable::encode(&termination);
     }
+}
+
+/// Put `pending` on the terminal record `effects` writes for `run_id`,
+/// whose fields (its history entries aside) are `record`: encoded once
+/// with the entries, which are taken back out of `record` after (it stays
+/// the record its ending is told with, history aside).
+fn put_terminal_history(
+    effects: &mut SettlementEffects,
+    run_id: &RunId,
+    record: &mut DurableTermination,
+    pending: PendingHistory,
+) {
+    let Some(bytes) = effects.kv_writes.get_mut(&outcome_kv_key(run_id)) else {
+        return;
+    };
+    let earlier = record.history.replace(pending);
+    let mut encoded = Vec::with_capacity(bytes.len().saturating_mul(2));
+    durable::encode_into(&*record, &mut encoded);
+    *bytes = encoded;
+    record.history = earlier;
 }
 
 /// Rewrite the pointer `effects` writes for `run_id` (to step `step`) with
@@ -460,5 +486,23 @@ mod tests {
                 ..pointer
             }
         );
+    }
+
+    #[test]
+    fn a_terminal_record_encoded_with_its_entries_is_the_one_decoded_and_rewritten() {
+        let run_id = RunId::new("r").unwrap();
+        let mut record = crate::store::durable::tests::full_termination();
+        let written = SettlementEffects::default()
+            .kv_put(crate::store::keys::run_kv_key(&run_id), vec![1])
+            .kv_put(outcome_kv_key(&run_id), durable::encode(&record));
+        let mut pending = PendingHistory::default();
+        pending.push(&DurableStepEntry::new(3, "s".into(), Vec::new()));
+        let mut decoded = written.clone();
+        set_terminal_history(&mut decoded, &run_id, pending.clone());
+        let mut encoded = written;
+        put_terminal_history(&mut encoded, &run_id, &mut record, pending);
+        assert_eq!(encoded.kv_writes, decoded.kv_writes);
+        // The record is left as its ending tells it: without the entries.
+        assert_eq!(record, crate::store::durable::tests::full_termination());
     }
 }

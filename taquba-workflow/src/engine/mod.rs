@@ -67,7 +67,7 @@ use crate::run::inflight::InFlightRegistry;
 use crate::run::submit_batch::SubmitBatcher;
 use crate::run::watch::{RunWatchers, store_closed_token};
 use crate::store::durable::{
-    self, DurableCurrentStep, DurableRunOutcome, DurableRunRecord, DurableRunResult,
+    self, DurableCurrentStep, DurableRunOutcome, DurableRunRecord, DurableRunResultRef,
     DurableTermination,
 };
 use crate::store::keys::user_headers;
@@ -430,8 +430,8 @@ impl RuntimeCore {
         outcome: &RunOutcome,
         termination: &DurableTermination,
     ) -> Result<()> {
-        let record = DurableRunResult {
-            termination: termination.clone(),
+        let record = DurableRunResultRef {
+            termination,
             outcome: outcome.into(),
         };
         self.memo_store

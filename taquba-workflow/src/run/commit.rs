@@ -219,7 +219,7 @@ impl Committer {
         detached(async move {
             // The commit's future is built here and awaited in place, so
             // the task holds it once (an argument awaited is held twice).
-            let terminating = this.terminating(ending.as_ref());
+            let terminating = this.terminating(ending);
             let result = commit(this.queue.clone()).await;
             terminating.finish(result, committed).await
         })
@@ -233,18 +233,20 @@ impl Committer {
     /// the termination as [`run`](Self::run) does. The commit is awaited by
     /// the caller between the two, so its future is held once, in the
     /// caller's own state.
-    pub(crate) fn terminating<'a>(&'a self, ending: Option<&'a Ending>) -> Terminating<'a> {
+    pub(crate) fn terminating(&self, ending: Option<Ending>) -> Terminating<'_> {
         Terminating {
             committer: self,
+            _marked: ending
+                .as_ref()
+                .map(|ending| self.watchers.terminating(&ending.run_id)),
             ending,
-            _marked: ending.map(|ending| self.watchers.terminating(&ending.run_id)),
         }
     }
 
     /// Tell this process of the committed termination `ending`: the
     /// admission pump of its key, the child-wake pump, the recent ends,
     /// then the run's waiters.
-    async fn ended(&self, ending: &Ending) {
+    async fn ended(&self, ending: Ending) {
         let Ending {
             run_id,
             end,
@@ -252,16 +254,18 @@ impl Committer {
             key,
             child,
         } = ending;
-        if let Some(key) = key {
+        if let Some(key) = &key {
             self.keys.ended(key);
         }
-        if *child {
-            self.child_wakes.ended(run_id);
+        if child {
+            self.child_wakes.ended(&run_id);
         }
         #[cfg(feature = "metrics")]
-        crate::telemetry::metrics::run_ended_on(&self.queue, &self.queue_name, run_id, end).await;
-        self.recent_ends.ended(run_id, record, end);
-        self.watchers.notify(run_id, end);
+        crate::telemetry::metrics::run_ended_on(&self.queue, &self.queue_name, &run_id, &end).await;
+        // Moved, not copied: the record into the recent ends, the end to
+        // the run's last watcher.
+        self.recent_ends.ended(&run_id, record, &end);
+        self.watchers.notify(&run_id, end);
     }
 
     async fn plain<T, Fut>(
@@ -397,7 +401,7 @@ impl Committer {
 /// this lives.
 pub(crate) struct Terminating<'a> {
     committer: &'a Committer,
-    ending: Option<&'a Ending>,
+    ending: Option<Ending>,
     _marked: Option<crate::run::watch::TerminatingGuard>,
 }
 

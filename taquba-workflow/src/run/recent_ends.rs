@@ -86,7 +86,7 @@ impl RecentEnds {
     /// `record`, if it carries an outcome small enough; else forget what
     /// was kept of an earlier end of the run id (whatever it was, it is not
     /// this end's).
-    pub(crate) fn ended(&self, run_id: &RunId, record: &DurableTermination, end: &RunEnd) {
+    pub(crate) fn ended(&self, run_id: &RunId, record: DurableTermination, end: &RunEnd) {
         let kept = end
             .outcome
             .as_ref()
@@ -103,7 +103,7 @@ impl RecentEnds {
         state.ends.insert(
             run_id.clone(),
             Kept {
-                record: record.clone(),
+                record,
                 outcome: outcome.clone(),
                 bytes,
                 number,
@@ -234,7 +234,7 @@ mod tests {
     }
 
     fn keep(ends: &RecentEnds, run: &RunId, (record, end): &(DurableTermination, RunEnd)) {
-        ends.ended(run, record, end);
+        ends.ended(run, record.clone(), end);
     }
 
     fn id(i: usize) -> RunId {
@@ -293,7 +293,7 @@ mod tests {
         // without an outcome: the first end's outcome is not its.
         let (record, mut again) = end(&run, 10, 0);
         again.outcome = None;
-        ends.ended(&run, &record, &again);
+        ends.ended(&run, record, &again);
         assert_eq!(ends.outcome_of(&run, &first.0), None);
         assert_eq!(ends.lock().bytes, 0);
         keep(&ends, &run, &first);
@@ -307,7 +307,7 @@ mod tests {
         let run = id(1);
         let (record, mut bare) = end(&run, 10, 0);
         bare.outcome = None;
-        ends.ended(&run, &record, &bare);
+        ends.ended(&run, record.clone(), &bare);
         assert_eq!(ends.outcome_of(&run, &record), None);
         let large = end(&run, 10, MAX_OUTCOME_BYTES + 1);
         keep(&ends, &run, &large);

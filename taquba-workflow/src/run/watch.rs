@@ -86,12 +86,20 @@ impl RunWatchers {
         RunWatch { key, token, rx }
     }
 
-    /// Report the committed termination of `run_id` to its watches.
-    pub(crate) fn notify(&self, run_id: &RunId, end: &RunEnd) {
-        let senders = lock().watches.remove(&(self.queue, run_id.clone()));
-        for (_, tx) in senders.into_iter().flatten() {
-            // A watch dropped after the removal above no longer listens.
+    /// Report the committed termination of `run_id` to its watches (the
+    /// last one takes `end` itself).
+    pub(crate) fn notify(&self, run_id: &RunId, end: RunEnd) {
+        let Some(mut senders) = lock().watches.remove(&(self.queue, run_id.clone())) else {
+            return;
+        };
+        // The last watch takes `end` itself, the others a copy. A watch
+        // dropped after the removal above no longer listens.
+        let last = senders.pop();
+        for (_, tx) in senders {
             let _ = tx.send(end.clone());
+        }
+        if let Some((_, tx)) = last {
+            let _ = tx.send(end);
         }
     }
 
@@ -216,7 +224,7 @@ mod tests {
         let mut second = watchers.watch(&a);
         let mut other = watchers.watch(&b);
         let mut same_id_other_queue = elsewhere.watch(&a);
-        watchers.notify(&a, &end(3));
+        watchers.notify(&a, end(3));
         assert_eq!(first.ended().await, end(3));
         assert_eq!(second.ended().await, end(3));
         let pending = tokio::time::timeout(std::time::Duration::from_millis(5), other.ended());
@@ -243,6 +251,6 @@ mod tests {
         drop(kept);
         assert_eq!(watchers.watched(), 0);
         // Notifying a run nobody watches is a no-op.
-        watchers.notify(&a, &end(0));
+        watchers.notify(&a, end(0));
     }
 }

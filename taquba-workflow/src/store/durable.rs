@@ -405,6 +405,40 @@ pub(crate) struct DurableRunResult {
     pub(crate) outcome: DurableRunOutcome,
 }
 
+/// [`DurableRunResult`] by reference, for writing one without copying the
+/// termination and the outcome: it encodes to the same bytes (the same
+/// field names, in the same order; the unit test holds them equal).
+#[derive(Serialize)]
+pub(crate) struct DurableRunResultRef<'a> {
+    pub(crate) termination: &'a DurableTermination,
+    pub(crate) outcome: DurableRunOutcomeRef<'a>,
+}
+
+/// [`DurableRunOutcome`] by reference (see [`DurableRunResultRef`]).
+#[derive(Serialize)]
+pub(crate) struct DurableRunOutcomeRef<'a> {
+    run_id: &'a RunId,
+    status: DurableStatus,
+    #[serde(with = "serde_bytes")]
+    result: &'a Option<Vec<u8>>,
+    error: &'a Option<String>,
+    headers: &'a HashMap<String, String>,
+    final_step: u32,
+}
+
+impl<'a> From<&'a RunOutcome> for DurableRunOutcomeRef<'a> {
+    fn from(outcome: &'a RunOutcome) -> Self {
+        Self {
+            run_id: &outcome.run_id,
+            status: outcome.status.into(),
+            result: &outcome.result,
+            error: &outcome.error,
+            headers: &outcome.headers,
+            final_step: outcome.final_step,
+        }
+    }
+}
+
 /// A group member record, under `workflow/groups/{group_id}/{key}` (a
 /// long key is stored by its digest, see `group_member_kv_key`, and then
 /// kept in the record).
@@ -519,8 +553,73 @@ pub(crate) struct DurableJobInput {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A terminal record with every optional field filled.
+    pub(crate) fn full_termination() -> DurableTermination {
+        DurableTermination {
+            status: DurableStatus::Failed,
+            error: Some("boom".into()),
+            error_kind: Some(DurableErrorKind::Permanent),
+            final_step: 3,
+            terminated_at_ms: 1_700_000_000_000,
+            input_hash: vec![7; 32],
+            submitted_at_ms: Some(1_699_999_999_000),
+            job_id: Some("01J-step-3".into()),
+            history: None,
+            execution: Some("01J-exec".into()),
+            workflow: Some("order".into()),
+            group: Some(RunId::new("g").unwrap()),
+            cancel_reason: Some("why".into()),
+            member: None,
+            forked_from: Some(DurableForkLink {
+                run_id: RunId::new("o").unwrap(),
+                step: 1,
+            }),
+            version: Some("1.2.0".into()),
+            patches: vec!["skip-slack-post".into()],
+            parent: Some(RunId::new("p").unwrap()),
+            concurrency: Some(crate::coordination::keys::DurableConcurrency {
+                key: "customer-1".into(),
+                limit: 2,
+                seq: "01J".into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_run_result_written_by_reference_is_the_owned_records_bytes() {
+        let termination = full_termination();
+        for outcome in [
+            RunOutcome {
+                run_id: RunId::new("r").unwrap(),
+                status: crate::model::TerminalStatus::Failed,
+                result: None,
+                error: Some("boom".into()),
+                headers: HashMap::from([("k".to_string(), "v".to_string())]),
+                final_step: 3,
+            },
+            RunOutcome {
+                run_id: RunId::new("r").unwrap(),
+                status: crate::model::TerminalStatus::Succeeded,
+                result: Some(vec![1, 2, 3]),
+                error: None,
+                headers: HashMap::new(),
+                final_step: 0,
+            },
+        ] {
+            let owned = encode(&DurableRunResult {
+                termination: termination.clone(),
+                outcome: DurableRunOutcome::from(&outcome),
+            });
+            let by_reference = encode(&DurableRunResultRef {
+                termination: &termination,
+                outcome: DurableRunOutcomeRef::from(&outcome),
+            });
+            assert_eq!(by_reference, owned);
+        }
+    }
 
     #[test]
     fn records_round_trip_and_garbage_is_absent() {

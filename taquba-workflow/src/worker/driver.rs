@@ -344,16 +344,19 @@ async fn settle(core: &RuntimeCore, queue: &Queue, claim: &Claim, settlement: Se
         Some(ending) => ending.end.termination.status.as_str(),
         None => "continued",
     };
+    // The ending moves into the commit's report below.
+    let ended_run = ended.as_ref().map(|ending| ending.run_id.clone());
+    let ends_run = ended_run.is_some();
     let result = match kind {
         SettleKind::Ack(effects) => {
-            let terminating = core.commits.terminating(ended.as_ref());
+            let terminating = core.commits.terminating(ended);
             let acked = terminating
                 .finish(queue.ack_with(claim, effects).await, |_| true)
                 .await
                 .map(Some);
             // A notification's acknowledgement moves no run.
             #[cfg(feature = "metrics")]
-            if acked.is_ok() && (ended.is_some() || next_step.is_some()) {
+            if acked.is_ok() && (ends_run || next_step.is_some()) {
                 crate::telemetry::metrics::transition(&core.queue_name, transition);
             }
             acked
@@ -380,11 +383,11 @@ async fn settle(core: &RuntimeCore, queue: &Queue, claim: &Claim, settlement: Se
             // to reconcile) is the worker's own: one that leaves the run
             // active (an infrastructure failure) is reconciled by the next
             // maintenance round, as a foreign one is.
-            let own = ended.is_some() || claim.job().headers.contains_key(HEADER_TERMINAL);
+            let own = ends_run || claim.job().headers.contains_key(HEADER_TERMINAL);
             if own {
                 core.note_own_dead_letter();
             }
-            let terminating = core.commits.terminating(ended.as_ref());
+            let terminating = core.commits.terminating(ended);
             let dead_letter = if permanent {
                 queue
                     .dead_letter_with(claim, &error, effects)
@@ -403,7 +406,7 @@ async fn settle(core: &RuntimeCore, queue: &Queue, claim: &Claim, settlement: Se
             #[cfg(feature = "metrics")]
             if matches!(dead_lettered, Ok(true)) {
                 crate::telemetry::metrics::dead_lettered(&core.queue_name, "worker");
-                if ended.is_some() {
+                if ends_run {
                     crate::telemetry::metrics::transition(&core.queue_name, transition);
                 }
             }
@@ -412,9 +415,9 @@ async fn settle(core: &RuntimeCore, queue: &Queue, claim: &Claim, settlement: Se
     };
     drop(signal_lock);
     if result.is_ok()
-        && let Some(ending) = &ended
+        && let Some(run_id) = &ended_run
     {
-        core.run_records.forget(&ending.run_id);
+        core.run_records.forget(run_id);
     }
     match result {
         Ok(Some(results)) => {
