@@ -1261,3 +1261,69 @@ async fn a_handle_joined_after_a_requeue_answers_the_jobs_new_end() {
     assert_eq!(fx.calls.of("toggle 1"), 2);
     worker.shutdown().await.unwrap();
 }
+
+/// A handle joined while its job runs (on a runner other than the worker's,
+/// its maintenance an hour away) ends when the job's step is dead-lettered
+/// outside the worker (its lease expired on its last attempt): the join's
+/// own look at the job reconciles it within a few poll intervals, as a
+/// run's wait does. A handle that waits on its submission's watch alone,
+/// with no look, would hang here.
+#[tokio::test(start_paused = true)]
+async fn a_handle_joined_before_its_jobs_lease_expires_ends_failed_without_maintenance() {
+    let clock = MockClock::new(T0);
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let queue = Arc::new(
+        Queue::open_with_options(
+            store.clone(),
+            "db",
+            options(&clock).queue_config(
+                taquba_workflow::jobs::DEFAULT_JOB_QUEUE,
+                taquba::QueueConfig::default()
+                    .lease_duration(Duration::from_secs(10))
+                    .retry_backoff_base(Duration::ZERO),
+            ),
+        )
+        .await
+        .unwrap(),
+    );
+    let gate = Gate::default();
+    let worker_runner = builder(&queue, &store)
+        .state(gate.clone())
+        .poll_interval(Duration::from_secs(3600))
+        .build();
+    let client = builder(&queue, &store)
+        .poll_interval(Duration::from_millis(50))
+        .build();
+    let handle = client
+        .submit_with(
+            Gated {
+                label: "stuck".into(),
+            },
+            taquba_workflow::RunOptions {
+                max_attempts_per_step: Some(1),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(handle.newly_submitted());
+    let joined = tokio::spawn(handle.clone().into_future());
+    let worker = worker_runner.spawn(std::future::pending::<()>());
+    eventually("the job to start", || async {
+        handle.status().await.unwrap().unwrap().state == RunState::Running
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!joined.is_finished(), "the job still runs");
+
+    clock.advance(Duration::from_secs(11));
+    let expired = tokio::time::Instant::now();
+    let result = within(30, joined).await.unwrap();
+    assert!(expired.elapsed() < Duration::from_secs(10));
+    match result {
+        Err(JoinError::Job(failure)) => assert_eq!(failure.message, "lease expired"),
+        other => panic!("expected the job to fail, got {other:?}"),
+    }
+    gate.open();
+    worker.shutdown().await.unwrap();
+}

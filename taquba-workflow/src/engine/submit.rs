@@ -38,7 +38,7 @@ impl RuntimeCore {
     /// `group_submit`).
     pub(crate) async fn submit(&self, spec: RunSpec) -> Result<SubmitOutcome> {
         let input_hash = sha256(&spec.input).to_vec();
-        self.submit_hashed(spec, input_hash, OnTerminated::Restart)
+        self.submit_hashed(spec, input_hash, OnTerminated::Restart, None)
             .await
     }
 
@@ -53,14 +53,20 @@ impl RuntimeCore {
     /// another input). The terminal record is read after the run record is
     /// found absent, in the same retry loop as the commit, so a run that
     /// terminates while it is submitted again is not started a second time.
+    /// `drawn`, for a `spec` without a run id, is the id the runtime gives
+    /// the run, drawn by the caller from [`new_run_id`](Self::new_run_id)
+    /// (so it can watch the run before its submission commits); `None`
+    /// draws one here. A `spec` that names its run id ignores it.
     pub(crate) async fn submit_hashed(
         &self,
         spec: RunSpec,
         input_hash: Vec<u8>,
         on_terminated: OnTerminated,
+        drawn: Option<RunId>,
     ) -> Result<SubmitOutcome> {
         self.check_effects(&spec)?;
-        self.submit_checked(spec, input_hash, on_terminated).await
+        self.submit_checked(spec, input_hash, on_terminated, drawn)
+            .await
     }
 
     /// The submission of an inbox command: `spec` (already validated) with
@@ -75,7 +81,7 @@ impl RuntimeCore {
         self.check_effects(&spec)?;
         let input_hash = sha256(&spec.input).to_vec();
         crate::run::compose::merge_effects(&mut spec.effects, record);
-        self.submit_checked(spec, input_hash, OnTerminated::Restart)
+        self.submit_checked(spec, input_hash, OnTerminated::Restart, None)
             .await
     }
 
@@ -117,6 +123,7 @@ impl RuntimeCore {
         spec: RunSpec,
         input_hash: Vec<u8>,
         on_terminated: OnTerminated,
+        drawn: Option<RunId>,
     ) -> Result<SubmitOutcome> {
         let RunSpec {
             run_id,
@@ -134,7 +141,7 @@ impl RuntimeCore {
         let batchable = Self::carries_nothing(&user_effects);
         // Generated before the first await: submissions get ids in the
         // order they were made.
-        let run_id = run_id.unwrap_or_else(|| self.new_run_id());
+        let run_id = run_id.or(drawn).unwrap_or_else(|| self.new_run_id());
         // The compare-and-commit guard: the run's record must still be
         // absent.
         let guard_key = run_kv_key(&run_id);

@@ -10,6 +10,7 @@ use taquba::JobStatus;
 use crate::engine::RuntimeCore;
 use crate::error::{Error, Result};
 use crate::model::{RunEnd, RunOutcome};
+use crate::run::watch::RunWatch;
 use crate::store::durable::DurableTermination;
 use crate::store::keys::RunId;
 
@@ -43,6 +44,33 @@ impl RuntimeCore {
         run_id: &RunId,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<Option<RunEnd>> {
+        self.wait_looking(run_id, deadline, None).await
+    }
+
+    /// [`wait_run`](Self::wait_run) for a run that `watch` has watched
+    /// since before the submission that started it committed (a typed
+    /// job's handle), and that has not ended in this process since (the
+    /// watch holds no end): every termination this process commits after
+    /// that submission reaches the watch, so the wait begins with it alone
+    /// and its first look at the run's records comes a poll interval later
+    /// (for an end another process committed, or a step dead-lettered
+    /// outside the worker), as the second look of a wait that began with a
+    /// read does.
+    pub(crate) async fn wait_run_watched(&self, run_id: &RunId, watch: RunWatch) -> Result<RunEnd> {
+        match self.wait_looking(run_id, None, Some(watch)).await? {
+            Some(end) => Ok(end),
+            None => Err(Error::InconsistentRunState(run_id.clone())),
+        }
+    }
+
+    /// The wait of [`wait_run_until`](Self::wait_run_until), beginning with
+    /// `first` (see [`wait_run_watched`](Self::wait_run_watched)) when given.
+    async fn wait_looking(
+        &self,
+        run_id: &RunId,
+        deadline: Option<tokio::time::Instant>,
+        mut first: Option<RunWatch>,
+    ) -> Result<Option<RunEnd>> {
         let expired = || async move {
             match deadline {
                 Some(deadline) => tokio::time::sleep_until(deadline).await,
@@ -55,6 +83,18 @@ impl RuntimeCore {
         let mut look_at_step = false;
         let mut backoff = LookBackoff::new(self.poll_interval);
         loop {
+            if let Some(mut watch) = first.take() {
+                tokio::select! {
+                    end = watch.ended() => return Ok(Some(end)),
+                    () = self.store_closed.cancelled() => return Err(self.store_closed_error()),
+                    () = tokio::time::sleep(self.poll_interval.max(Duration::from_millis(1))) => {}
+                    () = expired() => return Ok(None),
+                }
+                // The next look reads the step's job as well, as the
+                // second look of a wait that began with a read does.
+                look_at_step = true;
+                continue;
+            }
             // Registered before the reads: a termination committed after
             // them reaches the watch.
             let mut watch = self.run_watchers.watch(run_id);

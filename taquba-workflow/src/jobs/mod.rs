@@ -665,25 +665,36 @@ impl JobRunner {
             ..Default::default()
         };
         let core = self.runtime.inner.core.clone();
+        // The job's run id, known before its submission: the key's digest,
+        // else drawn here (before the first await, so ids follow the order
+        // of the calls).
+        let drawn = spec.run_id.is_none().then(|| core.new_run_id());
+        let watched = spec.run_id.clone().or_else(|| drawn.clone());
+        // Watched from before the submission commits: a handle awaited
+        // after its job ended takes the end the terminating commit reported
+        // (the outcome with it) without reading the job's records and its
+        // result record back, and a handle awaited before that, of a job
+        // this submission started, waits for that report without a first
+        // read (see `JobHandle::join`).
+        let watch = watched.as_ref().map(|id| core.run_watchers.watch(id));
         let span = crate::telemetry::spans::submit(&core.queue_name, spec.run_id.as_deref());
         let recorded = span.clone();
         let handed_over = RuntimeCore::joins_group_commit(&spec);
         let outcome = detached_unless_handed_over(
             handed_over,
             crate::telemetry::spans::within(span, async move {
-                let submitted = core.submit_hashed(spec, input_hash, on_terminated).await;
+                let submitted = core
+                    .submit_hashed(spec, input_hash, on_terminated, drawn)
+                    .await;
                 crate::telemetry::spans::submitted(&recorded, &submitted);
                 submitted
             }),
         )
         .await?;
         let handle = self.handle(outcome.run_id, outcome.newly_submitted);
-        // Watched from here on: a handle awaited after its job ended takes
-        // the end the terminating commit reported (the outcome with it),
-        // without reading the job's records and its result record back.
-        // A job that ended before this line is read back as before.
-        let watch = self.runtime.inner.core.run_watchers.watch(&handle.id);
-        *handle.lock_early() = Some(watch);
+        if watched.as_ref() == Some(&handle.id) {
+            *handle.lock_early() = watch;
+        }
         Ok(handle)
     }
 
@@ -736,9 +747,9 @@ pub struct JobHandle<J: Job> {
     runtime: JobRuntime,
     id: RunId,
     newly_submitted: bool,
-    /// The job's termination watched since its submission returned (the
-    /// first join of the handle or a clone takes it); dropped with the
-    /// last clone.
+    /// The job's termination watched since before its submission
+    /// committed (the first join of the handle or a clone takes it);
+    /// dropped with the last clone.
     early: Arc<std::sync::Mutex<Option<RunWatch>>>,
     job: PhantomData<fn() -> J>,
 }
@@ -810,21 +821,37 @@ impl<J: Job> JobHandle<J> {
     /// [`Error::RunNotFound`] for a job whose records are gone; storage and
     /// decoding errors.
     pub async fn join(&self) -> Result<std::result::Result<J::Output, JobError>> {
-        let early = self
-            .lock_early()
-            .take()
-            .and_then(|mut watch| watch.try_ended());
+        let early = self.lock_early().take();
         let end = match early {
-            // An end the watch already holds is taken with two key reads
-            // (that it is still the job's end) instead of the result
-            // record's. Else the wait: it watches the job from before its
-            // one read of the pointer, and takes the end its own watch is
-            // told without reading again.
-            Some(end) => self.still_the_end(end).await?,
+            Some(mut watch) => match watch.try_ended() {
+                // An end the watch already holds is taken with two key
+                // reads (that it is still the job's end) instead of the
+                // result record's.
+                Some(end) => self.still_the_end(end).await?,
+                // Watched since before the submission that started the job
+                // committed, and not ended here since: the wait takes the
+                // end this watch is told, looking at the job's records
+                // only after a poll interval (for an end committed by
+                // another process, or a dead letter to reconcile).
+                None if self.newly_submitted => {
+                    return Self::from_end(
+                        &self.id,
+                        self.runtime
+                            .inner
+                            .core
+                            .wait_run_watched(&self.id, watch)
+                            .await?,
+                    );
+                }
+                None => None,
+            },
             None => None,
         };
         let end = match end {
             Some(end) => end,
+            // The wait watches the job from before its one read of the
+            // pointer, and takes the end its own watch is told without
+            // reading again.
             None => self.runtime.wait(&self.id).await?,
         };
         Self::from_end(&self.id, end)
