@@ -1069,12 +1069,16 @@ async fn goals(args: &Args) {
         let (mut raws, mut defaults_all, mut bursts) = (Vec::new(), Vec::new(), Vec::new());
         let (mut floor_cpu, mut over_floor_cpu) = (Vec::new(), Vec::new());
         let (mut job_floor, mut job_floor_cpu) = (Vec::new(), Vec::new());
+        let (mut same_concurrency_cpu, mut slots_cpu) = (Vec::new(), Vec::new());
         for _ in 0..rounds {
             let raw = raw_loop_once(kind, args, 100, false).await;
             let shaped = raw_loop_once(kind, args, 100, true).await;
             let defaults = runtime_steps_once(kind, args, RuntimeCase::plain(None)).await;
+            let wide = runtime_steps_once(kind, args, RuntimeCase::plain(Some(100))).await;
             floor_cpu.push(shaped.cpu_us / raw.cpu_us);
             over_floor_cpu.push(defaults.cpu_us / shaped.cpu_us);
+            same_concurrency_cpu.push(wide.cpu_us / shaped.cpu_us);
+            slots_cpu.push(defaults.cpu_us / wide.cpu_us);
             let burst = jobs_per_sec(kind, args).await;
             let raw_jobs = raw_jobs_once(kind, args).await;
             job_floor.push(shaped.per_sec / raw_jobs.per_sec);
@@ -1121,6 +1125,11 @@ async fn goals(args: &Args) {
             "  the queue's floor under it: the raw loop with the runtime's transition shape (dedup key, chosen job id, pointer write) uses ×{} the raw loop's CPU per step; the runtime at defaults ×{} of that",
             Spread::of(floor_cpu),
             Spread::of(over_floor_cpu)
+        );
+        println!(
+            "  at the same concurrency: the runtime at 100 steps in flight uses ×{} the shaped loop's CPU per step; its default 8 in flight ×{} of that",
+            Spread::of(same_concurrency_cpu),
+            Spread::of(slots_cpu)
         );
         println!(
             "a typed job's time in steps' (steps/s ÷ jobs/s): {job_cost} (goal ≤ 1.10) {}; its CPU in steps' ×{job_cpu}",
