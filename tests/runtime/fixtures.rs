@@ -266,6 +266,26 @@ pub(crate) async fn queue_over_tokio_clock(
     )
 }
 
+/// An in-memory queue on `clock` (the common options) whose queue `name`
+/// has a lease of `lease` and no retry backoff, with its store.
+pub(crate) async fn memory_queue_with_lease(
+    clock: &taquba::MockClock,
+    name: &str,
+    lease: Duration,
+) -> (Arc<Queue>, Arc<dyn ObjectStore>) {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let options = options(clock).queue_config(
+        name,
+        QueueConfig::default()
+            .lease_duration(lease)
+            .retry_backoff_base(Duration::ZERO),
+    );
+    let queue = Queue::open_with_options(store.clone(), "db", options)
+        .await
+        .expect("open queue");
+    (Arc::new(queue), store)
+}
+
 /// A queue over `store` on a Tokio clock, with `lease` and retry backoff
 /// `backoff` (see [`queue_over_tokio_clock`]).
 pub(crate) async fn queue_with(

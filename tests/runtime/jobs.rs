@@ -1271,21 +1271,12 @@ async fn a_handle_joined_after_a_requeue_answers_the_jobs_new_end() {
 #[tokio::test(start_paused = true)]
 async fn a_handle_joined_before_its_jobs_lease_expires_ends_failed_without_maintenance() {
     let clock = MockClock::new(T0);
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let queue = Arc::new(
-        Queue::open_with_options(
-            store.clone(),
-            "db",
-            options(&clock).queue_config(
-                taquba_workflow::jobs::DEFAULT_JOB_QUEUE,
-                taquba::QueueConfig::default()
-                    .lease_duration(Duration::from_secs(10))
-                    .retry_backoff_base(Duration::ZERO),
-            ),
-        )
-        .await
-        .unwrap(),
-    );
+    let (queue, store) = crate::fixtures::memory_queue_with_lease(
+        &clock,
+        taquba_workflow::jobs::DEFAULT_JOB_QUEUE,
+        Duration::from_secs(10),
+    )
+    .await;
     let gate = Gate::default();
     let worker_runner = builder(&queue, &store)
         .state(gate.clone())

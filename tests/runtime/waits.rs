@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use taquba::OpenOptions;
 use taquba::object_store::ObjectStore;
 use taquba::object_store::memory::InMemory;
-use taquba::{MockClock, Queue, QueueConfig, SettlementEffects};
+use taquba::{MockClock, Queue, SettlementEffects};
 use taquba_workflow::jobs::{Job, JobContext, JobError, JobRunner, JoinError};
 use taquba_workflow::{
     Error, GroupMember, NoopTerminalHook, RunEnd, RunId, RunOptions, RunOutcome, RunSpec, RunState,
@@ -655,21 +655,8 @@ async fn a_step_the_reaper_dead_letters_ends_waits_on_every_runtime() {
 #[tokio::test(start_paused = true)]
 async fn a_step_outliving_its_lease_on_the_worker_ends_the_wait_as_failed() {
     let clock = MockClock::new(T0);
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let queue = Arc::new(
-        Queue::open_with_options(
-            store.clone(),
-            "db",
-            options(&clock).queue_config(
-                STEPS,
-                QueueConfig::default()
-                    .lease_duration(Duration::from_secs(10))
-                    .retry_backoff_base(Duration::ZERO),
-            ),
-        )
-        .await
-        .unwrap(),
-    );
+    let (queue, store) =
+        crate::fixtures::memory_queue_with_lease(&clock, STEPS, Duration::from_secs(10)).await;
     let script = Script::default();
     let worker_runtime = workflow_builder(&queue, &store, &script)
         .poll_interval(HOUR)
