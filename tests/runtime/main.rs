@@ -36,6 +36,7 @@
 //! * `reruns`: a run id or group member key run again after its run ended.
 //! * `review_round`: fork/restart, patches and versions, and schedules attacked at the public API: bad input, drops and crashes at each await, races with the run's end, signals and memos across a fork, daylight-saving nights, pause during catch-up.
 //! * `retention_replay`: step-output replay after a lease expiry, and memo retention.
+//! * `review_stop38`: typed jobs' submit/join/wait attacked at the public API: joins before, during and after a job, dropped submits, keyed races, cancels, requeues, lost leases, restarts and takeovers.
 //! * `run_ids`: run ids validated at their bounds; generated ids are ordered ULIDs.
 //! * `runs`: submission (racing re-submissions), the step loop, panicking runners.
 //! * `schedules`: schedules firing on virtual time, catch-up after a downtime, pause/resume, crashes mid-round, two runtimes racing.
@@ -86,6 +87,7 @@ mod reruns;
 mod retention_replay;
 mod review_round;
 mod review_stop37;
+mod review_stop38;
 mod run_ids;
 mod runs;
 mod schedules;

@@ -151,6 +151,8 @@ pub(super) struct ClaimedStep<'a> {
     /// The submitter's headers, without the reserved ones.
     pub(crate) headers: HashMap<String, String>,
     pub(crate) job: &'a JobRecord,
+    /// The lease of this attempt's claim of `job`.
+    pub(crate) lease: &'a LeaseHandle,
     /// The signal the step was woken with, once resolved: its history
     /// entry keeps it for a fork from the step.
     pub(crate) signal: std::sync::OnceLock<Vec<u8>>,
@@ -159,7 +161,7 @@ pub(super) struct ClaimedStep<'a> {
 impl<'a> ClaimedStep<'a> {
     /// Identify the step; fails for a job without a valid run id or step
     /// header (a job the runtime did not enqueue).
-    pub(crate) fn parse(job: &'a JobRecord) -> Result<Self> {
+    pub(crate) fn parse(job: &'a JobRecord, lease: &'a LeaseHandle) -> Result<Self> {
         let run_id = RunId::new(
             job.headers
                 .get(HEADER_RUN_ID)
@@ -180,6 +182,7 @@ impl<'a> ClaimedStep<'a> {
             membership: Membership::from_headers(&job.headers)?,
             headers: user_headers(&job.headers),
             job,
+            lease,
             signal: std::sync::OnceLock::new(),
         })
     }
@@ -263,9 +266,40 @@ impl RuntimeCore {
         termination: &crate::store::durable::DurableTermination,
     ) -> Result<()> {
         self.within_lease(claimed, "write the run result record", || {
-            self.store_run_result(outcome, termination)
+            self.store_run_result_of_claim(claimed, outcome, termination)
         })
         .await
+    }
+
+    /// [`store_run_result`](Self::store_run_result) for the step job of
+    /// `claimed`, written only while the claim is still this attempt's: its
+    /// lease is first made to last the write and the settlement (a fifth
+    /// of the lease, at most 5 s, past now). An attempt whose claim was lost
+    /// (its lease expired and the step was delivered again, or the job
+    /// ended) writes nothing: the record in the run's memo may be a later
+    /// attempt's, whose termination committed, and this attempt's
+    /// settlement fails on the lost claim anyway.
+    ///
+    /// # Errors
+    /// [`taquba::Error::ClaimLost`] (as [`Error::Queue`], permanent) for a
+    /// lost claim; storage errors of the write.
+    pub(super) async fn store_run_result_of_claim(
+        &self,
+        claimed: &ClaimedStep<'_>,
+        outcome: &RunOutcome,
+        termination: &crate::store::durable::DurableTermination,
+    ) -> Result<()> {
+        let margin = guard::settlement_margin(guard::claim_lease(&self.queue, &self.queue_name));
+        match claimed.lease.ensure_at_least(margin) {
+            // A cancellation requested while the step ran leaves the lease
+            // as it is; the claim is still this attempt's until it expires.
+            Ok(()) | Err(taquba::Error::CancelRequested) => {}
+            Err(err) => {
+                debug!(run_id = %claimed.run_id, job_id = %claimed.job.id, "the run result record is not written: {err}");
+                return Err(err.into());
+            }
+        }
+        self.store_run_result(outcome, termination).await
     }
 
     /// Run `op`, an object-store access of the step job of `claimed` (its
@@ -345,7 +379,10 @@ impl RuntimeCore {
             &claimed.job.id,
             claimed.membership.as_ref(),
         );
-        let recorded = match self.store_run_result(&outcome, &termination).await {
+        let recorded = match self
+            .store_run_result_of_claim(claimed, &outcome, &termination)
+            .await
+        {
             Ok(()) => true,
             Err(err) => {
                 warn!(run_id = %claimed.run_id, "failed to write the run result record: {err}");
@@ -388,7 +425,7 @@ impl<R: StepRunner, H: TerminalHook> RuntimeInner<R, H> {
         if job.headers.contains_key(HEADER_TERMINAL) {
             return self.process_notification(job, lease, permit).await;
         }
-        let claimed = match ClaimedStep::parse(job) {
+        let claimed = match ClaimedStep::parse(job, lease) {
             Ok(claimed) => claimed,
             Err(err) => {
                 warn!(job_id = %job.id, error = %err, "step job with malformed headers; dead-lettered");

@@ -241,7 +241,8 @@ impl RuntimeCore {
                 &claimed.job.id,
                 claimed.membership.as_ref(),
             );
-            self.store_run_result(&outcome, &termination).await?;
+            self.store_run_result_of_claim(claimed, &outcome, &termination)
+                .await?;
             let (effects, ending) = self.terminate_effects(
                 &outcome,
                 termination,
