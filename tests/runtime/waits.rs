@@ -1616,3 +1616,61 @@ async fn a_wait_after_a_requeued_run_ended_again_reports_its_second_outcome() {
     drop(runtime);
     close(queue).await;
 }
+
+/// A step that outlives its lease and returns after its retry ended the
+/// run writes no run result record: the committed run's outcome (its
+/// result) stays what the retry recorded, for a wait and for `outcome`,
+/// whether the late attempt returns later or in the same millisecond of
+/// the queue's clock. Before, the late
+/// attempt replaced the record before its acknowledgement failed on the
+/// lost claim.
+#[tokio::test(start_paused = true)]
+async fn a_late_attempt_after_its_lease_leaves_the_committed_outcome() {
+    for later_ms in [0, 1_000] {
+        let clock = MockClock::new(T0);
+        let (queue, store) =
+            crate::fixtures::memory_queue_with_lease(&clock, STEPS, Duration::from_secs(10)).await;
+        let gate = Arc::new(tokio::sync::Notify::new());
+        let runner = {
+            let gate = gate.clone();
+            FnRunner(move |step: Step| {
+                let gate = gate.clone();
+                async move {
+                    let attempt = step.delivery.attempts;
+                    if attempt == 1 {
+                        gate.notified().await;
+                    }
+                    Ok(StepOutcome::Succeed {
+                        result: format!("attempt {attempt}").into_bytes(),
+                    })
+                }
+            })
+        };
+        let runtime = workflow_builder(&queue, &store, &Arc::new(runner)).build();
+        submit_with(&runtime, "late", "in", RunOptions::default()).await;
+        let worker = runtime.spawn(std::future::pending::<()>());
+        let waiting = spawn_wait(&runtime, "late");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        clock.advance(Duration::from_secs(11));
+        let end = within(30, waiting).await.unwrap().unwrap();
+        let committed = end.outcome.expect("the retry recorded its outcome");
+        assert_eq!(committed.result.as_deref(), Some(&b"attempt 2"[..]));
+
+        // The first attempt returns: its settlement finds its claim lost.
+        clock.advance(Duration::from_millis(later_ms));
+        gate.notify_one();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let outcome = runtime.outcome(&rid("late")).await.unwrap();
+        assert_eq!(
+            outcome.and_then(|o| o.result).as_deref(),
+            Some(&b"attempt 2"[..]),
+            "late by {later_ms} ms"
+        );
+        let again = runtime.wait(&rid("late")).await.unwrap();
+        assert_eq!(
+            again.outcome.and_then(|o| o.result).as_deref(),
+            Some(&b"attempt 2"[..])
+        );
+        worker.shutdown().await.unwrap();
+    }
+}
