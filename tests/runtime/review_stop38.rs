@@ -21,7 +21,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use common::*;
 use serde::{Deserialize, Serialize};
 use taquba::object_store::ObjectStore;
-use taquba::{MockClock, Queue, QueueConfig};
+use taquba::{MockClock, Queue};
 use taquba_workflow::history::AttemptOutcome;
 use taquba_workflow::jobs::{Job, JobContext, JobError, JobRunner, JobRunnerBuilder, JoinError};
 use taquba_workflow::{
@@ -236,21 +236,9 @@ impl Fx {
     /// Over a queue whose `jobs` queue leases for 10 s.
     async fn short_leases() -> Self {
         let clock = MockClock::new(T0);
-        let store: Arc<dyn ObjectStore> = Arc::new(taquba::object_store::memory::InMemory::new());
-        let queue = Queue::open_with_options(
-            store.clone(),
-            "db",
-            options(&clock).queue_config(
-                JOBS,
-                QueueConfig::default()
-                    .lease_duration(Duration::from_secs(10))
-                    .retry_backoff_base(Duration::ZERO)
-                    .max_attempts(3),
-            ),
-        )
-        .await
-        .unwrap();
-        Self::over(Arc::new(queue), store, clock)
+        let (queue, store) =
+            crate::fixtures::memory_queue_with_lease(&clock, JOBS, Duration::from_secs(10)).await;
+        Self::over(queue, store, clock)
     }
 
     fn over(queue: Arc<Queue>, store: Arc<dyn ObjectStore>, clock: MockClock) -> Self {

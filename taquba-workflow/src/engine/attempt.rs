@@ -178,13 +178,12 @@ impl RuntimeCore {
             SettleKind::Retry(_) => return,
         };
         match target {
-            Target::Terminal => match settlement.ended.as_mut() {
-                // The terminal record the ending carries is the one the
-                // effects write: encoded again with the entries, not
-                // decoded back from its bytes first.
-                Some(ending) => put_terminal_history(effects, run_id, &mut ending.record, pending),
-                None => set_terminal_history(effects, run_id, pending),
-            },
+            // A terminal target has its ending (see `target_of`).
+            Target::Terminal => {
+                if let Some(ending) = settlement.ended.as_mut() {
+                    set_terminal_history(effects, run_id, &mut ending.record, pending);
+                }
+            }
             Target::Pointer => {
                 let chunk =
                     pending.flush_if_full(run_id, run.execution.as_deref(), self.ops.history_limit);
@@ -229,26 +228,26 @@ impl RuntimeCore {
     }
 
     /// The history effects of step `step` of the run whose pointer is
-    /// `pointer` (naming `job`) ending outside the worker with `outcome` (a
-    /// cancelled waiting step, a dead letter reconciled): the entry is
-    /// appended to the pending ones in the terminal record `effects`
-    /// writes.
+    /// `pointer` (naming `job`) ending outside the worker, unclaimed, with
+    /// `outcome` (a cancelled waiting step): the entry is appended to the
+    /// pending ones in the terminal record `effects` writes, whose fields
+    /// are `record` (its ending's).
     pub(super) fn record_detached(
         &self,
         effects: &mut SettlementEffects,
+        record: &mut DurableTermination,
         run_id: &RunId,
         pointer: &DurableCurrentStep,
         job: &JobRecord,
         outcome: DurableAttemptOutcome,
-        claimed_at_ms: Option<u64>,
     ) {
         let attempt = DurableAttempt {
             attempt: job.attempts,
-            claimed_at_ms,
+            claimed_at_ms: None,
             settled_at_ms: self.now_ms(),
             outcome,
         };
-        self.record_detached_attempts(effects, run_id, pointer, job, vec![attempt]);
+        self.record_detached_attempts(effects, record, run_id, pointer, job, vec![attempt]);
     }
 
     /// [`record_detached`](Self::record_detached) with the step's entry
@@ -257,6 +256,7 @@ impl RuntimeCore {
     pub(super) fn record_detached_attempts(
         &self,
         effects: &mut SettlementEffects,
+        record: &mut DurableTermination,
         run_id: &RunId,
         pointer: &DurableCurrentStep,
         job: &JobRecord,
@@ -272,7 +272,7 @@ impl RuntimeCore {
             &DurableStepEntry::new(pointer.step_number, self.detached_step_name(job), attempts)
                 .with_input(RecordedInput::of(job, self.ops.step_input_limit)),
         );
-        set_terminal_history(effects, run_id, pending);
+        set_terminal_history(effects, run_id, record, pending);
     }
 
     /// The name of `job`'s step read outside a runner: the payload's, else
@@ -298,25 +298,12 @@ fn target_of(settlement: &Settlement) -> Option<Target> {
     }
 }
 
-/// Put `pending` on the terminal record `effects` writes for `run_id`.
-pub(super) fn set_terminal_history(
-    effects: &mut SettlementEffects,
-    run_id: &RunId,
-    pending: PendingHistory,
-) {
-    if let Some(bytes) = effects.kv_writes.get_mut(&outcome_kv_key(run_id))
-        && let Ok(mut termination) = durable::decode::<DurableTermination>(bytes)
-    {
-        termination.history = Some(pending);
-        *bytes = durable::encode(&termination);
-    }
-}
-
 /// Put `pending` on the terminal record `effects` writes for `run_id`,
-/// whose fields (its history entries aside) are `record`: encoded once
-/// with the entries, which are taken back out of `record` after (it stays
-/// the record its ending is told with, history aside).
-fn put_terminal_history(
+/// whose fields (its history entries aside) are `record`, the record its
+/// ending carries: encoded once with the entries (not decoded back from
+/// the written bytes), which are taken back out of `record` after, so it
+/// stays the record the ending is told with.
+fn set_terminal_history(
     effects: &mut SettlementEffects,
     run_id: &RunId,
     record: &mut DurableTermination,
@@ -489,19 +476,28 @@ mod tests {
     }
 
     #[test]
-    fn a_terminal_record_encoded_with_its_entries_is_the_one_decoded_and_rewritten() {
+    fn a_terminal_record_is_written_with_its_entries_and_its_ending_keeps_none() {
         let run_id = RunId::new("r").unwrap();
         let mut record = crate::store::durable::tests::full_termination();
-        let written = SettlementEffects::default()
+        let mut effects = SettlementEffects::default()
             .kv_put(crate::store::keys::run_kv_key(&run_id), vec![1])
             .kv_put(outcome_kv_key(&run_id), durable::encode(&record));
         let mut pending = PendingHistory::default();
         pending.push(&DurableStepEntry::new(3, "s".into(), Vec::new()));
-        let mut decoded = written.clone();
-        set_terminal_history(&mut decoded, &run_id, pending.clone());
-        let mut encoded = written;
-        put_terminal_history(&mut encoded, &run_id, &mut record, pending);
-        assert_eq!(encoded.kv_writes, decoded.kv_writes);
+        set_terminal_history(&mut effects, &run_id, &mut record, pending.clone());
+        let written: DurableTermination =
+            durable::decode(&effects.kv_writes[&outcome_kv_key(&run_id)]).unwrap();
+        assert_eq!(
+            written,
+            DurableTermination {
+                history: Some(pending),
+                ..crate::store::durable::tests::full_termination()
+            }
+        );
+        assert_eq!(
+            effects.kv_writes[&crate::store::keys::run_kv_key(&run_id)],
+            vec![1]
+        );
         // The record is left as its ending tells it: without the entries.
         assert_eq!(record, crate::store::durable::tests::full_termination());
     }

@@ -236,13 +236,20 @@ impl RuntimeCore {
         );
         let membership = Membership::from_headers(&job.headers)?;
         let termination = self.termination(&outcome, None, record, &job.id, membership.as_ref());
-        let (mut effects, ending) =
+        let (mut effects, mut ending) =
             self.terminate_effects(&outcome, termination, membership.as_ref(), job, false);
         effects
             .kv_deletes
             .extend(crate::coordination::signal::waiter_cleanup(job));
         let reason = DurableAttemptOutcome::cancelled(record.cancel_reason.as_deref());
-        self.record_detached(&mut effects, run_id, pointer, job, reason, None);
+        self.record_detached(
+            &mut effects,
+            &mut ending.record,
+            run_id,
+            pointer,
+            job,
+            reason,
+        );
         let (outcome, _) = self.commits.cancel_with(&job.id, effects, ending).await?;
         Ok(outcome)
     }

@@ -382,7 +382,7 @@ async fn reconcile_step(
         };
         let membership = Membership::from_headers(&job.headers)?;
         let termination = core.termination(&outcome, None, &record, &job.id, membership.as_ref());
-        let (mut effects, ending) =
+        let (mut effects, mut ending) =
             core.terminate_effects(&outcome, termination, membership.as_ref(), job, false);
         effects
             .kv_deletes
@@ -402,7 +402,14 @@ async fn reconcile_step(
         };
         let attempts =
             dead_letter_attempts(&entries, job.attempts, job.claimed_at, entry, core.now_ms());
-        core.record_detached_attempts(&mut effects, &run_id, &pointer, job, attempts);
+        core.record_detached_attempts(
+            &mut effects,
+            &mut ending.record,
+            &run_id,
+            &pointer,
+            job,
+            attempts,
+        );
         // The pointer can leave a dead job only by the run's termination,
         // which deletes the run record too: the guard on the record stops a
         // concurrent settlement or reconciliation as well.
