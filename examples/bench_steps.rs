@@ -12,6 +12,7 @@
 //! The baseline ("raw") does the same transitions directly on `taquba`:
 //! claim, then acknowledge with the next step's enqueue in one transaction.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -24,8 +25,8 @@ use taquba::object_store::{ObjectStore, ObjectStoreExt};
 use taquba::{EnqueueOptions, EnqueueRequest, OpenOptions, Queue, SettlementEffects};
 use taquba_workflow::jobs::{Job, JobContext, JobRunner};
 use taquba_workflow::{
-    GroupMember, NoopTerminalHook, RunOptions, RunSpec, Step, StepError, StepOutcome, StepRunner,
-    WorkflowRuntime,
+    GroupMember, HEADER_RUN_ID, HEADER_STEP, NoopTerminalHook, RunOptions, RunSpec, Step,
+    StepError, StepOutcome, StepRunner, WorkflowRuntime,
 };
 use taquba_workflow_suite::measure::calls::CountingStore;
 use taquba_workflow_suite::measure::{cpu_micros, rss_kib};
@@ -331,7 +332,8 @@ async fn raw_steps(kind: StoreKind, args: &Args, in_flight: usize) -> Figure {
 }
 
 /// The raw loop with the runtime's transition shape: each next step carries
-/// a dedup key and a caller-chosen job id, each acknowledgement also writes
+/// a dedup key, a caller-chosen job id and the seed's reserved headers (run
+/// id and step number, see [`reserved_headers`]), each acknowledgement also writes
 /// a small KV record (the runtime's current-step pointer), and a run's last
 /// one is preceded by its result record and ends it (see
 /// [`raw_termination`]). The gap
@@ -353,7 +355,14 @@ async fn raw_loop_once(kind: StoreKind, args: &Args, in_flight: usize, shaped: b
     for run in 0..args.runs as u32 {
         let mut payload = 0u32.to_le_bytes().to_vec();
         payload.extend_from_slice(&run.to_le_bytes());
-        queue.enqueue("raw", payload).await.expect("enqueue");
+        let mut options = EnqueueOptions::default();
+        if shaped {
+            options = options.headers(reserved_headers(&run.to_string(), 0));
+        }
+        queue
+            .enqueue_with("raw", payload, options)
+            .await
+            .expect("enqueue");
     }
     let total = args.runs as u64 * u64::from(args.steps);
     let steps = args.steps;
@@ -379,7 +388,8 @@ async fn raw_loop_once(kind: StoreKind, args: &Args, in_flight: usize, shaped: b
                             effects.kv_put(format!("bench/steps/{run}"), id.clone().into_bytes());
                         options = options
                             .dedup_key(format!("run:{run}:{}", step + 1))
-                            .id_override(id);
+                            .id_override(id)
+                            .headers(reserved_headers(&run.to_string(), step + 1));
                     }
                     effects = effects.enqueue(EnqueueRequest {
                         queue: "raw".into(),
@@ -392,6 +402,16 @@ async fn raw_loop_once(kind: StoreKind, args: &Args, in_flight: usize, shaped: b
         }),
     )
     .await
+}
+
+/// The headers the seed reserves on every step job (seed-lib.rs, "Reserved
+/// headers"): the run id and the step number, which the queue stores with the
+/// job and decodes at each claim and settlement.
+fn reserved_headers(run: &str, step: u32) -> HashMap<String, String> {
+    HashMap::from([
+        (HEADER_RUN_ID.to_string(), run.to_string()),
+        (HEADER_STEP.to_string(), step.to_string()),
+    ])
 }
 
 /// What the seed's layout adds to a run's last settlement, straight on the
@@ -470,8 +490,9 @@ async fn raw_worker<F, Fut>(
 /// The queue's floor under a typed job: `args.jobs` one-step jobs straight
 /// on taquba, submitted all at once and settled by [`raw_worker`] at 100 in
 /// flight, with the store traffic the seed's layout gives a job. Each
-/// submission enqueues step 0 under a dedup key and a chosen job id and
-/// writes a run record (~180 bytes) and a current-step pointer, submissions
+/// submission enqueues step 0 under a dedup key, a chosen job id and the
+/// reserved headers and writes a run record (~180 bytes) and a current-step
+/// pointer, submissions
 /// sharing transactions of up to 256, 8 transactions at a time (as the
 /// runtime's group commit does); each settlement first writes the run
 /// result record, an object at `bench-memo/runs/{id}/run.workflow.outcome`,
@@ -509,7 +530,8 @@ async fn raw_jobs_once(kind: StoreKind, args: &Args) -> Figure {
                     payload: run.clone().into_bytes(),
                     options: EnqueueOptions::default()
                         .dedup_key(format!("run:{run}:0"))
-                        .id_override(id),
+                        .id_override(id)
+                        .headers(reserved_headers(&run, 0)),
                 })
         });
         let batches: Vec<SettlementEffects> = submissions
@@ -1122,7 +1144,7 @@ async fn goals(args: &Args) {
             verdict(cpu.median <= 1.5)
         );
         println!(
-            "  the queue's floor under it: the raw loop with the runtime's transition shape (dedup key, chosen job id, pointer write) uses ×{} the raw loop's CPU per step; the runtime at defaults ×{} of that",
+            "  the queue's floor under it: the raw loop with the runtime's transition shape (dedup key, chosen job id, reserved headers, pointer write) uses ×{} the raw loop's CPU per step; the runtime at defaults ×{} of that",
             Spread::of(floor_cpu),
             Spread::of(over_floor_cpu)
         );

@@ -346,9 +346,20 @@ impl RuntimeCore {
         opts: StepEnqueueOpts,
     ) -> PreparedStep {
         let job_id = self.queue.next_job_id();
-        let mut headers = user_headers.clone();
+        // Sized once for the reserved headers as well (the map would grow
+        // at the third).
+        let mut headers =
+            HashMap::with_capacity(user_headers.len() + 2 + opts.reserved_headers.len());
+        headers.extend(
+            user_headers
+                .iter()
+                .map(|(name, value)| (name.clone(), value.clone())),
+        );
         headers.insert(HEADER_RUN_ID.to_string(), run_id.to_string());
-        headers.insert(HEADER_STEP.to_string(), step_number.to_string());
+        headers.insert(
+            HEADER_STEP.to_string(),
+            itoa::Buffer::new().format(step_number).to_owned(),
+        );
         for (name, value) in opts.reserved_headers {
             headers.insert(name.to_string(), value);
         }

@@ -162,7 +162,7 @@ impl<'a> ClaimedStep<'a> {
     /// Identify the step; fails for a job without a valid run id or step
     /// header (a job the runtime did not enqueue).
     pub(crate) fn parse(job: &'a JobRecord, lease: &'a LeaseHandle) -> Result<Self> {
-        let run_id = RunId::new(
+        let run_id = RunId::parse_ref(
             job.headers
                 .get(HEADER_RUN_ID)
                 .ok_or(Error::MissingHeader(HEADER_RUN_ID))?

@@ -24,8 +24,9 @@ const MAX_SEGMENT_LEN: usize = 200;
 pub(crate) struct ObjectPrefix {
     store: Arc<dyn ObjectStore>,
     /// The prefix as a path, parsed once (every memo and result-record
-    /// path is built on it).
-    base: Path,
+    /// path is built on it) and shared by every clone (each step's memos
+    /// take one).
+    base: Arc<Path>,
 }
 
 impl std::fmt::Debug for ObjectPrefix {
@@ -40,7 +41,7 @@ impl ObjectPrefix {
     pub(crate) fn new(store: Arc<dyn ObjectStore>, prefix: impl Into<String>) -> Self {
         Self {
             store,
-            base: Path::from(prefix.into().as_str()),
+            base: Arc::new(Path::from(prefix.into().as_str())),
         }
     }
 

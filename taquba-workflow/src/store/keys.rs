@@ -6,6 +6,7 @@ use std::borrow::Borrow;
 use std::fmt;
 use std::ops::Deref;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use sha2::{Digest, Sha256};
@@ -70,8 +71,11 @@ pub const MAX_CORRELATION_KEY_LEN: usize = 4096;
 /// When a [`RunSpec`](crate::RunSpec) carries no id the runtime generates a
 /// ULID on its clock, monotonic within a millisecond (generated ids sort in
 /// the order they were made). Dereferences to `str`.
+///
+/// Cloning one is a reference count increment: the id is shared, not
+/// copied, between the records, caches and handles of a run.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RunId(String);
+pub struct RunId(Arc<str>);
 
 impl RunId {
     /// Validate `id` as a run id.
@@ -82,7 +86,31 @@ impl RunId {
     /// `[A-Za-z0-9_-]`.
     pub fn new(id: impl Into<String>) -> Result<Self> {
         let id = id.into();
-        let reason = if id.is_empty() {
+        match Self::broken_rule(&id) {
+            Some(reason) => Err(Error::InvalidRunId { run_id: id, reason }),
+            None => Ok(Self(id.into())),
+        }
+    }
+
+    /// [`Self::new`] over a borrowed id: one allocation (the shared id)
+    /// instead of an owned copy first. Every id read back from a header,
+    /// a key or a record is parsed this way.
+    ///
+    /// # Errors
+    /// As [`Self::new`].
+    pub(crate) fn parse_ref(id: &str) -> Result<Self> {
+        match Self::broken_rule(id) {
+            Some(reason) => Err(Error::InvalidRunId {
+                run_id: id.to_owned(),
+                reason,
+            }),
+            None => Ok(Self(id.into())),
+        }
+    }
+
+    /// The rule of a run id that `id` breaks, if any.
+    fn broken_rule(id: &str) -> Option<&'static str> {
+        if id.is_empty() {
             Some("a run id must not be empty")
         } else if id.len() > MAX_RUN_ID_LEN {
             Some("a run id must be at most 128 bytes")
@@ -93,10 +121,6 @@ impl RunId {
             Some("a run id may contain only ASCII letters, digits, '_' and '-'")
         } else {
             None
-        };
-        match reason {
-            Some(reason) => Err(Error::InvalidRunId { run_id: id, reason }),
-            None => Ok(Self(id)),
         }
     }
 
@@ -104,7 +128,8 @@ impl RunId {
     /// always valid); generated ids come from
     /// [`IdGenerator`](crate::run::ids::IdGenerator).
     pub(crate) fn from_ulid(ulid: ulid::Ulid) -> Self {
-        Self(ulid.to_string())
+        let mut spelled = [0u8; ulid::ULID_LEN];
+        Self((&*ulid.array_to_str(&mut spelled)).into())
     }
 
     /// The run id that is the lowercase hex SHA-256 digest of the
@@ -114,7 +139,12 @@ impl RunId {
         for part in parts {
             hasher.update(part);
         }
-        Self(hex::encode(hasher.finalize()))
+        let mut spelled = [0u8; 64];
+        match hex::encode_to_slice(hasher.finalize(), &mut spelled) {
+            // 32 bytes fill the 64 hex digits exactly; the digits are ASCII.
+            Ok(()) => Self(String::from_utf8_lossy(&spelled).into()),
+            Err(_) => unreachable!("a SHA-256 digest is 32 bytes, 64 hex digits"),
+        }
     }
 
     /// The id as a string slice.
@@ -124,7 +154,7 @@ impl RunId {
 
     /// The id as an owned string.
     pub fn into_string(self) -> String {
-        self.0
+        String::from(&*self.0)
     }
 }
 
@@ -161,32 +191,32 @@ impl fmt::Display for RunId {
 
 impl From<RunId> for String {
     fn from(id: RunId) -> String {
-        id.0
+        String::from(&*id.0)
     }
 }
 
 impl FromStr for RunId {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        Self::new(s)
+        Self::parse_ref(s)
     }
 }
 
 impl PartialEq<str> for RunId {
     fn eq(&self, other: &str) -> bool {
-        self.0 == other
+        &*self.0 == other
     }
 }
 
 impl PartialEq<&str> for RunId {
     fn eq(&self, other: &&str) -> bool {
-        self.0 == *other
+        &*self.0 == *other
     }
 }
 
 impl PartialEq<String> for RunId {
     fn eq(&self, other: &String) -> bool {
-        &self.0 == other
+        *self.0 == **other
     }
 }
 
@@ -198,8 +228,26 @@ impl Serialize for RunId {
 
 impl<'de> Deserialize<'de> for RunId {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
-        let raw = String::deserialize(deserializer)?;
-        RunId::new(raw).map_err(serde::de::Error::custom)
+        deserializer.deserialize_str(RunIdVisitor)
+    }
+}
+
+/// Reads a run id from a borrowed string without an owned copy first.
+struct RunIdVisitor;
+
+impl serde::de::Visitor<'_> for RunIdVisitor {
+    type Value = RunId;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a run id")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, id: &str) -> std::result::Result<RunId, E> {
+        RunId::parse_ref(id).map_err(E::custom)
+    }
+
+    fn visit_string<E: serde::de::Error>(self, id: String) -> std::result::Result<RunId, E> {
+        RunId::new(id).map_err(E::custom)
     }
 }
 
@@ -211,7 +259,16 @@ pub(crate) fn sha256(bytes: &[u8]) -> [u8; 32] {
 /// The dedup key of step `step` of `run_id`: no two pending or scheduled
 /// jobs exist for one step at a time.
 pub(crate) fn step_dedup_key(run_id: &RunId, step: u32) -> String {
-    format!("run:{run_id}:{step}")
+    // Built by hand: one exact allocation and no formatting machinery, on
+    // every step's enqueue.
+    let mut digits = itoa::Buffer::new();
+    let step = digits.format(step);
+    let mut key = String::with_capacity(4 + run_id.len() + 1 + step.len());
+    key.push_str("run:");
+    key.push_str(run_id);
+    key.push(':');
+    key.push_str(step);
+    key
 }
 
 fn kv_key(parts: &[&str]) -> Vec<u8> {
@@ -500,6 +557,40 @@ mod tests {
     }
 
     #[test]
+    fn borrowed_and_owned_run_ids_follow_one_rule() {
+        for id in ["order-42_a", "", "a/b", &"x".repeat(129), &"y".repeat(128)] {
+            let owned = RunId::new(id).map_err(|err| err.to_string());
+            let borrowed = RunId::parse_ref(id).map_err(|err| err.to_string());
+            let parsed = id.parse::<RunId>().map_err(|err| err.to_string());
+            assert_eq!(owned, borrowed, "{id:?}");
+            assert_eq!(owned, parsed, "{id:?}");
+        }
+        // Shared, not copied: a clone is the same id.
+        let id = RunId::parse_ref("run-1").unwrap();
+        let clone = id.clone();
+        assert!(std::ptr::eq(id.as_str(), clone.as_str()));
+        assert_eq!(String::from(clone), "run-1");
+        assert_eq!(id.into_string(), "run-1");
+    }
+
+    #[test]
+    fn step_dedup_keys_name_the_run_and_step() {
+        let id = RunId::new("order-42").unwrap();
+        assert_eq!(step_dedup_key(&id, 0), "run:order-42:0");
+        assert_eq!(step_dedup_key(&id, 17), "run:order-42:17");
+        assert_eq!(
+            step_dedup_key(&id, u32::MAX),
+            format!("run:order-42:{}", u32::MAX)
+        );
+    }
+
+    #[test]
+    fn ulid_ids_spell_the_ulid() {
+        let ulid = ulid::Ulid::from_parts(1_700_000_000_000, 42);
+        assert_eq!(RunId::from_ulid(ulid).as_str(), ulid.to_string());
+    }
+
+    #[test]
     fn digest_ids_are_hex_sha256() {
         let id = RunId::digest(&[b"g", b"/", b"k"]);
         assert_eq!(id.len(), 64);
@@ -512,7 +603,16 @@ mod tests {
         let bytes = rmp_serde::to_vec(&id).unwrap();
         assert_eq!(rmp_serde::from_slice::<RunId>(&bytes).unwrap(), id);
         let bad = rmp_serde::to_vec("a b").unwrap();
-        assert!(rmp_serde::from_slice::<RunId>(&bad).is_err());
+        let err = rmp_serde::from_slice::<RunId>(&bad)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("a b") && err.contains("ASCII letters"),
+            "{err}"
+        );
+        // From an owned string (a reader that cannot lend) as well.
+        let mut reader = std::io::Cursor::new(bytes);
+        assert_eq!(rmp_serde::from_read::<_, RunId>(&mut reader).unwrap(), id);
     }
 
     #[test]
