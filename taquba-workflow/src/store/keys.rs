@@ -249,6 +249,14 @@ impl serde::de::Visitor<'_> for RunIdVisitor {
     fn visit_string<E: serde::de::Error>(self, id: String) -> std::result::Result<RunId, E> {
         RunId::new(id).map_err(E::custom)
     }
+
+    /// A string written as bytes (as `String` reads it too): UTF-8 only.
+    fn visit_bytes<E: serde::de::Error>(self, id: &[u8]) -> std::result::Result<RunId, E> {
+        match std::str::from_utf8(id) {
+            Ok(id) => self.visit_str(id),
+            Err(_) => Err(E::invalid_value(serde::de::Unexpected::Bytes(id), &self)),
+        }
+    }
 }
 
 /// The SHA-256 digest of `bytes`.
@@ -610,6 +618,11 @@ mod tests {
             err.contains("a b") && err.contains("ASCII letters"),
             "{err}"
         );
+        // Written as bytes: read as UTF-8, as a `String` would be.
+        let as_bytes = rmp_serde::to_vec(&serde_bytes::Bytes::new(b"abc")).unwrap();
+        assert_eq!(rmp_serde::from_slice::<RunId>(&as_bytes).unwrap(), id);
+        let not_utf8 = rmp_serde::to_vec(&serde_bytes::Bytes::new(&[0xff, 0xfe])).unwrap();
+        assert!(rmp_serde::from_slice::<RunId>(&not_utf8).is_err());
         // From an owned string (a reader that cannot lend) as well.
         let mut reader = std::io::Cursor::new(bytes);
         assert_eq!(rmp_serde::from_read::<_, RunId>(&mut reader).unwrap(), id);
