@@ -71,8 +71,10 @@ pub(crate) struct Settlement {
     /// an already pending job of that step on a dedup hit.
     pub(crate) next_step: Option<(RunId, u32)>,
     /// The run termination this settlement commits, reported once it did
-    /// (see [`Committer::run`](crate::run::commit::Committer::run)).
-    pub(crate) ended: Option<Ending>,
+    /// (see [`Committer::run`](crate::run::commit::Committer::run)). Boxed:
+    /// only a run's last settlement has one, and the settlement is held
+    /// (more than once) in every step's future.
+    pub(crate) ended: Option<Box<Ending>>,
     /// The trigger of the next step, when the settlement continues the run.
     pub(crate) continued: Option<Trigger>,
     /// The job the pointer this settlement writes names, when the history
@@ -117,7 +119,7 @@ impl Settlement {
     /// This settlement, reporting `ended` once it commits.
     pub(crate) fn ending(self, ended: Ending) -> Self {
         Self {
-            ended: Some(ended),
+            ended: Some(Box::new(ended)),
             ..self
         }
     }

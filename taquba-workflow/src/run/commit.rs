@@ -219,7 +219,7 @@ impl Committer {
         detached(async move {
             // The commit's future is built here and awaited in place, so
             // the task holds it once (an argument awaited is held twice).
-            let terminating = this.terminating(ending);
+            let terminating = this.terminating(ending.map(Box::new));
             let result = commit(this.queue.clone()).await;
             terminating.finish(result, committed).await
         })
@@ -233,7 +233,7 @@ impl Committer {
     /// the termination as [`run`](Self::run) does. The commit is awaited by
     /// the caller between the two, so its future is held once, in the
     /// caller's own state.
-    pub(crate) fn terminating(&self, ending: Option<Ending>) -> Terminating<'_> {
+    pub(crate) fn terminating(&self, ending: Option<Box<Ending>>) -> Terminating<'_> {
         Terminating {
             committer: self,
             _marked: ending
@@ -246,14 +246,14 @@ impl Committer {
     /// Tell this process of the committed termination `ending`: the
     /// admission pump of its key, the child-wake pump, the recent ends,
     /// then the run's waiters.
-    async fn ended(&self, ending: Ending) {
+    async fn ended(&self, ending: Box<Ending>) {
         let Ending {
             run_id,
             end,
             record,
             key,
             child,
-        } = ending;
+        } = *ending;
         if let Some(key) = &key {
             self.keys.ended(key);
         }
@@ -401,7 +401,8 @@ impl Committer {
 /// this lives.
 pub(crate) struct Terminating<'a> {
     committer: &'a Committer,
-    ending: Option<Ending>,
+    /// Boxed: this is held beside the commit's future.
+    ending: Option<Box<Ending>>,
     _marked: Option<crate::run::watch::TerminatingGuard>,
 }
 

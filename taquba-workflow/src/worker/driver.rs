@@ -181,7 +181,6 @@ where
             tasks.spawn(async move {
                 #[cfg(feature = "metrics")]
                 let _in_flight = crate::telemetry::metrics::InFlight::begin(&inner.core.queue_name);
-                let job_id = claim.id.clone();
                 let span = spans::step(&inner.core.queue_name, claim.job(), || {
                     inner.span_names(claim.job())
                 });
@@ -190,11 +189,14 @@ where
                 // Boxed: the step's future is kilobytes (the runner's own
                 // future inside it), and a task is moved several times on
                 // its way into the scheduler; a box moves as one pointer.
-                let work = AssertUnwindSafe(Box::pin(process_and_settle(&inner, &queue, claim, runner_permit, span, &stop_runners)));
+                // The claim stays here, lent to it: the future holds it
+                // once (an async fn keeps what it is given beside what it
+                // takes apart).
+                let work = AssertUnwindSafe(Box::pin(process_and_settle(&inner, &queue, &claim, runner_permit, span, &stop_runners)));
                 if let Err(panic) = work.catch_unwind().await {
                     // The runner's own panics are caught inside; this is the
                     // runtime's, and the claim is left to its lease.
-                    warn!(job_id = %job_id, "worker task panicked: {}", panic_message(panic.as_ref()));
+                    warn!(job_id = %claim.id, "worker task panicked: {}", panic_message(panic.as_ref()));
                 }
                 drop(settle_permit);
             });
@@ -281,19 +283,19 @@ async fn acquire_both(
 async fn process_and_settle<R: StepRunner, H: TerminalHook>(
     inner: &RuntimeInner<R, H>,
     queue: &Arc<Queue>,
-    claim: Claim,
+    claim: &Claim,
     runner_permit: tokio::sync::OwnedSemaphorePermit,
     span: Span,
     stop_runners: &CancellationToken,
 ) {
-    let lease = queue.lease_handle(&claim);
+    let lease = queue.lease_handle(claim);
     let settlement = tokio::select! {
         biased;
         () = stop_runners.cancelled() => return,
-        settlement = spans::within(span.clone(), inner.process(&claim, &lease, runner_permit)) => settlement,
+        settlement = spans::within(span.clone(), inner.process(claim, &lease, runner_permit)) => settlement,
     };
     spans::settling(&span, settlement.span_outcome());
-    spans::within(span, settle(&inner.core, queue, &claim, settlement)).await;
+    spans::within(span, settle(&inner.core, queue, claim, settlement)).await;
 }
 
 /// Logs a settlement refused because the claim has ended. Normally its
@@ -329,7 +331,17 @@ async fn report_lost_claim(queue: &Queue, claim: &Claim) {
     }
 }
 
-async fn settle(core: &RuntimeCore, queue: &Queue, claim: &Claim, settlement: Settlement) {
+/// Apply `settlement` to `claim`: its commit, then what the commit tells
+/// (the run's end, the next step's pointer on a dedup hit). A plain fn
+/// returning the future: the settlement is taken apart before the future is
+/// built, so the future holds each part once (an async fn would also keep
+/// the whole settlement it was given for as long as it runs).
+fn settle<'a>(
+    core: &'a RuntimeCore,
+    queue: &'a Queue,
+    claim: &'a Claim,
+    settlement: Settlement,
+) -> impl Future<Output = ()> + Send + 'a {
     let Settlement {
         kind,
         inflight,
@@ -339,142 +351,146 @@ async fn settle(core: &RuntimeCore, queue: &Queue, claim: &Claim, settlement: Se
         continued: _,
         history,
     } = settlement;
-    #[cfg(feature = "metrics")]
-    let transition = match &ended {
-        Some(ending) => ending.end.termination.status.as_str(),
-        None => "continued",
-    };
-    // The ending moves into the commit's report below.
-    let ended_run = ended.as_ref().map(|ending| ending.run_id.clone());
-    let ends_run = ended_run.is_some();
-    let result = match kind {
-        SettleKind::Ack(effects) => {
-            let terminating = core.commits.terminating(ended);
-            let acked = terminating
-                .finish(queue.ack_with(claim, effects).await, |_| true)
-                .await
-                .map(Some);
-            // A notification's acknowledgement moves no run.
-            #[cfg(feature = "metrics")]
-            if acked.is_ok() && (ends_run || next_step.is_some()) {
-                crate::telemetry::metrics::transition(&core.queue_name, transition);
-            }
-            acked
-        }
-        SettleKind::Retry(error) => {
-            let error = cut_to(&error, MAX_TERMINATION_ERROR_LEN);
-            let retried = queue.nack(claim, &error).await.map(|()| None);
-            #[cfg(feature = "metrics")]
-            if retried.is_ok() {
-                crate::telemetry::metrics::retried(&core.queue_name);
-            }
-            retried
-        }
-        SettleKind::Fail {
-            error,
-            permanent,
-            effects,
-        } => {
-            let error = cut_to(&error, MAX_TERMINATION_ERROR_LEN);
-            // Counted before the commit, so a look between the commit and
-            // the count cannot take it for a foreign dead letter; uncounted
-            // when no dead letter happened. Only a dead letter that ends its
-            // run in the same commit (or a notification's, which has no run
-            // to reconcile) is the worker's own: one that leaves the run
-            // active (an infrastructure failure) is reconciled by the next
-            // maintenance round, as a foreign one is.
-            let own = ends_run || claim.job().headers.contains_key(HEADER_TERMINAL);
-            if own {
-                core.note_own_dead_letter();
-            }
-            let terminating = core.commits.terminating(ended);
-            let dead_letter = if permanent {
-                queue
-                    .dead_letter_with(claim, &error, effects)
+    async move {
+        #[cfg(feature = "metrics")]
+        let transition = match &ended {
+            Some(ending) => ending.end.termination.status.as_str(),
+            None => "continued",
+        };
+        // The ending moves into the commit's report below.
+        let ended_run = ended.as_ref().map(|ending| ending.run_id.clone());
+        let ends_run = ended_run.is_some();
+        let result = match kind {
+            SettleKind::Ack(effects) => {
+                let terminating = core.commits.terminating(ended);
+                let acked = terminating
+                    .finish(queue.ack_with(claim, effects).await, |_| true)
                     .await
-                    .map(|_| true)
-            } else {
-                queue
-                    .nack_with(claim, &error, effects)
-                    .await
-                    .map(|outcome| matches!(outcome, NackOutcome::DeadLettered(_)))
-            };
-            let dead_lettered = terminating.finish(dead_letter, |dead| *dead).await;
-            if own && !matches!(dead_lettered, Ok(true)) {
-                core.forget_own_dead_letter();
-            }
-            #[cfg(feature = "metrics")]
-            if matches!(dead_lettered, Ok(true)) {
-                crate::telemetry::metrics::dead_lettered(&core.queue_name, "worker");
-                if ends_run {
+                    .map(Some);
+                // A notification's acknowledgement moves no run.
+                #[cfg(feature = "metrics")]
+                if acked.is_ok() && (ends_run || next_step.is_some()) {
                     crate::telemetry::metrics::transition(&core.queue_name, transition);
                 }
+                acked
             }
-            dead_lettered.map(|_| None)
-        }
-    };
-    drop(signal_lock);
-    if result.is_ok()
-        && let Some(run_id) = &ended_run
-    {
-        core.run_records.forget(run_id);
-    }
-    match result {
-        Ok(Some(results)) => {
-            if let (Some((run_id, _)), Some(EnqueueResult::New(next_job))) =
-                (&next_step, results.first())
-            {
-                // The run's record is unchanged by the settlement: its
-                // cached copy now answers the next step.
-                core.run_records.advance(run_id, &claim.id, next_job);
-            }
-            if let (Some((run_id, step_number)), Some(EnqueueResult::AlreadyEnqueued(existing))) =
-                (next_step, results.first())
-            {
-                // The next step was already pending (a stale job of an
-                // earlier attempt): point the run at it, with the history
-                // the pointer carries.
-                // The entries the committed pointer carries: kept in memory,
-                // else read back from it.
-                let mut pending = history.and_then(|job_id| core.history_cache.take(&job_id));
-                if pending.is_none() {
-                    pending = durable::kv_record::<DurableCurrentStep>(
-                        queue.view(),
-                        &step_kv_key(&run_id),
-                    )
-                    .await
-                    .ok()
-                    .flatten()
-                    .and_then(|pointer| pointer.history);
+            SettleKind::Retry(error) => {
+                let error = cut_to(&error, MAX_TERMINATION_ERROR_LEN);
+                let retried = queue.nack(claim, &error).await.map(|()| None);
+                #[cfg(feature = "metrics")]
+                if retried.is_ok() {
+                    crate::telemetry::metrics::retried(&core.queue_name);
                 }
-                let pointer = DurableCurrentStep {
-                    step_number,
-                    job_id: existing.clone(),
-                    history: pending.clone(),
+                retried
+            }
+            SettleKind::Fail {
+                error,
+                permanent,
+                effects,
+            } => {
+                let error = cut_to(&error, MAX_TERMINATION_ERROR_LEN);
+                // Counted before the commit, so a look between the commit and
+                // the count cannot take it for a foreign dead letter; uncounted
+                // when no dead letter happened. Only a dead letter that ends its
+                // run in the same commit (or a notification's, which has no run
+                // to reconcile) is the worker's own: one that leaves the run
+                // active (an infrastructure failure) is reconciled by the next
+                // maintenance round, as a foreign one is.
+                let own = ends_run || claim.job().headers.contains_key(HEADER_TERMINAL);
+                if own {
+                    core.note_own_dead_letter();
+                }
+                let terminating = core.commits.terminating(ended);
+                let dead_letter = if permanent {
+                    queue
+                        .dead_letter_with(claim, &error, effects)
+                        .await
+                        .map(|_| true)
+                } else {
+                    queue
+                        .nack_with(claim, &error, effects)
+                        .await
+                        .map(|outcome| matches!(outcome, NackOutcome::DeadLettered(_)))
                 };
-                match queue
-                    .kv_put(&step_kv_key(&run_id), &durable::encode(&pointer))
-                    .await
+                let dead_lettered = terminating.finish(dead_letter, |dead| *dead).await;
+                if own && !matches!(dead_lettered, Ok(true)) {
+                    core.forget_own_dead_letter();
+                }
+                #[cfg(feature = "metrics")]
+                if matches!(dead_lettered, Ok(true)) {
+                    crate::telemetry::metrics::dead_lettered(&core.queue_name, "worker");
+                    if ends_run {
+                        crate::telemetry::metrics::transition(&core.queue_name, transition);
+                    }
+                }
+                dead_lettered.map(|_| None)
+            }
+        };
+        drop(signal_lock);
+        if result.is_ok()
+            && let Some(run_id) = &ended_run
+        {
+            core.run_records.forget(run_id);
+        }
+        match result {
+            Ok(Some(results)) => {
+                if let (Some((run_id, _)), Some(EnqueueResult::New(next_job))) =
+                    (&next_step, results.first())
                 {
-                    Ok(()) => {
-                        core.run_records.advance(&run_id, &claim.id, existing);
-                        if let Some(pending) = pending {
-                            core.history_cache.put(existing.clone(), pending);
+                    // The run's record is unchanged by the settlement: its
+                    // cached copy now answers the next step.
+                    core.run_records.advance(run_id, &claim.id, next_job);
+                }
+                if let (
+                    Some((run_id, step_number)),
+                    Some(EnqueueResult::AlreadyEnqueued(existing)),
+                ) = (next_step, results.first())
+                {
+                    // The next step was already pending (a stale job of an
+                    // earlier attempt): point the run at it, with the history
+                    // the pointer carries.
+                    // The entries the committed pointer carries: kept in memory,
+                    // else read back from it.
+                    let mut pending = history.and_then(|job_id| core.history_cache.take(&job_id));
+                    if pending.is_none() {
+                        pending = durable::kv_record::<DurableCurrentStep>(
+                            queue.view(),
+                            &step_kv_key(&run_id),
+                        )
+                        .await
+                        .ok()
+                        .flatten()
+                        .and_then(|pointer| pointer.history);
+                    }
+                    let pointer = DurableCurrentStep {
+                        step_number,
+                        job_id: existing.clone(),
+                        history: pending.clone(),
+                    };
+                    match queue
+                        .kv_put(&step_kv_key(&run_id), &durable::encode(&pointer))
+                        .await
+                    {
+                        Ok(()) => {
+                            core.run_records.advance(&run_id, &claim.id, existing);
+                            if let Some(pending) = pending {
+                                core.history_cache.put(existing.clone(), pending);
+                            }
+                        }
+                        Err(err) => {
+                            warn!(run_id = %run_id, "failed to adopt the pending next step: {err}");
                         }
                     }
-                    Err(err) => {
-                        warn!(run_id = %run_id, "failed to adopt the pending next step: {err}");
-                    }
                 }
             }
+            Ok(None) => {}
+            Err(taquba::Error::ClaimLost) => report_lost_claim(queue, claim).await,
+            Err(err) => {
+                let err = crate::error::Error::from(err);
+                core.note_error(&err);
+                warn!(job_id = %claim.id, "settlement failed; the lease expiry redelivers the step: {err}");
+            }
         }
-        Ok(None) => {}
-        Err(taquba::Error::ClaimLost) => report_lost_claim(queue, claim).await,
-        Err(err) => {
-            let err = crate::error::Error::from(err);
-            core.note_error(&err);
-            warn!(job_id = %claim.id, "settlement failed; the lease expiry redelivers the step: {err}");
-        }
+        drop(inflight);
     }
-    drop(inflight);
 }
