@@ -88,6 +88,7 @@ mod retention_replay;
 mod review_round;
 mod review_stop37;
 mod review_stop38;
+mod review_stop39;
 mod run_ids;
 mod runs;
 mod schedules;
