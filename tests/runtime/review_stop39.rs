@@ -27,14 +27,16 @@ use sha2::{Digest, Sha256};
 use taquba::object_store::ObjectStore;
 use taquba::object_store::memory::InMemory;
 use taquba::{MockClock, Queue};
-use taquba_workflow::history::AttemptOutcome;
+use taquba_workflow::history::{AttemptOutcome, RunHistory};
 use taquba_workflow::jobs::{Job, JobContext, JobRunner};
-use taquba_workflow::view::{RunFilter, StatusFilter};
+use taquba_workflow::view::{RunDetails, RunFilter, StatusFilter};
 use taquba_workflow::{
-    Error, ForkOptions, ForkedFrom, MAX_RUN_ID_LEN, RunEnd, RunId, RunOptions, RunSpec, RunState,
-    Step, StepError, StepErrorKind, StepOutcome, StepRunner, TerminalStatus, WorkflowRuntime,
+    Error, ForkOptions, ForkedFrom, MAX_RUN_ID_LEN, NoopTerminalHook, RunEnd, RunId, RunOptions,
+    RunSpec, RunState, Step, StepError, StepErrorKind, StepOutcome, StepRunner, TerminalHook,
+    TerminalStatus, WorkflowRuntime, WorkflowRuntimeBuilder,
 };
 use taquba_workflow_suite::testing::{FaultConfig, FaultyStore, Op};
+use tokio::task::JoinHandle;
 
 use crate::fixtures::{Counting, Scripted, spec};
 
@@ -112,7 +114,7 @@ fn derived(prefix: &str, id: &str) -> RunId {
     rid(&spelled)
 }
 
-async fn terminal<R: StepRunner, H: taquba_workflow::TerminalHook>(
+async fn terminal<R: StepRunner, H: TerminalHook>(
     runtime: &WorkflowRuntime<R, H>,
     id: &RunId,
 ) -> Option<TerminalStatus> {
@@ -124,6 +126,97 @@ async fn terminal<R: StepRunner, H: taquba_workflow::TerminalHook>(
 
 fn result_of(end: &RunEnd) -> Option<Vec<u8>> {
     end.outcome.as_ref().and_then(|o| o.result.clone())
+}
+
+/// `outcome`'s result for run `id`: `None` while the run has no outcome.
+async fn outcome_result<R: StepRunner, H: TerminalHook>(
+    runtime: &WorkflowRuntime<R, H>,
+    id: &RunId,
+) -> Option<Option<Vec<u8>>> {
+    runtime
+        .outcome(id)
+        .await
+        .unwrap()
+        .map(|outcome| outcome.result)
+}
+
+/// The details of run `id`, which must exist.
+async fn details<R: StepRunner, H: TerminalHook>(
+    runtime: &WorkflowRuntime<R, H>,
+    id: &RunId,
+) -> RunDetails {
+    runtime.view().run(id).await.unwrap().expect("the run")
+}
+
+/// The ids of the first 1000 runs listed, in the listing's order.
+async fn listed_ids<R: StepRunner, H: TerminalHook>(runtime: &WorkflowRuntime<R, H>) -> Vec<RunId> {
+    let page = runtime
+        .view()
+        .runs(&RunFilter::new().limit(1000))
+        .await
+        .unwrap();
+    page.runs.iter().map(|r| r.run_id.clone()).collect()
+}
+
+/// A runtime builder over clones of `queue`, `store`, `runner` and `hook`,
+/// polling every 50 ms.
+fn runtime_builder<R: StepRunner + Clone, H: TerminalHook + Clone>(
+    queue: &Arc<Queue>,
+    store: &Arc<dyn ObjectStore>,
+    runner: &R,
+    hook: &H,
+) -> WorkflowRuntimeBuilder<R, H> {
+    WorkflowRuntime::builder(queue.clone(), store.clone(), runner.clone(), hook.clone())
+        .poll_interval(Duration::from_millis(50))
+}
+
+/// A runtime of [`Scripted`] runs told to a [`Counting`] hook over an
+/// in-memory queue, with the runner, the hook and the queue's clock.
+async fn scripted_in_memory() -> (
+    WorkflowRuntime<Scripted, Counting>,
+    Scripted,
+    Counting,
+    MockClock,
+) {
+    let (queue, store, clock) = memory_queue().await;
+    let runner = Scripted::default();
+    let hook = Counting::default();
+    let runtime = scripted_runtime(&queue, &store, &runner, &hook);
+    (runtime, runner, hook, clock)
+}
+
+/// A runtime of [`Scripted`] runs told to `hook` (see [`runtime_builder`]).
+fn scripted_runtime(
+    queue: &Arc<Queue>,
+    store: &Arc<dyn ObjectStore>,
+    runner: &Scripted,
+    hook: &Counting,
+) -> WorkflowRuntime<Scripted, Counting> {
+    runtime_builder(queue, store, runner, hook).build()
+}
+
+/// The worker loop of `runtime` on a task of its own (to [`abort`]).
+fn worker_task<R: StepRunner + 'static, H: TerminalHook + 'static>(
+    runtime: &WorkflowRuntime<R, H>,
+) -> JoinHandle<taquba_workflow::Result<()>> {
+    let runtime = runtime.clone();
+    tokio::spawn(async move { runtime.run(std::future::pending::<()>()).await })
+}
+
+/// A task waiting for the end of run `id`.
+fn wait_task<R: StepRunner + 'static, H: TerminalHook + 'static>(
+    runtime: &WorkflowRuntime<R, H>,
+    id: &str,
+) -> JoinHandle<taquba_workflow::Result<RunEnd>> {
+    let runtime = runtime.clone();
+    let id = rid(id);
+    tokio::spawn(async move { runtime.wait(&id).await })
+}
+
+/// Abort `task` and wait until it stopped.
+async fn abort<T>(task: JoinHandle<T>) {
+    task.abort();
+    let _ = task.await;
 }
 
 // ---------------------------------------------------------------------------
@@ -326,13 +419,7 @@ fn valid_run_ids_agree_with_their_string_everywhere() {
 /// and terminal hooks name them exactly.
 #[tokio::test(start_paused = true)]
 async fn runs_with_ids_of_every_shape_round_trip_through_every_call() {
-    let (queue, store, _clock) = memory_queue().await;
-    let runner = Scripted::default();
-    let hook = Counting::default();
-    let runtime =
-        WorkflowRuntime::builder(queue.clone(), store.clone(), runner.clone(), hook.clone())
-            .poll_interval(Duration::from_millis(50))
-            .build();
+    let (runtime, runner, hook, _clock) = scripted_in_memory().await;
     let ids = valid_ids();
     for id in &ids {
         let submitted = runtime.submit(spec(id, "steps:2")).await.unwrap();
@@ -461,13 +548,7 @@ async fn runs_with_ids_of_every_shape_round_trip_through_every_call() {
 /// once, under its own id.
 #[tokio::test(start_paused = true)]
 async fn runs_of_every_id_shape_are_cancelled_and_signalled_by_id() {
-    let (queue, store, _clock) = memory_queue().await;
-    let runner = Scripted::default();
-    let hook = Counting::default();
-    let runtime =
-        WorkflowRuntime::builder(queue.clone(), store.clone(), runner.clone(), hook.clone())
-            .poll_interval(Duration::from_millis(50))
-            .build();
+    let (runtime, runner, hook, _clock) = scripted_in_memory().await;
     let worker = runtime.spawn(std::future::pending::<()>());
     let ids = valid_ids();
     let signalled: Vec<RunId> = ids.iter().map(|id| derived("s", id)).collect();
@@ -485,21 +566,12 @@ async fn runs_of_every_id_shape_are_cancelled_and_signalled_by_id() {
     }
     eventually("every run parked", || async {
         for id in ids.iter().map(|id| rid(id)).chain(signalled.clone()) {
-            let details = runtime.view().run(&id).await.unwrap().unwrap();
-            if details.waiting_for_signal.is_none() {
+            if details(&runtime, &id).await.waiting_for_signal.is_none() {
                 return false;
             }
         }
         for id in &timed {
-            if runtime
-                .view()
-                .run(id)
-                .await
-                .unwrap()
-                .unwrap()
-                .scheduled_at_ms
-                .is_none()
-            {
+            if details(&runtime, id).await.scheduled_at_ms.is_none() {
                 return false;
             }
         }
@@ -651,14 +723,7 @@ async fn ids_outcomes_and_histories_read_back_after_reopening_a_directory_store(
     let mut before = Vec::new();
     {
         let queue = open(&store, &clock).await;
-        let runtime = WorkflowRuntime::builder(
-            queue.clone(),
-            store.clone(),
-            Scripted::default(),
-            first_hook.clone(),
-        )
-        .poll_interval(Duration::from_millis(50))
-        .build();
+        let runtime = scripted_runtime(&queue, &store, &Scripted::default(), &first_hook);
         let worker = runtime.spawn(std::future::pending::<()>());
         for (id, input) in &runs {
             runtime.submit(spec(id, input)).await.unwrap();
@@ -685,18 +750,10 @@ async fn ids_outcomes_and_histories_read_back_after_reopening_a_directory_store(
                 runtime.view().steps(id).await.unwrap(),
             ));
         }
-        let listed = runtime
-            .view()
-            .runs(&RunFilter::new().limit(1000))
-            .await
-            .unwrap();
+        let listed = listed_ids(&runtime).await;
         before.sort_by(|a, b| a.0.cmp(&b.0));
         assert_eq!(
-            listed
-                .runs
-                .iter()
-                .map(|r| r.run_id.clone())
-                .collect::<Vec<_>>(),
+            listed,
             before.iter().map(|b| b.0.clone()).collect::<Vec<_>>()
         );
         worker.shutdown().await.unwrap();
@@ -715,14 +772,7 @@ async fn ids_outcomes_and_histories_read_back_after_reopening_a_directory_store(
 
     let queue = open(&store, &clock).await;
     let hook = Counting::default();
-    let runtime = WorkflowRuntime::builder(
-        queue.clone(),
-        store.clone(),
-        Scripted::default(),
-        hook.clone(),
-    )
-    .poll_interval(Duration::from_millis(50))
-    .build();
+    let runtime = scripted_runtime(&queue, &store, &Scripted::default(), &hook);
     // Read back before the worker starts.
     for (id, status, outcome, details, history) in &before {
         assert_eq!(&runtime.status(id).await.unwrap(), status, "{id}");
@@ -733,17 +783,8 @@ async fn ids_outcomes_and_histories_read_back_after_reopening_a_directory_store(
             assert_eq!(&outcome.run_id, id);
         }
     }
-    let listed = runtime
-        .view()
-        .runs(&RunFilter::new().limit(1000))
-        .await
-        .unwrap();
     assert_eq!(
-        listed
-            .runs
-            .iter()
-            .map(|r| r.run_id.clone())
-            .collect::<Vec<_>>(),
+        listed_ids(&runtime).await,
         before.iter().map(|b| b.0.clone()).collect::<Vec<_>>()
     );
     let active = runtime
@@ -817,13 +858,7 @@ type Case = (
 /// more maintenance rounds and a cancel of the ended run).
 #[tokio::test(start_paused = true)]
 async fn every_ending_is_told_to_waits_outcomes_and_hooks_exactly_once() {
-    let (queue, store, clock) = memory_queue().await;
-    let runner = Scripted::default();
-    let hook = Counting::default();
-    let runtime =
-        WorkflowRuntime::builder(queue.clone(), store.clone(), runner.clone(), hook.clone())
-            .poll_interval(Duration::from_millis(50))
-            .build();
+    let (runtime, runner, hook, clock) = scripted_in_memory().await;
     let cases: Vec<Case> = vec![
         (
             "e-ok",
@@ -913,50 +948,31 @@ async fn every_ending_is_told_to_waits_outcomes_and_hooks_exactly_once() {
     // Waits from before the worker starts.
     let early: Vec<_> = cases
         .iter()
-        .flat_map(|(id, ..)| {
-            (0..2).map(|_| {
-                let runtime = runtime.clone();
-                let id = rid(id);
-                tokio::spawn(async move { runtime.wait(&id).await })
-            })
-        })
+        .flat_map(|(id, ..)| (0..2).map(|_| wait_task(&runtime, id)))
         .collect();
     let worker = runtime.spawn(std::future::pending::<()>());
     eventually("the runs to park or run", || async {
-        runner.calls_of("e-running") == 1
-            && runtime
-                .view()
-                .run(&rid("e-signal"))
+        if runner.calls_of("e-running") != 1 {
+            return false;
+        }
+        for id in ["e-signal", "e-woken", "e-timeout"] {
+            if details(&runtime, &rid(id))
                 .await
-                .unwrap()
-                .is_some_and(|d| d.waiting_for_signal.is_some())
-            && runtime
-                .view()
-                .run(&rid("e-woken"))
-                .await
-                .unwrap()
-                .is_some_and(|d| d.waiting_for_signal.is_some())
-            && runtime
-                .view()
-                .run(&rid("e-timeout"))
-                .await
-                .unwrap()
-                .is_some_and(|d| d.waiting_for_signal.is_some())
-            && runtime
-                .view()
-                .run(&rid("e-timer"))
-                .await
-                .unwrap()
-                .is_some_and(|d| d.scheduled_at_ms.is_some())
+                .waiting_for_signal
+                .is_none()
+            {
+                return false;
+            }
+        }
+        details(&runtime, &rid("e-timer"))
+            .await
+            .scheduled_at_ms
+            .is_some()
     })
     .await;
     let during: Vec<_> = cases
         .iter()
-        .map(|(id, ..)| {
-            let runtime = runtime.clone();
-            let id = rid(id);
-            tokio::spawn(async move { runtime.wait(&id).await })
-        })
+        .map(|(id, ..)| wait_task(&runtime, id))
         .collect();
     assert!(runtime.cancel(&rid("e-running")).await.unwrap());
     assert!(runtime.cancel(&rid("e-signal")).await.unwrap());
@@ -1184,6 +1200,24 @@ impl Job for KeyedEcho {
     }
 }
 
+/// The job under `key` labelled `job-{n}`.
+fn echo(key: &str, n: usize) -> KeyedEcho {
+    KeyedEcho {
+        key: key.to_string(),
+        label: format!("job-{n}"),
+    }
+}
+
+/// A job runner of [`KeyedEcho`] over clones of `queue` and `store`,
+/// counting the jobs' calls in `calls`.
+fn keyed_runner(queue: &Arc<Queue>, store: &Arc<dyn ObjectStore>, calls: &JobCalls) -> JobRunner {
+    JobRunner::builder(queue.clone(), store.clone())
+        .register::<KeyedEcho>()
+        .state(calls.clone())
+        .poll_interval(Duration::from_millis(50))
+        .build()
+}
+
 /// Keyed jobs (short, long, non-ASCII, slashed, spaced keys) submitted with
 /// `submit_with`, again while running and after their end, and by a second
 /// runner after a restart: the id is the hex SHA-256 of the key, one job
@@ -1210,17 +1244,10 @@ async fn keyed_jobs_dedupe_by_the_digest_of_their_key() {
     };
     {
         let queue = open(&store, &clock).await;
-        let runner = JobRunner::builder(queue.clone(), store.clone())
-            .register::<KeyedEcho>()
-            .state(calls.clone())
-            .poll_interval(Duration::from_millis(50))
-            .build();
+        let runner = keyed_runner(&queue, &store, &calls);
         let mut handles = Vec::new();
         for (n, key) in keys.iter().enumerate() {
-            let job = KeyedEcho {
-                key: key.clone(),
-                label: format!("job-{n}"),
-            };
+            let job = echo(key, n);
             let first = runner.submit_with(job.clone(), options()).await.unwrap();
             assert_eq!(first.id(), &digest(key), "key {n}");
             assert!(first.newly_submitted());
@@ -1255,16 +1282,7 @@ async fn keyed_jobs_dedupe_by_the_digest_of_their_key() {
         }
         // Submitted again after the end: answered by the record.
         for (n, key) in keys.iter().enumerate() {
-            let again = runner
-                .submit_with(
-                    KeyedEcho {
-                        key: key.clone(),
-                        label: format!("job-{n}"),
-                    },
-                    options(),
-                )
-                .await
-                .unwrap();
+            let again = runner.submit_with(echo(key, n), options()).await.unwrap();
             assert!(!again.newly_submitted(), "key {n}");
             assert_eq!(
                 again.fetch_result().await.unwrap().unwrap().unwrap(),
@@ -1276,23 +1294,10 @@ async fn keyed_jobs_dedupe_by_the_digest_of_their_key() {
         close(queue).await;
     }
     let queue = open(&store, &clock).await;
-    let runner = JobRunner::builder(queue.clone(), store.clone())
-        .register::<KeyedEcho>()
-        .state(calls.clone())
-        .poll_interval(Duration::from_millis(50))
-        .build();
+    let runner = keyed_runner(&queue, &store, &calls);
     let worker = runner.spawn(std::future::pending::<()>());
     for (n, key) in keys.iter().enumerate() {
-        let again = runner
-            .submit_with(
-                KeyedEcho {
-                    key: key.clone(),
-                    label: format!("job-{n}"),
-                },
-                options(),
-            )
-            .await
-            .unwrap();
+        let again = runner.submit_with(echo(key, n), options()).await.unwrap();
         assert_eq!(again.id(), &digest(key));
         assert!(!again.newly_submitted(), "key {n}: after the restart");
         assert_eq!(
@@ -1383,6 +1388,89 @@ impl StepRunner for Chain {
     }
 }
 
+impl Chain {
+    /// No step ran on a payload naming another run or step.
+    fn assert_no_wrong_payload(&self) {
+        assert!(self.wrong.lock().unwrap().is_empty(), "{:?}", self.wrong);
+    }
+}
+
+/// Run `id` of a [`Chain`], with otherwise default options.
+fn chain_spec(id: &RunId) -> RunSpec {
+    RunSpec {
+        run_id: Some(id.clone()),
+        input: chain_input(id).into_bytes(),
+        ..Default::default()
+    }
+}
+
+/// Submit a [`Chain`] run under each of `ids`, one after the other.
+async fn submit_chains<R: StepRunner, H: TerminalHook>(
+    runtime: &WorkflowRuntime<R, H>,
+    ids: &[RunId],
+) {
+    for id in ids {
+        runtime.submit(chain_spec(id)).await.unwrap();
+    }
+}
+
+/// A runtime of `runner` told to `hook`, running 8 steps at once (see
+/// [`runtime_builder`]).
+fn chain_runtime<R: StepRunner + Clone + 'static, H: TerminalHook + Clone + 'static>(
+    queue: &Arc<Queue>,
+    store: &Arc<dyn ObjectStore>,
+    runner: &R,
+    hook: &H,
+) -> WorkflowRuntime<R, H> {
+    runtime_builder(queue, store, runner, hook)
+        .max_concurrent_steps(8)
+        .build()
+}
+
+/// The end of [`Chain`] run `id` within 120 s (of paused time), checked to
+/// be a success with the run's own output; `what` says more on a failure.
+async fn chain_end<R: StepRunner, H: TerminalHook>(
+    runtime: &WorkflowRuntime<R, H>,
+    id: &RunId,
+    what: &str,
+) -> RunEnd {
+    let end = within(120, runtime.wait(id)).await.unwrap();
+    assert_eq!(
+        end.termination.status,
+        TerminalStatus::Succeeded,
+        "{id} {what}: {end:?}"
+    );
+    assert_eq!(
+        result_of(&end),
+        Some(chain_output(id).into_bytes()),
+        "{id} {what}"
+    );
+    end
+}
+
+/// The history of [`Chain`] run `id`, checked to list its five steps.
+async fn chain_history<R: StepRunner, H: TerminalHook>(
+    runtime: &WorkflowRuntime<R, H>,
+    id: &RunId,
+    what: &str,
+) -> RunHistory {
+    let history = runtime.view().steps(id).await.unwrap().unwrap();
+    assert_eq!(
+        history.steps.iter().map(|s| s.step).collect::<Vec<_>>(),
+        (0..CHAIN_STEPS).collect::<Vec<_>>(),
+        "{id} {what}"
+    );
+    history
+}
+
+/// Wait until `hook` was told of each run of `ids` (at least once).
+async fn until_every_run_told(hook: &Counting, ids: &[RunId]) {
+    eventually("every run told", || async {
+        ids.iter().all(|id| !hook.calls_of(id).is_empty())
+    })
+    .await;
+}
+
 /// 300 runs of 5 steps at once: 150 under ids of every shape and numbered
 /// ids, 100 under generated ULIDs and 50 group members under their digest
 /// ids. Every run ends with its own output (its payload checked against
@@ -1393,23 +1481,15 @@ async fn three_hundred_runs_of_five_steps_end_with_their_own_outputs() {
     let (queue, store, _clock) = memory_queue().await;
     let chain = Chain::default();
     let hook = Counting::default();
-    let runtime =
-        WorkflowRuntime::builder(queue.clone(), store.clone(), chain.clone(), hook.clone())
-            .poll_interval(Duration::from_millis(50))
-            .max_concurrent_steps(32)
-            .build();
+    let runtime = runtime_builder(&queue, &store, &chain, &hook)
+        .max_concurrent_steps(32)
+        .build();
     let worker = runtime.spawn(std::future::pending::<()>());
     let mut ids: Vec<RunId> = valid_ids().iter().map(|id| rid(id)).collect();
     while ids.len() < 150 {
         ids.push(rid(&format!("many-{}", ids.len())));
     }
-    let explicit = ids.iter().map(|id| {
-        runtime.submit(RunSpec {
-            run_id: Some(id.clone()),
-            input: chain_input(id).into_bytes(),
-            ..Default::default()
-        })
-    });
+    let explicit = ids.iter().map(|id| runtime.submit(chain_spec(id)));
     let generated = (0..100).map(|_| {
         runtime.submit(RunSpec {
             input: chain_input("*").into_bytes(),
@@ -1456,7 +1536,7 @@ async fn three_hundred_runs_of_five_steps_end_with_their_own_outputs() {
             Some(chain_output(&result.run_id).into_bytes())
         );
     }
-    assert!(chain.wrong.lock().unwrap().is_empty(), "{:?}", chain.wrong);
+    chain.assert_no_wrong_payload();
     {
         let calls = chain.calls.lock().unwrap();
         assert_eq!(calls.len(), ids.len() * CHAIN_STEPS as usize);
@@ -1493,14 +1573,52 @@ async fn slow_queue(store: &Arc<dyn ObjectStore>) -> Arc<Queue> {
     crate::fixtures::queue_with(store.clone(), Duration::from_secs(2), Duration::ZERO).await
 }
 
+/// Store calls taking 0.2 to 2 ms of paused time each.
+fn short_latency() -> FaultConfig {
+    FaultConfig {
+        latency: Some(Duration::from_micros(200)..Duration::from_millis(2)),
+        ..FaultConfig::default()
+    }
+}
+
+/// Store calls taking 300 ms each: the store hangs.
+fn hanging_latency() -> FaultConfig {
+    FaultConfig {
+        latency: Some(Duration::from_millis(300)..Duration::from_millis(301)),
+        ..FaultConfig::default()
+    }
+}
+
+/// An in-memory store whose every call takes 0.2 to 2 ms of paused time.
 fn slow_store() -> Arc<dyn ObjectStore> {
-    Arc::new(FaultyStore::new(
-        Arc::new(InMemory::new()),
-        FaultConfig {
-            latency: Some(Duration::from_micros(200)..Duration::from_millis(2)),
-            ..FaultConfig::default()
-        },
-    ))
+    Arc::new(FaultyStore::new(Arc::new(InMemory::new()), short_latency()))
+}
+
+/// [`Chain`] runs over a slow store (see [`slow_store`]), told to a
+/// [`Counting`] hook.
+struct SlowChains {
+    store: Arc<dyn ObjectStore>,
+    queue: Arc<Queue>,
+    chain: Chain,
+    hook: Counting,
+}
+
+impl SlowChains {
+    async fn new() -> Self {
+        let store = slow_store();
+        let queue = slow_queue(&store).await;
+        SlowChains {
+            store,
+            queue,
+            chain: Chain::default(),
+            hook: Counting::default(),
+        }
+    }
+
+    /// A runtime over them (see [`chain_runtime`]).
+    fn runtime(&self) -> WorkflowRuntime<Chain, Counting> {
+        chain_runtime(&self.queue, &self.store, &self.chain, &self.hook)
+    }
 }
 
 /// Runs of 5 steps over a slow store; the worker is stopped at a moment
@@ -1515,35 +1633,16 @@ async fn a_worker_stopped_among_its_settlements_loses_nothing() {
         .into_iter()
         .enumerate()
     {
-        let store = slow_store();
-        let queue = slow_queue(&store).await;
-        let chain = Chain::default();
-        let hook = Counting::default();
-        let first =
-            WorkflowRuntime::builder(queue.clone(), store.clone(), chain.clone(), hook.clone())
-                .poll_interval(Duration::from_millis(50))
-                .max_concurrent_steps(8)
-                .build();
+        let slow = SlowChains::new().await;
+        let (chain, hook) = (&slow.chain, &slow.hook);
+        let first = slow.runtime();
         let ids: Vec<RunId> = (0..12).map(|n| rid(&format!("r{round}-{n}"))).collect();
-        for id in &ids {
-            first
-                .submit(RunSpec {
-                    run_id: Some(id.clone()),
-                    input: chain_input(id).into_bytes(),
-                    ..Default::default()
-                })
-                .await
-                .unwrap();
-        }
+        submit_chains(&first, &ids).await;
         let stop_after = Duration::from_micros(stop_after_us);
         if round % 2 == 0 {
-            let task = {
-                let first = first.clone();
-                tokio::spawn(async move { first.run(std::future::pending::<()>()).await })
-            };
+            let task = worker_task(&first);
             tokio::time::sleep(stop_after).await;
-            task.abort();
-            let _ = task.await;
+            abort(task).await;
         } else {
             let dropped =
                 tokio::time::timeout(stop_after, first.run(std::future::pending::<()>())).await;
@@ -1552,39 +1651,17 @@ async fn a_worker_stopped_among_its_settlements_loses_nothing() {
         let steps_before = chain.steps.load(Ordering::SeqCst);
         drop(first);
 
-        let second =
-            WorkflowRuntime::builder(queue.clone(), store.clone(), chain.clone(), hook.clone())
-                .poll_interval(Duration::from_millis(50))
-                .max_concurrent_steps(8)
-                .build();
+        let second = slow.runtime();
         let worker = second.spawn(std::future::pending::<()>());
         for id in &ids {
-            let end = within(120, second.wait(id)).await.unwrap();
             let what = format!("stopped after {stop_after:?} ({steps_before} steps ran)");
-            assert_eq!(
-                end.termination.status,
-                TerminalStatus::Succeeded,
-                "{id} {what}: {end:?}"
-            );
-            assert_eq!(
-                result_of(&end),
-                Some(chain_output(id).into_bytes()),
-                "{id} {what}"
-            );
-            let history = second.view().steps(id).await.unwrap().unwrap();
-            assert_eq!(
-                history.steps.iter().map(|s| s.step).collect::<Vec<_>>(),
-                (0..CHAIN_STEPS).collect::<Vec<_>>(),
-                "{id} {what}"
-            );
+            chain_end(&second, id, &what).await;
+            chain_history(&second, id, &what).await;
         }
-        assert!(chain.wrong.lock().unwrap().is_empty(), "{:?}", chain.wrong);
+        chain.assert_no_wrong_payload();
         // Each run is told (by either runtime's worker: one shared hook) at
         // least once (hooks are at-least-once), and only as succeeded.
-        eventually("every run told", || async {
-            ids.iter().all(|id| !hook.calls_of(id).is_empty())
-        })
-        .await;
+        until_every_run_told(hook, &ids).await;
         for id in &ids {
             let told = hook.calls_of(id);
             assert!(
@@ -1616,37 +1693,20 @@ async fn a_process_dying_among_its_settlements_resumes_every_run() {
         let store = slow_store();
         let queue = slow_queue(&store).await;
         let chain = Chain::default();
-        let first = workflow_builder(&queue, &store, &chain)
-            .max_concurrent_steps(8)
-            .build();
+        let first = chain_runtime(&queue, &store, &chain, &NoopTerminalHook);
         let ids: Vec<RunId> = (0..10)
             .map(|n| rid(&format!("c{stop_after_us}-{n}")))
             .collect();
-        for id in &ids {
-            first
-                .submit(RunSpec {
-                    run_id: Some(id.clone()),
-                    input: chain_input(id).into_bytes(),
-                    ..Default::default()
-                })
-                .await
-                .unwrap();
-        }
-        let task = {
-            let first = first.clone();
-            tokio::spawn(async move { first.run(std::future::pending::<()>()).await })
-        };
+        submit_chains(&first, &ids).await;
+        let task = worker_task(&first);
         tokio::time::sleep(Duration::from_micros(stop_after_us)).await;
-        task.abort();
-        let _ = task.await;
+        abort(task).await;
         drop(first);
         drop(queue);
 
         let queue = slow_queue(&store).await;
         let second_chain = Chain::default();
-        let second = workflow_builder(&queue, &store, &second_chain)
-            .max_concurrent_steps(8)
-            .build();
+        let second = chain_runtime(&queue, &store, &second_chain, &NoopTerminalHook);
         // What the old process committed, as the new one reads it.
         let mut committed = HashMap::new();
         for id in &ids {
@@ -1656,19 +1716,9 @@ async fn a_process_dying_among_its_settlements_resumes_every_run() {
         let worker = second.spawn(std::future::pending::<()>());
         for id in &ids {
             let what = format!("crash after {stop_after_us} us: {:?}", committed[id]);
-            let end = within(120, second.wait(id)).await.unwrap();
-            assert_eq!(
-                end.termination.status,
-                TerminalStatus::Succeeded,
-                "{id} {what}"
-            );
-            assert_eq!(
-                result_of(&end),
-                Some(chain_output(id).into_bytes()),
-                "{id} {what}"
-            );
+            chain_end(&second, id, &what).await;
         }
-        assert!(second_chain.wrong.lock().unwrap().is_empty());
+        second_chain.assert_no_wrong_payload();
         let calls = second_chain.calls.lock().unwrap().clone();
         for id in &ids {
             let at = &committed[id];
@@ -1698,26 +1748,11 @@ async fn a_process_dying_among_its_settlements_resumes_every_run() {
 #[tokio::test(start_paused = true)]
 async fn cancels_racing_terminating_settlements_end_each_run_once() {
     const SPREAD_US: u64 = 250;
-    let store = slow_store();
-    let queue = slow_queue(&store).await;
-    let chain = Chain::default();
-    let hook = Counting::default();
-    let runtime =
-        WorkflowRuntime::builder(queue.clone(), store.clone(), chain.clone(), hook.clone())
-            .poll_interval(Duration::from_millis(50))
-            .max_concurrent_steps(8)
-            .build();
+    let slow = SlowChains::new().await;
+    let hook = &slow.hook;
+    let runtime = slow.runtime();
     let ids: Vec<RunId> = (0..60).map(|n| rid(&format!("race-{n}"))).collect();
-    for id in &ids {
-        runtime
-            .submit(RunSpec {
-                run_id: Some(id.clone()),
-                input: chain_input(id).into_bytes(),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-    }
+    submit_chains(&runtime, &ids).await;
     let started = tokio::time::Instant::now();
     let worker = runtime.spawn(std::future::pending::<()>());
     let cancels: Vec<_> = ids
@@ -1794,35 +1829,23 @@ async fn result_records_failing_to_write_still_end_each_run_with_its_output() {
     let queue = slow_queue(&store).await;
     let chain = Chain::default();
     let hook = Counting::default();
-    let runtime =
-        WorkflowRuntime::builder(queue.clone(), store.clone(), chain.clone(), hook.clone())
-            .poll_interval(Duration::from_millis(50))
-            .max_concurrent_steps(8)
-            .build();
+    let runtime = chain_runtime(&queue, &store, &chain, &hook);
     let worker = runtime.spawn(std::future::pending::<()>());
     let ids: Vec<RunId> = (0..40).map(|n| rid(&format!("memo-fault-{n}"))).collect();
     for id in &ids {
         runtime
             .submit(RunSpec {
-                run_id: Some(id.clone()),
-                input: chain_input(id).into_bytes(),
                 options: RunOptions {
                     max_attempts_per_step: Some(20),
                     ..Default::default()
                 },
-                ..Default::default()
+                ..chain_spec(id)
             })
             .await
             .unwrap();
     }
     for id in &ids {
-        let end = within(120, runtime.wait(id)).await.unwrap();
-        assert_eq!(
-            end.termination.status,
-            TerminalStatus::Succeeded,
-            "{id}: {end:?}"
-        );
-        assert_eq!(result_of(&end), Some(chain_output(id).into_bytes()), "{id}");
+        chain_end(&runtime, id, "while result records fail").await;
     }
     faulty.set_enabled(false);
     assert!(
@@ -1835,7 +1858,7 @@ async fn result_records_failing_to_write_still_end_each_run_with_its_output() {
         let end = runtime.wait(id).await.unwrap();
         assert_eq!(result_of(&end), Some(chain_output(id).into_bytes()), "{id}");
     }
-    assert!(chain.wrong.lock().unwrap().is_empty(), "{:?}", chain.wrong);
+    chain.assert_no_wrong_payload();
     tokio::time::sleep(Duration::from_secs(5)).await;
     for id in &ids {
         assert!(
@@ -1863,12 +1886,52 @@ impl StepRunner for HangAt {
     async fn run_step(&self, step: &Step) -> Result<StepOutcome, StepError> {
         let outcome = self.chain.run_step(step).await;
         if self.chain.steps.load(Ordering::SeqCst) == self.at {
-            self.store.set_config(FaultConfig {
-                latency: Some(Duration::from_millis(300)..Duration::from_millis(301)),
-                ..FaultConfig::default()
-            });
+            self.store.set_config(hanging_latency());
         }
         outcome
+    }
+}
+
+impl HangAt {
+    /// A runner whose 20th step makes a slow store (see [`slow_store`])
+    /// hang, with that store and a queue over it.
+    async fn at_step_20() -> (Self, Arc<dyn ObjectStore>, Arc<Queue>) {
+        let faulty = FaultyStore::new(Arc::new(InMemory::new()), short_latency());
+        let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
+        let queue = slow_queue(&store).await;
+        let runner = HangAt {
+            chain: Chain::default(),
+            at: 20,
+            store: faulty,
+        };
+        (runner, store, queue)
+    }
+
+    /// Submit [`Chain`] runs `ids` to `first`, run its worker loop on a task
+    /// until the store hangs and `linger` longer, then abort the task and
+    /// drop `first`; the steps run by then.
+    async fn abort_while_hung<H: TerminalHook + 'static>(
+        &self,
+        first: WorkflowRuntime<HangAt, H>,
+        ids: &[RunId],
+        linger: Duration,
+    ) -> usize {
+        submit_chains(&first, ids).await;
+        let task = worker_task(&first);
+        eventually("some steps to run", || async {
+            self.chain.steps.load(Ordering::SeqCst) >= self.at
+        })
+        .await;
+        tokio::time::sleep(linger).await;
+        let ran = self.chain.steps.load(Ordering::SeqCst);
+        abort(task).await;
+        drop(first);
+        ran
+    }
+
+    /// The store answers as fast as at the start again.
+    fn recover(&self) {
+        self.store.set_config(short_latency());
     }
 }
 
@@ -1880,71 +1943,24 @@ impl StepRunner for HangAt {
 /// twice (once more when the abort cut it before its settlement).
 #[tokio::test(start_paused = true)]
 async fn a_worker_aborted_while_its_commits_hang_loses_nothing() {
-    let fast = FaultConfig {
-        latency: Some(Duration::from_micros(200)..Duration::from_millis(2)),
-        ..FaultConfig::default()
-    };
-    let faulty = FaultyStore::new(Arc::new(InMemory::new()), fast.clone());
-    let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
-    let queue = slow_queue(&store).await;
-    let chain = Chain::default();
-    let runner = HangAt {
-        chain: chain.clone(),
-        at: 20,
-        store: faulty.clone(),
-    };
+    let (runner, store, queue) = HangAt::at_step_20().await;
+    let chain = runner.chain.clone();
     let hook = Counting::default();
-    let build = || {
-        WorkflowRuntime::builder(queue.clone(), store.clone(), runner.clone(), hook.clone())
-            .poll_interval(Duration::from_millis(50))
-            .max_concurrent_steps(8)
-            .build()
-    };
-    let first = build();
+    let first = chain_runtime(&queue, &store, &runner, &hook);
     let ids: Vec<RunId> = (0..16).map(|n| rid(&format!("hang-{n}"))).collect();
-    for id in &ids {
-        first
-            .submit(RunSpec {
-                run_id: Some(id.clone()),
-                input: chain_input(id).into_bytes(),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-    }
-    let task = {
-        let first = first.clone();
-        tokio::spawn(async move { first.run(std::future::pending::<()>()).await })
-    };
-    eventually("some steps to run", || async {
-        chain.steps.load(Ordering::SeqCst) >= 20
-    })
-    .await;
     // The store hangs from the 20th step on: its settlement and those of
-    // the steps beside it are under way.
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let ran_before_abort = chain.steps.load(Ordering::SeqCst);
-    task.abort();
-    let _ = task.await;
-    drop(first);
-    faulty.set_config(fast);
+    // the steps beside it are under way when the worker is aborted.
+    let ran_before_abort = runner
+        .abort_while_hung(first, &ids, Duration::from_millis(150))
+        .await;
+    runner.recover();
 
-    let second = build();
+    let second = chain_runtime(&queue, &store, &runner, &hook);
     let worker = second.spawn(std::future::pending::<()>());
     for id in &ids {
-        let end = within(120, second.wait(id)).await.unwrap();
-        assert_eq!(
-            end.termination.status,
-            TerminalStatus::Succeeded,
-            "{id} ({ran_before_abort} steps ran before the abort): {end:?}"
-        );
-        assert_eq!(result_of(&end), Some(chain_output(id).into_bytes()), "{id}");
-        let history = second.view().steps(id).await.unwrap().unwrap();
-        assert_eq!(
-            history.steps.iter().map(|s| s.step).collect::<Vec<_>>(),
-            (0..CHAIN_STEPS).collect::<Vec<_>>(),
-            "{id}"
-        );
+        let what = format!("({ran_before_abort} steps ran before the abort)");
+        chain_end(&second, id, &what).await;
+        let history = chain_history(&second, id, &what).await;
         for step in &history.steps {
             let settled: Vec<_> = step
                 .attempts
@@ -1960,7 +1976,7 @@ async fn a_worker_aborted_while_its_commits_hang_loses_nothing() {
             );
         }
     }
-    assert!(chain.wrong.lock().unwrap().is_empty(), "{:?}", chain.wrong);
+    chain.assert_no_wrong_payload();
     let calls = chain.calls.lock().unwrap().clone();
     let again = calls.values().filter(|n| **n > 1).count();
     assert!(calls.values().all(|n| *n <= 2), "{calls:?}");
@@ -1968,10 +1984,7 @@ async fn a_worker_aborted_while_its_commits_hang_loses_nothing() {
         ran_before_abort < ids.len() * CHAIN_STEPS as usize,
         "the runs all ended before the abort: {ran_before_abort} steps, {again} again"
     );
-    eventually("every run told", || async {
-        ids.iter().all(|id| !hook.calls_of(id).is_empty())
-    })
-    .await;
+    until_every_run_told(&hook, &ids).await;
     worker.shutdown().await.unwrap();
 }
 
@@ -1984,81 +1997,24 @@ async fn a_worker_aborted_while_its_commits_hang_loses_nothing() {
 /// and each run is told to the new process's hook (at least once).
 #[tokio::test(start_paused = true)]
 async fn a_process_dying_while_its_settlements_wait_for_the_flush_resumes_every_run() {
-    let fast = FaultConfig {
-        latency: Some(Duration::from_micros(200)..Duration::from_millis(2)),
-        ..FaultConfig::default()
-    };
-    let faulty = FaultyStore::new(Arc::new(InMemory::new()), fast.clone());
-    let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
-    let queue = slow_queue(&store).await;
-    let chain = Chain::default();
-    let runner = HangAt {
-        chain: chain.clone(),
-        at: 20,
-        store: faulty.clone(),
-    };
-    let first = WorkflowRuntime::builder(
-        queue.clone(),
-        store.clone(),
-        runner.clone(),
-        Counting::default(),
-    )
-    .poll_interval(Duration::from_millis(50))
-    .max_concurrent_steps(8)
-    .build();
+    let (runner, store, queue) = HangAt::at_step_20().await;
+    let chain = runner.chain.clone();
+    let first = chain_runtime(&queue, &store, &runner, &Counting::default());
     let ids: Vec<RunId> = (0..16).map(|n| rid(&format!("flush-{n}"))).collect();
-    for id in &ids {
-        first
-            .submit(RunSpec {
-                run_id: Some(id.clone()),
-                input: chain_input(id).into_bytes(),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-    }
-    let task = {
-        let first = first.clone();
-        tokio::spawn(async move { first.run(std::future::pending::<()>()).await })
-    };
-    eventually("some steps to run", || async {
-        chain.steps.load(Ordering::SeqCst) >= 20
-    })
-    .await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    task.abort();
-    let _ = task.await;
-    drop(first);
+    runner
+        .abort_while_hung(first, &ids, Duration::from_millis(100))
+        .await;
     drop(queue);
-    faulty.set_config(fast);
+    runner.recover();
 
     let queue = slow_queue(&store).await;
     let second_chain = Chain::default();
     let hook = Counting::default();
-    let second = WorkflowRuntime::builder(
-        queue.clone(),
-        store.clone(),
-        second_chain.clone(),
-        hook.clone(),
-    )
-    .poll_interval(Duration::from_millis(50))
-    .max_concurrent_steps(8)
-    .build();
+    let second = chain_runtime(&queue, &store, &second_chain, &hook);
     let worker = second.spawn(std::future::pending::<()>());
     for id in &ids {
-        let end = within(120, second.wait(id)).await.unwrap();
-        assert_eq!(
-            end.termination.status,
-            TerminalStatus::Succeeded,
-            "{id}: {end:?}"
-        );
-        assert_eq!(result_of(&end), Some(chain_output(id).into_bytes()), "{id}");
-        let history = second.view().steps(id).await.unwrap().unwrap();
-        assert_eq!(
-            history.steps.iter().map(|s| s.step).collect::<Vec<_>>(),
-            (0..CHAIN_STEPS).collect::<Vec<_>>(),
-            "{id}"
-        );
+        chain_end(&second, id, "after the crash").await;
+        let history = chain_history(&second, id, "after the crash").await;
         for step in &history.steps {
             assert_eq!(
                 step.attempts.len(),
@@ -2069,7 +2025,7 @@ async fn a_process_dying_while_its_settlements_wait_for_the_flush_resumes_every_
             );
         }
     }
-    assert!(second_chain.wrong.lock().unwrap().is_empty());
+    second_chain.assert_no_wrong_payload();
     // The crash lost settlements: steps the old process ran (on commits it
     // had applied but not flushed) ran again in the new one.
     let before = chain.calls.lock().unwrap().clone();
@@ -2079,10 +2035,7 @@ async fn a_process_dying_while_its_settlements_wait_for_the_flush_resumes_every_
         again > 0,
         "no step ran again: the crash lost nothing ({before:?})"
     );
-    eventually("every run told", || async {
-        ids.iter().all(|id| !hook.calls_of(id).is_empty())
-    })
-    .await;
+    until_every_run_told(&hook, &ids).await;
     worker.shutdown().await.unwrap();
     drop(second);
     close(queue).await;
@@ -2100,10 +2053,7 @@ struct FirstThenSecond {
 impl StepRunner for FirstThenSecond {
     async fn run_step(&self, _step: &Step) -> Result<StepOutcome, StepError> {
         if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
-            self.hang.set_config(FaultConfig {
-                latency: Some(Duration::from_millis(300)..Duration::from_millis(301)),
-                ..FaultConfig::default()
-            });
+            self.hang.set_config(hanging_latency());
             return Ok(StepOutcome::Succeed {
                 result: b"first".to_vec(),
             });
@@ -2145,42 +2095,25 @@ async fn a_termination_lost_in_a_crash() -> LostEnd {
         calls: Arc::default(),
         hang: faulty.clone(),
     };
-    let build = |queue: &Arc<Queue>| {
-        WorkflowRuntime::builder(
-            queue.clone(),
-            memo_store.clone(),
-            runner.clone(),
-            hook.clone(),
-        )
-        .poll_interval(Duration::from_millis(50))
-        .build()
-    };
+    let build = |queue: &Arc<Queue>| runtime_builder(queue, &memo_store, &runner, &hook).build();
     let first = build(&queue);
     let id = rid("lost-end");
     first.submit(spec(&id, "go")).await.unwrap();
-    let task = {
-        let first = first.clone();
-        tokio::spawn(async move { first.run(std::future::pending::<()>()).await })
-    };
+    let task = worker_task(&first);
     eventually("the step to run", || async {
         runner.calls.load(Ordering::SeqCst) >= 1
     })
     .await;
     // Most of the 300 ms flush: several poll intervals of the worker.
     tokio::time::sleep(Duration::from_millis(250)).await;
-    let outcome_before = first
-        .outcome(&id)
-        .await
-        .unwrap()
-        .map(|outcome| outcome.result);
+    let outcome_before = outcome_result(&first, &id).await;
     let status_before = first.status(&id).await.unwrap().map(|s| s.state);
     let waited_before = first
         .wait_timeout(&id, Duration::ZERO)
         .await
         .unwrap()
         .map(|end| result_of(&end));
-    task.abort();
-    let _ = task.await;
+    abort(task).await;
     drop(first);
     drop(queue);
     faulty.set_config(FaultConfig::default());
@@ -2190,11 +2123,7 @@ async fn a_termination_lost_in_a_crash() -> LostEnd {
     let worker = second.spawn(std::future::pending::<()>());
     let end = within(120, second.wait(&id)).await.unwrap();
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let outcome_after = second
-        .outcome(&id)
-        .await
-        .unwrap()
-        .map(|outcome| outcome.result);
+    let outcome_after = outcome_result(&second, &id).await;
     worker.shutdown().await.unwrap();
     assert_eq!(
         runner.calls.load(Ordering::SeqCst),
