@@ -170,21 +170,46 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// The status of `run_id`; `None` for a run never submitted or whose
     /// records retention removed. See [`WorkflowView::status`].
     ///
+    /// Reports only durable terminations: while this process's commit that
+    /// terminates the run waits for its WAL flush (a crash would lose it),
+    /// the answer waits for that commit to report (see [`Self::wait`]);
+    /// [`Self::view`] answers what the store shows at once.
+    ///
     /// # Errors
     /// Storage errors; [`Error::InconsistentRunState`](crate::Error::InconsistentRunState)
-    /// when the records disagree.
+    /// when the records disagree; the store-closed error once another
+    /// process opened the store.
     pub async fn status(&self, run_id: &RunId) -> Result<Option<RunStatus>> {
-        self.inner.core.view.status(run_id).await
+        let core = &self.inner.core;
+        core.durable_read(
+            run_id,
+            || core.view.status(run_id),
+            |status| {
+                matches!(
+                    status,
+                    Some(RunStatus {
+                        state: crate::model::RunState::Terminated(_),
+                        ..
+                    })
+                )
+            },
+        )
+        .await
     }
 
     /// The committed outcome of a terminated run; `None` while it runs, for
     /// an unknown run and for a run terminated without a worker. See
     /// [`WorkflowView::outcome`].
     ///
+    /// Reports only durable terminations, as [`Self::status`] does.
+    ///
     /// # Errors
-    /// Storage errors.
+    /// Storage errors; the store-closed error once another process opened
+    /// the store.
     pub async fn outcome(&self, run_id: &RunId) -> Result<Option<RunOutcome>> {
-        self.inner.core.view.outcome(run_id).await
+        let core = &self.inner.core;
+        core.durable_read(run_id, || core.view.outcome(run_id), Option::is_some)
+            .await
     }
 
     /// Wait until `run_id` terminates and report its termination and

@@ -160,6 +160,46 @@ impl RuntimeCore {
         }
     }
 
+    /// The answer of `read` about `run_id`, held back while it shows a
+    /// termination (`shows_end`) that this process's commit has applied but
+    /// not yet made durable: such a commit may still fail its WAL flush, and
+    /// a crash in that window loses it (the run then runs its last step
+    /// again and may end otherwise). The read is made again once that
+    /// commit reported (at most a flush later on a healthy store; on a
+    /// stalled store, when the commit resolves), so what it answers is what
+    /// a restart would find. [`wait_run`](Self::wait_run) holds its reads
+    /// back the same way. Read-only, so dropping it at any await is safe.
+    ///
+    /// # Errors
+    /// `read`'s errors; the store-closed error once another process opened
+    /// the store.
+    pub(crate) async fn durable_read<T, F, Fut>(
+        &self,
+        run_id: &RunId,
+        read: F,
+        shows_end: impl Fn(&T) -> bool,
+    ) -> Result<T>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        loop {
+            // Registered before the read: a termination reported after it
+            // reaches the watch.
+            let mut watch = self.run_watchers.watch(run_id);
+            let answer = read().await?;
+            if !shows_end(&answer) || self.read_termination_is_durable(run_id)? {
+                return Ok(answer);
+            }
+            tokio::select! {
+                _ = watch.ended() => {}
+                () = self.store_closed.cancelled() => return Err(self.store_closed_error()),
+                // A commit that failed reports nothing: look again.
+                () = tokio::time::sleep(self.poll_interval.max(Duration::from_millis(1))) => {}
+            }
+        }
+    }
+
     /// Whether a termination of `run_id` that a read just showed is durable:
     /// `false` while this process's commit of it is still in flight (its
     /// flush may yet fail; wait for its report).
