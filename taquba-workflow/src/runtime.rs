@@ -21,7 +21,7 @@ use crate::history::naming::{Naming, runner_label};
 use crate::hooks::guard::{self, MAX_HOOK_TIMEOUT, default_hook_timeout};
 use crate::hooks::terminal::TerminalHook;
 use crate::model::RunOutcome;
-use crate::model::{RunEnd, RunSpec, RunStatus, SubmitOutcome};
+use crate::model::{RunEnd, RunSpec, RunState, RunStatus, SubmitOutcome};
 use crate::run::commit::{detached, detached_unless_handed_over};
 use crate::runner::StepRunner;
 use crate::store::keys::RunId;
@@ -185,13 +185,9 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
             run_id,
             || core.view.status(run_id),
             |status| {
-                matches!(
-                    status,
-                    Some(RunStatus {
-                        state: crate::model::RunState::Terminated(_),
-                        ..
-                    })
-                )
+                status
+                    .as_ref()
+                    .is_some_and(|status| matches!(status.state, RunState::Terminated(_)))
             },
         )
         .await

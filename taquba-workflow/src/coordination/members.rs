@@ -61,7 +61,7 @@ impl Membership {
             return Ok(None);
         };
         Ok(Some(Self {
-            group_id: RunId::new(group_id.as_str())?,
+            group_id: RunId::parse_ref(group_id)?,
             key: key.clone(),
         }))
     }

@@ -66,7 +66,7 @@ pub(crate) fn waiter_cleanup(job: &JobRecord) -> Vec<Vec<u8>> {
             job.headers.get(crate::store::keys::HEADER_RUN_ID),
             job.headers.get(crate::store::keys::HEADER_STEP),
         )
-        && let (Ok(run_id), Ok(step)) = (RunId::new(run_id.as_str()), step.parse::<u32>())
+        && let (Ok(run_id), Ok(step)) = (RunId::parse_ref(run_id), step.parse::<u32>())
     {
         keys.push(signal_delivered_kv_key(&run_id, step));
     }

@@ -322,7 +322,7 @@ pub(super) async fn reconcile_job(core: &RuntimeCore, job: &JobRecord) -> Result
     else {
         return Ok(0);
     };
-    let (Ok(run_id), Ok(step_number)) = (RunId::new(run_id.as_str()), step.parse::<u32>()) else {
+    let (Ok(run_id), Ok(step_number)) = (RunId::parse_ref(run_id), step.parse::<u32>()) else {
         return Ok(0);
     };
     let span = crate::telemetry::spans::reconcile(&core.queue_name, &run_id, step_number, job);

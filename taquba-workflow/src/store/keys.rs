@@ -93,8 +93,9 @@ impl RunId {
     }
 
     /// [`Self::new`] over a borrowed id: one allocation (the shared id)
-    /// instead of an owned copy first. Every id read back from a header,
-    /// a key or a record is parsed this way.
+    /// instead of an owned copy first. For ids read back from a header, a
+    /// key or a record as `&str` (a step's headers, serde, [`FromStr`]);
+    /// an owned `String` goes to [`Self::new`].
     ///
     /// # Errors
     /// As [`Self::new`].
@@ -139,12 +140,7 @@ impl RunId {
         for part in parts {
             hasher.update(part);
         }
-        let mut spelled = [0u8; 64];
-        match hex::encode_to_slice(hasher.finalize(), &mut spelled) {
-            // 32 bytes fill the 64 hex digits exactly; the digits are ASCII.
-            Ok(()) => Self(String::from_utf8_lossy(&spelled).into()),
-            Err(_) => unreachable!("a SHA-256 digest is 32 bytes, 64 hex digits"),
-        }
+        Self(hex::encode(hasher.finalize()).into())
     }
 
     /// The id as a string slice.

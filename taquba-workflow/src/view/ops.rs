@@ -441,7 +441,7 @@ impl WorkflowView {
             group: record.group.or_else(|| {
                 job.headers
                     .get(HEADER_GROUP)
-                    .and_then(|g| RunId::new(g.as_str()).ok())
+                    .and_then(|g| RunId::parse_ref(g).ok())
             }),
             group_key: job.headers.get(HEADER_GROUP_KEY).cloned(),
             current_step: pointer.step_number,
