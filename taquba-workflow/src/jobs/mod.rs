@@ -788,10 +788,13 @@ impl<J: Job> JobHandle<J> {
         self.newly_submitted
     }
 
-    /// The job's run status.
+    /// The job's run status, as [`WorkflowRuntime::status`] reports it:
+    /// a termination whose commit this process still waits to flush is
+    /// reported once that commit did.
     ///
     /// # Errors
-    /// Storage errors.
+    /// Storage errors; the store-closed error once another process opened
+    /// the store.
     pub async fn status(&self) -> Result<Option<RunStatus>> {
         self.runtime.status(&self.id).await
     }
