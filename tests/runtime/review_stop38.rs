@@ -23,11 +23,14 @@ use serde::{Deserialize, Serialize};
 use taquba::object_store::ObjectStore;
 use taquba::{MockClock, Queue};
 use taquba_workflow::history::AttemptOutcome;
-use taquba_workflow::jobs::{Job, JobContext, JobError, JobRunner, JobRunnerBuilder, JoinError};
-use taquba_workflow::{
-    Error, NoopTerminalHook, RunId, RunOptions, RunState, Step, StepError, StepErrorKind,
-    StepOutcome, StepRunner, TerminalStatus, WorkflowRuntime,
+use taquba_workflow::jobs::{
+    Job, JobContext, JobError, JobHandle, JobRunner, JobRunnerBuilder, JoinError,
 };
+use taquba_workflow::{
+    Error, NoopTerminalHook, RunId, RunOptions, RunState, RunnerHandle, Step, StepError,
+    StepErrorKind, StepOutcome, StepRunner, TerminalStatus, WorkflowRuntime,
+};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -64,6 +67,12 @@ impl Calls {
 /// While set, `Shaky` jobs fail whatever their attempt.
 #[derive(Clone, Default)]
 struct Broken(Arc<AtomicBool>);
+
+impl Broken {
+    fn set(&self, broken: bool) {
+        self.0.store(broken, Ordering::SeqCst);
+    }
+}
 
 /// Returns its label (padded with `pad` bytes); keyed when `key` is set.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -253,10 +262,14 @@ impl Fx {
     }
 
     fn builder(&self, poll: Duration) -> JobRunnerBuilder {
-        builder_over(&self.queue, &self.store, poll)
-            .state(self.calls.clone())
-            .state(self.gate.clone())
-            .state(self.broken.clone())
+        builder_with(
+            &self.queue,
+            &self.store,
+            poll,
+            &self.calls,
+            &self.gate,
+            &self.broken,
+        )
     }
 
     /// The runner whose worker runs (50 ms poll interval).
@@ -268,6 +281,24 @@ impl Fx {
     /// end only by the worker's commits waking them.
     fn client(&self) -> JobRunner {
         self.builder(HOUR).build()
+    }
+
+    /// Until `label` has run `n` times.
+    async fn until_runs(&self, what: &str, label: &str, n: usize) {
+        eventually(what, || async { self.calls.of(label) == n }).await;
+    }
+
+    /// A client runner and a running worker (see [`Self::client`] and
+    /// [`Self::worker`]).
+    fn client_and_worker(&self) -> (JobRunner, Worker) {
+        let client = self.client();
+        let runner = self.worker();
+        let handle = run_worker(&runner);
+        let worker = Worker {
+            _runner: runner,
+            handle,
+        };
+        (client, worker)
     }
 
     /// A workflow runtime over the queue, to cancel and requeue job runs.
@@ -295,6 +326,87 @@ fn builder_over(
         .register::<Held>()
         .register::<Shaky>()
         .poll_interval(poll)
+}
+
+/// A runner over `queue` (registering every job, polling every `poll`)
+/// with the test doubles as its state.
+fn builder_with(
+    queue: &Arc<Queue>,
+    store: &Arc<dyn ObjectStore>,
+    poll: Duration,
+    calls: &Calls,
+    gate: &Gate,
+    broken: &Broken,
+) -> JobRunnerBuilder {
+    builder_over(queue, store, poll)
+        .state(calls.clone())
+        .state(gate.clone())
+        .state(broken.clone())
+}
+
+/// A runner over `queue` polling every 50 ms (see [`builder_with`]).
+fn runner_over(
+    queue: &Arc<Queue>,
+    store: &Arc<dyn ObjectStore>,
+    calls: &Calls,
+    gate: &Gate,
+    broken: &Broken,
+) -> JobRunner {
+    builder_with(queue, store, Duration::from_millis(50), calls, gate, broken).build()
+}
+
+/// A worker runner and its worker, running until shut down.
+struct Worker {
+    _runner: JobRunner,
+    handle: RunnerHandle,
+}
+
+impl Worker {
+    async fn shutdown(self) -> taquba_workflow::Result<()> {
+        self.handle.shutdown().await
+    }
+}
+
+/// Spawns `runner`'s worker, running until it is shut down.
+fn run_worker(runner: &JobRunner) -> RunnerHandle {
+    runner.spawn(std::future::pending::<()>())
+}
+
+/// `job` submitted on `client` to run at `T0 + ms` (of the queue's clock).
+async fn submit_at<J: Job>(client: &JobRunner, job: J, ms: u64) -> JobHandle<J> {
+    client
+        .submit_with(
+            job,
+            RunOptions {
+                run_at: Some(UNIX_EPOCH + Duration::from_millis(T0 + ms)),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+}
+
+/// `n` tasks awaiting clones of `handle`.
+fn spawn_joins<J: Job>(
+    handle: &JobHandle<J>,
+    n: usize,
+) -> Vec<JoinHandle<Result<J::Output, JoinError>>> {
+    (0..n)
+        .map(|_| tokio::spawn(handle.clone().into_future()))
+        .collect()
+}
+
+/// A task calling `join` on a clone of `handle`.
+fn spawn_join<J: Job>(
+    handle: &JobHandle<J>,
+) -> JoinHandle<taquba_workflow::Result<Result<J::Output, JobError>>> {
+    let handle = handle.clone();
+    tokio::spawn(async move { handle.join().await })
+}
+
+/// The history of a job whose one step had the attempts `outcomes`.
+fn one_step(name: &str, outcomes: Vec<AttemptOutcome>) -> Vec<(u32, String, Vec<AttemptOutcome>)> {
+    vec![(0, name.to_string(), outcomes)]
 }
 
 /// The attempts of each retained step of `run_id`, with the step names.
@@ -365,24 +477,16 @@ async fn joins_before_during_and_long_after_a_job_all_get_its_output() {
     );
     assert!(handle.fetch_result().await.unwrap().is_none());
 
-    let early: Vec<_> = (0..6)
-        .map(|_| tokio::spawn(handle.clone().into_future()))
-        .collect();
-    let early_join = {
-        let handle = handle.clone();
-        tokio::spawn(async move { handle.join().await })
-    };
+    let early = spawn_joins(&handle, 6);
+    let early_join = spawn_join(&handle);
     let worker_runner = fx.worker();
-    let worker = worker_runner.spawn(std::future::pending::<()>());
-    eventually("the job to start", || async { fx.calls.of("one") == 1 }).await;
+    let worker = run_worker(&worker_runner);
+    fx.until_runs("the job to start", "one", 1).await;
     assert_eq!(
         handle.status().await.unwrap().unwrap().state,
         RunState::Running
     );
-    let during = {
-        let handle = handle.clone();
-        tokio::spawn(async move { handle.join().await })
-    };
+    let during = spawn_join(&handle);
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(early.iter().all(|j| !j.is_finished()) && !during.is_finished());
     assert!(handle.fetch_result().await.unwrap().is_none());
@@ -432,7 +536,7 @@ async fn joins_before_during_and_long_after_a_job_all_get_its_output() {
     );
     assert_eq!(
         history(&client, handle.id()).await,
-        vec![(0, Held::NAME.to_string(), vec![AttemptOutcome::Succeeded])]
+        one_step(Held::NAME, vec![AttemptOutcome::Succeeded])
     );
     assert_eq!(fx.calls.of("one"), 1);
     worker.shutdown().await.unwrap();
@@ -444,9 +548,7 @@ async fn joins_before_during_and_long_after_a_job_all_get_its_output() {
 #[tokio::test(start_paused = true)]
 async fn a_dropped_first_join_leaves_later_joins_woken_by_the_end() {
     let fx = Fx::new().await;
-    let client = fx.client();
-    let worker_runner = fx.worker();
-    let worker = worker_runner.spawn(std::future::pending::<()>());
+    let (client, worker) = fx.client_and_worker();
     let handle = client.submit(held("dropped-join")).await.unwrap();
     let clone = handle.clone();
     assert!(
@@ -456,10 +558,7 @@ async fn a_dropped_first_join_leaves_later_joins_woken_by_the_end() {
         "the job is held"
     );
     drop(clone);
-    let again = {
-        let handle = handle.clone();
-        tokio::spawn(async move { handle.join().await })
-    };
+    let again = spawn_join(&handle);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!again.is_finished());
     let opened = Instant::now();
@@ -483,7 +582,7 @@ async fn a_dropped_first_join_leaves_later_joins_woken_by_the_end() {
 async fn submit_dropped_at_every_poll_runs_each_job_at_most_once() {
     let fx = Fx::new().await;
     let runner = fx.worker();
-    let worker = runner.spawn(std::future::pending::<()>());
+    let worker = run_worker(&runner);
     let mut unkeyed_done = Vec::new();
     for n in 0..30 {
         let label = format!("plain-{n}");
@@ -555,7 +654,7 @@ async fn keyed_submissions_racing_and_after_the_end_are_one_job() {
         .iter()
         .map(|h| tokio::spawn(h.clone().into_future()))
         .collect();
-    let worker = worker_runner.spawn(std::future::pending::<()>());
+    let worker = run_worker(&worker_runner);
     for join in joins {
         assert_eq!(within(5, join).await.unwrap().unwrap(), "race");
     }
@@ -595,9 +694,7 @@ async fn keyed_submissions_racing_and_after_the_end_are_one_job() {
 #[tokio::test(start_paused = true)]
 async fn failures_and_retries_are_joined_with_every_attempt_in_the_history() {
     let fx = Fx::new().await;
-    let client = fx.client();
-    let worker_runner = fx.worker();
-    let worker = worker_runner.spawn(std::future::pending::<()>());
+    let (client, worker) = fx.client_and_worker();
 
     let mut permanent = shaky("perm", 5, true, Some(5));
     permanent.key = Some("k-perm".into());
@@ -642,20 +739,18 @@ async fn failures_and_retries_are_joined_with_every_attempt_in_the_history() {
 
     assert_eq!(
         history(&client, failed.id()).await,
-        vec![(
-            0,
-            Shaky::NAME.to_string(),
+        one_step(
+            Shaky::NAME,
             vec![AttemptOutcome::Failed {
                 kind: StepErrorKind::Permanent,
                 error: "boom: perm attempt 1".into()
             }]
-        )]
+        )
     );
     assert_eq!(
         history(&client, retried.id()).await,
-        vec![(
-            0,
-            Shaky::NAME.to_string(),
+        one_step(
+            Shaky::NAME,
             vec![
                 AttemptOutcome::Retried {
                     error: "boom: retry attempt 1".into()
@@ -665,7 +760,7 @@ async fn failures_and_retries_are_joined_with_every_attempt_in_the_history() {
                 },
                 AttemptOutcome::Succeeded,
             ]
-        )]
+        )
     );
     let steps = history(&client, exhausted.id()).await;
     assert_eq!(steps.len(), 1, "{steps:?}");
@@ -690,15 +785,10 @@ async fn failures_and_retries_are_joined_with_every_attempt_in_the_history() {
 #[tokio::test(start_paused = true)]
 async fn a_running_job_cancelled_from_outside_ends_every_join() {
     let fx = Fx::new().await;
-    let client = fx.client();
-    let worker_runner = fx.worker();
-    let worker = worker_runner.spawn(std::future::pending::<()>());
+    let (client, worker) = fx.client_and_worker();
     let handle = client.submit(held("to-cancel")).await.unwrap();
     let before = tokio::spawn(handle.clone().into_future());
-    eventually("the job to start", || async {
-        fx.calls.of("to-cancel") == 1
-    })
-    .await;
+    fx.until_runs("the job to start", "to-cancel", 1).await;
     let during = tokio::spawn(handle.clone().into_future());
     tokio::time::sleep(Duration::from_millis(200)).await;
     let cancelled_at = Instant::now();
@@ -738,29 +828,15 @@ async fn a_running_job_cancelled_from_outside_ends_every_join() {
 #[tokio::test(start_paused = true)]
 async fn waiting_jobs_cancelled_end_their_joins_at_once() {
     let fx = Fx::new().await;
-    let client = fx.client();
-    let worker_runner = fx.worker();
-    let worker = worker_runner.spawn(std::future::pending::<()>());
+    let (client, worker) = fx.client_and_worker();
     let mut first = held("holder");
     first.concurrency = Some("tenant".into());
     let mut second = held("parked");
     second.concurrency = Some("tenant".into());
     let holder = client.submit(first).await.unwrap();
-    eventually("the holder to start", || async {
-        fx.calls.of("holder") == 1
-    })
-    .await;
+    fx.until_runs("the holder to start", "holder", 1).await;
     let parked = client.submit(second).await.unwrap();
-    let tomorrow = client
-        .submit_with(
-            echo("tomorrow"),
-            RunOptions {
-                run_at: Some(UNIX_EPOCH + Duration::from_millis(T0 + 86_400_000)),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let tomorrow = submit_at(&client, echo("tomorrow"), 86_400_000).await;
     let joins = [
         tokio::spawn(parked.clone().into_future()),
         tokio::spawn(tomorrow.clone().into_future()),
@@ -801,10 +877,8 @@ async fn waiting_jobs_cancelled_end_their_joins_at_once() {
 #[tokio::test(start_paused = true)]
 async fn a_requeued_job_is_joined_to_its_second_end() {
     let fx = Fx::new().await;
-    fx.broken.0.store(true, Ordering::SeqCst);
-    let client = fx.client();
-    let worker_runner = fx.worker();
-    let worker = worker_runner.spawn(std::future::pending::<()>());
+    fx.broken.set(true);
+    let (client, worker) = fx.client_and_worker();
     let mut job = shaky("requeued", 0, false, Some(1));
     job.key = Some("k-requeued".into());
     let handle = client.submit(job.clone()).await.unwrap();
@@ -815,7 +889,7 @@ async fn a_requeued_job_is_joined_to_its_second_end() {
 
     // `handle` took the watch the clones share; a keyed resubmission
     // (not new) watches from before the requeue.
-    fx.broken.0.store(false, Ordering::SeqCst);
+    fx.broken.set(false);
     let resubmitted = client.submit(job.clone()).await.unwrap();
     assert!(!resubmitted.newly_submitted());
     let outcome = fx.operator().requeue(handle.id()).await.unwrap();
@@ -849,10 +923,8 @@ async fn a_requeued_job_is_joined_to_its_second_end() {
 #[tokio::test(start_paused = true)]
 async fn a_handle_joined_only_after_a_requeue_reports_the_latest_end() {
     let fx = Fx::new().await;
-    fx.broken.0.store(true, Ordering::SeqCst);
-    let client = fx.client();
-    let worker_runner = fx.worker();
-    let worker = worker_runner.spawn(std::future::pending::<()>());
+    fx.broken.set(true);
+    let (client, worker) = fx.client_and_worker();
     let handle = client
         .submit(shaky("stale", 0, false, Some(1)))
         .await
@@ -861,7 +933,7 @@ async fn a_handle_joined_only_after_a_requeue_reports_the_latest_end() {
         terminated_status(&client, handle.id()).await == Some(TerminalStatus::Failed)
     })
     .await;
-    fx.broken.0.store(false, Ordering::SeqCst);
+    fx.broken.set(false);
     fx.operator().requeue(handle.id()).await.unwrap();
     eventually("the second end", || async {
         terminated_status(&client, handle.id()).await == Some(TerminalStatus::Succeeded)
@@ -890,15 +962,13 @@ async fn a_lease_lost_on_the_last_attempt_ends_the_client_join() {
     let fx = Fx::short_leases().await;
     let worker_runner = fx.builder(HOUR).build();
     let client = fx.builder(Duration::from_millis(50)).build();
-    let worker = worker_runner.spawn(std::future::pending::<()>());
+    let worker = run_worker(&worker_runner);
     let mut job = held("lost");
     job.max = Some(1);
     job.key = Some("k-lost".into());
     let handle = client.submit(job.clone()).await.unwrap();
-    eventually("the job to start", || async { fx.calls.of("lost") == 1 }).await;
-    let joins: Vec<_> = (0..3)
-        .map(|_| tokio::spawn(handle.clone().into_future()))
-        .collect();
+    fx.until_runs("the job to start", "lost", 1).await;
+    let joins = spawn_joins(&handle, 3);
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(joins.iter().all(|j| !j.is_finished()));
 
@@ -959,19 +1029,14 @@ async fn lost_lease_then_retried() -> (
     Fx,
     JobRunner,
     taquba_workflow::jobs::JobHandle<Held>,
-    taquba_workflow::RunnerHandle,
+    Worker,
 ) {
     let fx = Fx::short_leases().await;
-    let worker_runner = fx.worker();
-    let client = fx.client();
-    let worker = worker_runner.spawn(std::future::pending::<()>());
+    let (client, worker) = fx.client_and_worker();
     let mut job = held("retried-lease");
     job.hang_attempts = 1;
     let handle = client.submit(job).await.unwrap();
-    eventually("the first attempt", || async {
-        fx.calls.of("retried-lease") == 1
-    })
-    .await;
+    fx.until_runs("the first attempt", "retried-lease", 1).await;
     let join = tokio::spawn(handle.clone().into_future());
     fx.clock.advance(Duration::from_secs(11));
     assert_eq!(within(60, join).await.unwrap().unwrap(), "retried-lease@2");
@@ -994,11 +1059,10 @@ async fn a_job_whose_first_lease_expires_is_joined_to_its_retry() {
     );
     assert_eq!(
         history(&client, handle.id()).await,
-        vec![(
-            0,
-            Held::NAME.to_string(),
+        one_step(
+            Held::NAME,
             vec![AttemptOutcome::LeaseExpired, AttemptOutcome::Succeeded]
-        )]
+        )
     );
     assert_eq!(fx.calls.of("retried-lease"), 2);
     // The hanging first attempt returns so that the worker can stop.
@@ -1015,10 +1079,8 @@ async fn a_late_attempt_after_a_lost_lease_leaves_the_committed_result_readable(
     let (fx, client, handle, worker) = lost_lease_then_retried().await;
     fx.clock.advance(Duration::from_secs(1));
     fx.gate.open();
-    eventually("the late attempt to return", || async {
-        fx.calls.of("retried-lease") == 2
-    })
-    .await;
+    fx.until_runs("the late attempt to return", "retried-lease", 2)
+        .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         terminated_status(&client, handle.id()).await,
@@ -1073,23 +1135,10 @@ async fn a_late_attempt_in_the_same_millisecond_does_not_change_the_output() {
 async fn joins_pending_across_a_worker_shutdown_and_restart_get_the_end() {
     let fx = Fx::new().await;
     let client = fx.client();
-    let soon = UNIX_EPOCH + Duration::from_millis(T0 + 20_000);
-    let handle = client
-        .submit_with(
-            echo("restart"),
-            RunOptions {
-                run_at: Some(soon),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let handle = submit_at(&client, echo("restart"), 20_000).await;
     let first_runner = fx.worker();
-    let worker = first_runner.spawn(std::future::pending::<()>());
-    let joins = vec![
-        tokio::spawn(handle.clone().into_future()),
-        tokio::spawn(handle.clone().into_future()),
-    ];
+    let worker = run_worker(&first_runner);
+    let joins = spawn_joins(&handle, 2);
     tokio::time::sleep(Duration::from_secs(1)).await;
     worker.shutdown().await.unwrap();
     drop(first_runner);
@@ -1101,7 +1150,7 @@ async fn joins_pending_across_a_worker_shutdown_and_restart_get_the_end() {
     );
     assert_eq!(fx.calls.of("restart"), 0);
     let second_runner = fx.worker();
-    let worker = second_runner.spawn(std::future::pending::<()>());
+    let worker = run_worker(&second_runner);
     let restarted = Instant::now();
     for join in joins {
         assert_eq!(within(10, join).await.unwrap().unwrap(), "restart");
@@ -1119,20 +1168,9 @@ async fn joins_on_a_queue_taken_over_end_with_an_error() {
     let fx = Fx::new().await;
     let client = fx.client();
     let worker_runner = fx.worker();
-    let worker = worker_runner.spawn(std::future::pending::<()>());
-    let handle = client
-        .submit_with(
-            echo("fenced"),
-            RunOptions {
-                run_at: Some(UNIX_EPOCH + Duration::from_millis(T0 + 86_400_000)),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    let joins: Vec<_> = (0..2)
-        .map(|_| tokio::spawn(handle.clone().into_future()))
-        .collect();
+    let worker = run_worker(&worker_runner);
+    let handle = submit_at(&client, echo("fenced"), 86_400_000).await;
+    let joins = spawn_joins(&handle, 2);
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(joins.iter().all(|j| !j.is_finished()));
 
@@ -1165,16 +1203,10 @@ async fn a_client_join_on_a_queue_taken_over_does_not_hang() {
     assert!(!join.is_finished());
 
     let second = open(&fx.store, &fx.clock).await;
-    let new_runner = builder_over(&second, &fx.store, Duration::from_millis(50))
-        .state(fx.calls.clone())
-        .state(fx.gate.clone())
-        .state(fx.broken.clone())
-        .build();
-    let worker = new_runner.spawn(std::future::pending::<()>());
-    eventually("the new writer to run the job", || async {
-        fx.calls.of("client-only") == 1
-    })
-    .await;
+    let new_runner = runner_over(&second, &fx.store, &fx.calls, &fx.gate, &fx.broken);
+    let worker = run_worker(&new_runner);
+    fx.until_runs("the new writer to run the job", "client-only", 1)
+        .await;
     let ended = tokio::time::timeout(Duration::from_secs(120), join).await;
     worker.shutdown().await.unwrap();
     match ended {
@@ -1216,12 +1248,8 @@ async fn results_and_history_are_read_back_after_reopening_the_store() {
     let (perm_message, cancel_message);
     {
         let queue = open(&store, &clock).await;
-        let runner = builder_over(&queue, &store, Duration::from_millis(50))
-            .state(calls.clone())
-            .state(gate.clone())
-            .state(broken.clone())
-            .build();
-        let worker = runner.spawn(std::future::pending::<()>());
+        let runner = runner_over(&queue, &store, &calls, &gate, &broken);
+        let worker = run_worker(&runner);
         let big_handle = runner.submit(big.clone()).await.unwrap();
         let retry_handle = runner.submit(retry.clone()).await.unwrap();
         let perm_handle = runner.submit(perm.clone()).await.unwrap();
@@ -1280,11 +1308,7 @@ async fn results_and_history_are_read_back_after_reopening_the_store() {
 
     let queue = open(&store, &clock).await;
     // No worker: everything is read from the store.
-    let runner = builder_over(&queue, &store, Duration::from_millis(50))
-        .state(calls.clone())
-        .state(gate.clone())
-        .state(broken.clone())
-        .build();
+    let runner = runner_over(&queue, &store, &calls, &gate, &broken);
     let big_handle = runner.submit(big).await.unwrap();
     assert!(!big_handle.newly_submitted());
     assert_eq!(
@@ -1321,16 +1345,15 @@ async fn results_and_history_are_read_back_after_reopening_the_store() {
     }
     assert_eq!(
         before[1].1,
-        vec![(
-            0,
-            Shaky::NAME.to_string(),
+        one_step(
+            Shaky::NAME,
             vec![
                 AttemptOutcome::Retried {
                     error: "boom: retry attempt 1".into()
                 },
                 AttemptOutcome::Succeeded
             ]
-        )]
+        )
     );
     assert_eq!(calls.of("big"), 1);
     assert_eq!(calls.of("retry"), 2);
@@ -1365,7 +1388,7 @@ async fn many_client_handles_end_with_their_own_outputs() {
         }
     }
     let started = Instant::now();
-    let worker = worker_runner.spawn(std::future::pending::<()>());
+    let worker = run_worker(&worker_runner);
     for (n, join) in joins {
         assert_eq!(
             within(30, join).await.unwrap().unwrap(),
