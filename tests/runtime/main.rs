@@ -62,6 +62,7 @@ mod cluster;
 mod cluster_review;
 mod concurrency_keys;
 mod durability;
+mod durable_job_reads;
 mod durable_paths;
 mod fixtures;
 mod fork;

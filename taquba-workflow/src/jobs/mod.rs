@@ -803,19 +803,33 @@ impl<J: Job> JobHandle<J> {
     /// `Ok(None)` while the job runs, for an unknown job and after
     /// retention removed the record.
     ///
+    /// Reports only durable ends, as [`WorkflowRuntime::outcome`] does:
+    /// while this process's commit that ends the job waits for its WAL
+    /// flush (a crash would lose it, and the job would run again), the
+    /// read is held until that commit reports, at most a flush later on a
+    /// healthy store. Read-only: dropping the future at any await is safe.
+    ///
     /// # Errors
     /// Storage errors; [`Error::Deserialization`] when the output does not
-    /// decode as `J::Output`.
+    /// decode as `J::Output`; the store-closed error once another process
+    /// opened the store.
     pub async fn fetch_result(&self) -> Result<Option<std::result::Result<J::Output, JobError>>> {
-        let view = self.runtime.view();
-        if view.current_step_if_active(&self.id).await?.is_some() {
-            return Ok(None);
-        }
-        let Some(termination) = view.terminal_record(&self.id).await? else {
-            return Ok(None);
+        let core = &self.runtime.inner.core;
+        let view = &core.view;
+        let read = || async {
+            if view.current_step_if_active(&self.id).await?.is_some() {
+                return Ok(None);
+            }
+            let Some(termination) = view.terminal_record(&self.id).await? else {
+                return Ok(None);
+            };
+            let outcome = view.run_result_of(&self.id, &termination).await?;
+            Ok(Some((termination, outcome)))
         };
-        let outcome = view.run_result_of(&self.id, &termination).await?;
-        job_result::<J>(&termination.into(), outcome.as_ref())
+        match core.durable_read(&self.id, read, Option::is_some).await? {
+            Some((termination, outcome)) => job_result::<J>(&termination.into(), outcome.as_ref()),
+            None => Ok(None),
+        }
     }
 
     /// Wait in-process until the job terminates; its output or failure.
