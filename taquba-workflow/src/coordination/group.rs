@@ -333,11 +333,28 @@ impl RunGroup {
 
     /// Member counts by state.
     ///
+    /// Counts only durable ends, as
+    /// [`WorkflowRuntime::status`](crate::WorkflowRuntime::status) reports
+    /// them: a member whose ending commit this process still waits to flush
+    /// (a crash would lose it, and the member would run again) counts as
+    /// pending until that commit reports. Read-only: dropping the future at
+    /// any await is safe.
+    ///
     /// # Errors
-    /// [`Error::GroupNotFound`] for a group never submitted; storage errors.
+    /// [`Error::GroupNotFound`] for a group never submitted; storage errors;
+    /// the store-closed error once another process opened the store.
     pub async fn status(&self) -> Result<GroupStatus> {
         let manifest = self.manifest().await?;
-        let members = self.members().await?;
+        let mut members = self.members().await?;
+        for member in &mut members {
+            if member.record.terminated.is_some()
+                && !self
+                    .core
+                    .read_termination_is_durable(&member.record.run_id)?
+            {
+                member.record.terminated = None;
+            }
+        }
         Ok(group_status(&self.id, manifest.members.len(), &members))
     }
 
