@@ -35,6 +35,14 @@ use crate::store::memo::{MemoStore, RUN_RESULT_MEMO_KEY};
 /// returns the runtime's; another process builds one with [`new`](Self::new)
 /// from a `taquba::QueueReader`'s view and a [`MemoStore`] at the runtime's
 /// memo prefix. Cheap to clone.
+///
+/// A view reads what the store holds at the moment: in the process that
+/// writes the store, that includes a commit applied but still waiting for
+/// its WAL flush, which a crash would lose. The runtime's own reads
+/// ([`WorkflowRuntime::status`](crate::WorkflowRuntime::status),
+/// [`outcome`](crate::WorkflowRuntime::outcome),
+/// [`wait`](crate::WorkflowRuntime::wait), a job's and a group's results
+/// and counts) report a run's end only once its commit is durable.
 #[derive(Clone)]
 pub struct WorkflowView {
     queue: QueueView,
