@@ -331,7 +331,9 @@ async fn raw_steps(kind: StoreKind, args: &Args, in_flight: usize) -> Figure {
     raw_loop(kind, args, in_flight, false).await
 }
 
-/// The raw loop with the runtime's transition shape: each next step carries
+/// The raw loop with the runtime's transition shape: runs named by ULIDs
+/// on a queue of the runtime's default name, as the runtime's are (both
+/// are spelled in most keys a step writes); each next step carries
 /// a dedup key, a caller-chosen job id and the seed's reserved headers (run
 /// id and step number, see [`reserved_headers`]), each acknowledgement also writes
 /// a small KV record (the runtime's current-step pointer), and a run's last
@@ -352,15 +354,31 @@ async fn raw_loop(kind: StoreKind, args: &Args, in_flight: usize, shaped: bool) 
 async fn raw_loop_once(kind: StoreKind, args: &Args, in_flight: usize, shaped: bool) -> Figure {
     let opened = open(kind).await;
     let queue = opened.queue.clone();
+    // The shaped loop names its runs and its queue as the runtime does (a
+    // ULID run id, the default queue name): both are spelled in most of the
+    // keys and headers a step writes, so their length is part of the
+    // layout's cost.
+    let name = if shaped { SHAPED_QUEUE } else { "raw" };
+    let runs: Arc<Vec<String>> = Arc::new(
+        (0..args.runs)
+            .map(|run| {
+                if shaped {
+                    ulid::Ulid::new().to_string()
+                } else {
+                    run.to_string()
+                }
+            })
+            .collect(),
+    );
     for run in 0..args.runs as u32 {
         let mut payload = 0u32.to_le_bytes().to_vec();
         payload.extend_from_slice(&run.to_le_bytes());
         let mut options = EnqueueOptions::default();
         if shaped {
-            options = options.headers(reserved_headers(&run.to_string(), 0));
+            options = options.headers(reserved_headers(&runs[run as usize], 0));
         }
         queue
-            .enqueue_with("raw", payload, options)
+            .enqueue_with(name, payload, options)
             .await
             .expect("enqueue");
     }
@@ -369,30 +387,31 @@ async fn raw_loop_once(kind: StoreKind, args: &Args, in_flight: usize, shaped: b
     let store = opened.store.clone();
     measure(
         total,
-        raw_worker(queue, "raw", in_flight, total, move |queue, claim| {
-            let store = store.clone();
+        raw_worker(queue, name, in_flight, total, move |queue, claim| {
+            let (store, runs) = (store.clone(), runs.clone());
             async move {
                 let step = u32::from_le_bytes(claim.payload[..4].try_into().expect("4 bytes"));
-                let run = u32::from_le_bytes(claim.payload[4..8].try_into().expect("4 bytes"));
+                let index = u32::from_le_bytes(claim.payload[4..8].try_into().expect("4 bytes"));
+                let run = &runs[index as usize];
                 let mut effects = SettlementEffects::default();
                 if shaped && step + 1 >= steps {
-                    effects = raw_termination(&store, &run.to_string(), effects).await;
+                    effects = raw_termination(&store, run, effects).await;
                 }
                 if step + 1 < steps {
                     let mut payload = (step + 1).to_le_bytes().to_vec();
-                    payload.extend_from_slice(&run.to_le_bytes());
+                    payload.extend_from_slice(&index.to_le_bytes());
                     let mut options = EnqueueOptions::default();
                     if shaped {
                         let id = queue.next_job_id();
-                        effects =
-                            effects.kv_put(format!("bench/steps/{run}"), id.clone().into_bytes());
+                        effects = effects
+                            .kv_put(format!("workflow/steps/{run}"), id.clone().into_bytes());
                         options = options
                             .dedup_key(format!("run:{run}:{}", step + 1))
                             .id_override(id)
-                            .headers(reserved_headers(&run.to_string(), step + 1));
+                            .headers(reserved_headers(run, step + 1));
                     }
                     effects = effects.enqueue(EnqueueRequest {
-                        queue: "raw".into(),
+                        queue: name.into(),
                         payload,
                         options,
                     });
@@ -403,6 +422,9 @@ async fn raw_loop_once(kind: StoreKind, args: &Args, in_flight: usize, shaped: b
     )
     .await
 }
+
+/// The queue the shaped loop runs on: the runtime's default queue name.
+const SHAPED_QUEUE: &str = "workflow-steps";
 
 /// The headers the seed reserves on every step job (seed-lib.rs, "Reserved
 /// headers"): the run id and the step number, which the queue stores with the
@@ -432,9 +454,9 @@ async fn raw_termination(
         .await
         .expect("result record");
     effects
-        .kv_delete(format!("bench/runs/{run}"))
-        .kv_delete(format!("bench/steps/{run}"))
-        .kv_put(format!("bench/outcomes/{run}"), vec![5u8; 100])
+        .kv_delete(format!("workflow/runs/{run}"))
+        .kv_delete(format!("workflow/steps/{run}"))
+        .kv_put(format!("workflow/outcomes/{run}"), vec![5u8; 100])
 }
 
 /// Claim from the queue `name`, up to `in_flight` jobs at a time (each
@@ -523,8 +545,8 @@ async fn raw_jobs_once(kind: StoreKind, args: &Args) -> Figure {
             let run = ulid::Ulid::new().to_string();
             let id = queue.next_job_id();
             SettlementEffects::default()
-                .kv_put(format!("bench/runs/{run}"), vec![1u8; 180])
-                .kv_put(format!("bench/steps/{run}"), id.clone().into_bytes())
+                .kv_put(format!("workflow/runs/{run}"), vec![1u8; 180])
+                .kv_put(format!("workflow/steps/{run}"), id.clone().into_bytes())
                 .enqueue(EnqueueRequest {
                     queue: "raw".into(),
                     payload: run.clone().into_bytes(),
