@@ -58,9 +58,9 @@ use crate::coordination::group_locks::GroupLocks;
 use crate::coordination::members::{GroupStore, Membership, terminated_member};
 use crate::coordination::signal::SignalLocks;
 use crate::error::{Error, Result};
-use crate::model::RunEnd;
 use crate::model::StepErrorKind;
 use crate::model::{MAX_TERMINATION_ERROR_LEN, RunOutcome, TerminalStatus};
+use crate::model::{RunEnd, RunTermination};
 use crate::run::commit::{Committer, Ending};
 use crate::run::ids::IdGenerator;
 use crate::run::inflight::InFlightRegistry;
@@ -472,7 +472,7 @@ impl RuntimeCore {
     ) -> (SettlementEffects, Ending) {
         let run_id = &outcome.run_id;
         let end = RunEnd {
-            termination: termination.clone().into(),
+            termination: RunTermination::from(&termination),
             outcome: recorded.then(|| outcome.clone()),
         };
         let at_ms = termination.terminated_at_ms;
@@ -481,13 +481,6 @@ impl RuntimeCore {
             .kv_delete(step_kv_key(run_id))
             .kv_put(outcome_kv_key(run_id), durable::encode(&termination));
         effects = children::child_end_effects(effects, outcome, &termination);
-        let ending = Ending {
-            run_id: run_id.clone(),
-            end,
-            record: termination.clone(),
-            key: termination.concurrency.as_ref().map(|c| c.key.clone()),
-            child: termination.parent.is_some(),
-        };
         if let Some(concurrency) = &termination.concurrency {
             // The run's slot (or its waiter record) goes with it.
             effects = keys::release_key_effects(run_id, concurrency, effects);
@@ -495,9 +488,18 @@ impl RuntimeCore {
         if let Some(membership) = membership {
             effects = effects.kv_put(
                 membership.kv_key(),
-                durable::encode(&terminated_member(membership, run_id, termination)),
+                durable::encode(&terminated_member(membership, run_id, termination.clone())),
             );
         }
+        // The record moves into the ending (the run's end and the member
+        // record above have what they need of it).
+        let ending = Ending {
+            run_id: run_id.clone(),
+            end,
+            key: termination.concurrency.as_ref().map(|c| c.key.clone()),
+            child: termination.parent.is_some(),
+            record: termination,
+        };
         if self.memo_retention.is_some() {
             effects = effects.expiry_entry(&self.terminals, at_ms, run_id.as_bytes());
         }

@@ -193,7 +193,7 @@ fn outcome_bytes(outcome: &RunOutcome) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::TerminalStatus;
+    use crate::model::{RunTermination, TerminalStatus};
 
     /// A termination at `at_ms` with a `result`-byte result: its terminal
     /// record and its end.
@@ -220,7 +220,7 @@ mod tests {
             parent: None,
         };
         let end = RunEnd {
-            termination: record.clone().into(),
+            termination: RunTermination::from(&record),
             outcome: Some(RunOutcome {
                 run_id: run.clone(),
                 status: TerminalStatus::Succeeded,

@@ -357,6 +357,20 @@ impl From<DurableTermination> for RunTermination {
     }
 }
 
+/// The termination a record tells, copying only its error (not the rest
+/// of the record, as cloning it whole would).
+impl From<&DurableTermination> for RunTermination {
+    fn from(record: &DurableTermination) -> Self {
+        RunTermination {
+            status: record.status.into(),
+            error: record.error.clone(),
+            error_kind: record.error_kind.map(Into::into),
+            final_step: record.final_step,
+            terminated_at_ms: record.terminated_at_ms,
+        }
+    }
+}
+
 /// A committed [`RunOutcome`] as stored (notification payloads, run result
 /// records).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

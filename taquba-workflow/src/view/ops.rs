@@ -475,7 +475,7 @@ impl WorkflowView {
     ) -> Result<RunDetails> {
         let last = entry_of(termination.history.as_ref(), termination.final_step);
         let outcome = self.run_result_of(run_id, &termination).await?;
-        let public: RunTermination = termination.clone().into();
+        let public = RunTermination::from(&termination);
         Ok(RunDetails {
             run_id: run_id.clone(),
             workflow: termination.workflow,
