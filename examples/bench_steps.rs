@@ -1166,7 +1166,7 @@ async fn goals(args: &Args) {
             verdict(cpu.median <= 1.5)
         );
         println!(
-            "  the queue's floor under it: the raw loop with the runtime's transition shape (dedup key, chosen job id, reserved headers, pointer write) uses ×{} the raw loop's CPU per step; the runtime at defaults ×{} of that",
+            "  the queue's floor under it: the raw loop with the runtime's transition shape (ULID run ids on the runtime's queue name, dedup key, chosen job id, reserved headers, pointer write) uses ×{} the raw loop's CPU per step; the runtime at defaults ×{} of that",
             Spread::of(floor_cpu),
             Spread::of(over_floor_cpu)
         );

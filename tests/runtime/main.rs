@@ -90,6 +90,7 @@ mod review_round;
 mod review_stop37;
 mod review_stop38;
 mod review_stop39;
+mod review_stop40;
 mod run_ids;
 mod runs;
 mod schedules;
