@@ -13,7 +13,7 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 use crate::error::{Error, Result};
 use crate::store::keys::{
     HEADER_SIGNAL_DELIVERED, HEADER_SIGNAL_WAIT, MAX_CORRELATION_KEY_LEN, RunId, sha256,
-    signal_delivered_kv_key, signal_waiter_kv_key,
+    signal_delivered_kv_key,
 };
 
 /// Lock stripes of correlation keys.
@@ -51,13 +51,14 @@ impl SignalLocks {
     }
 }
 
-/// The signal state a waiting (or woken) step leaves behind, deleted when
-/// the step ends outside a runner call (cancellation, dead letter).
+/// The signal state of its own a waiting (or woken) step leaves behind,
+/// deleted when the step ends outside a runner call (cancellation, dead
+/// letter). Not the key's waiter record: once the step was woken, the
+/// record may be another run's wait on the same key, so it is deleted
+/// apart, and only while it still names the step (see
+/// [`RuntimeCore::forget_waiter_of`](crate::engine::RuntimeCore)).
 pub(crate) fn waiter_cleanup(job: &JobRecord) -> Vec<Vec<u8>> {
     let mut keys = Vec::new();
-    if let Some(key) = job.headers.get(HEADER_SIGNAL_WAIT) {
-        keys.push(signal_waiter_kv_key(key));
-    }
     // A waiting step holds a delivered signal once an inbox signal reached
     // it (see `signal_command`).
     if (job.headers.contains_key(HEADER_SIGNAL_DELIVERED)

@@ -251,6 +251,9 @@ impl RuntimeCore {
             reason,
         );
         let (outcome, _) = self.commits.cancel_with(&job.id, effects, ending).await?;
+        if outcome == CancelOutcome::Removed {
+            self.forget_waiter_of(job).await;
+        }
         Ok(outcome)
     }
 

@@ -9,11 +9,11 @@
 use std::time::Duration;
 
 use taquba::{JobRecord, JobStatus, SettlementEffects, WakeOutcome};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::engine::settle::{ClaimedStep, SettleKind, Settlement};
 use crate::engine::{RuntimeCore, StepEnqueueOpts};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::model::StepErrorKind;
 use crate::model::TerminalStatus;
 use crate::store::durable::{self, DurableRunRecord, DurableWaiter};
@@ -42,15 +42,7 @@ impl RuntimeCore {
                 "signal waiter",
                 &correlation_key,
             ) {
-                // Only a wait that has not timed out yet is woken: a step
-                // that already ran (attempts > 0) observed the timeout, and
-                // its redeliveries must observe it too.
-                let waiting = self
-                    .queue
-                    .view()
-                    .job_record(&waiter.job_id)
-                    .await?
-                    .is_some_and(|job| job.status == JobStatus::Scheduled && job.attempts == 0);
+                let waiting = self.is_waiting(&waiter).await?;
                 #[cfg(feature = "opentelemetry")]
                 let sender = match waiting {
                     true => self.note_signal_sender(&waiter.job_id).await?,
@@ -86,6 +78,58 @@ impl RuntimeCore {
             .await?;
         debug!(correlation_key, "signal buffered");
         Ok(SignalOutcome::Buffered)
+    }
+
+    /// Whether `waiter` still waits: its step's job is scheduled and has
+    /// not run. Only such a wait is woken by a signal, and only such a wait
+    /// keeps its key from another run's wait: a step that already ran
+    /// (attempts > 0) observed its timeout, and its redeliveries must
+    /// observe it too; a job that is gone (cancelled, dead-lettered,
+    /// settled) waits for nothing.
+    ///
+    /// # Errors
+    /// Storage errors reading the job.
+    async fn is_waiting(&self, waiter: &DurableWaiter) -> Result<bool> {
+        Ok(self
+            .queue
+            .view()
+            .job_record(&waiter.job_id)
+            .await?
+            .is_some_and(|job| job.status == JobStatus::Scheduled && job.attempts == 0))
+    }
+
+    /// Delete the waiter record of `job`'s signal wait (a step that ends
+    /// outside a runner call: cancelled, dead-lettered), once the commit
+    /// that ended it returned, and only while the record still names the
+    /// job: once woken, the step left the key to another run's wait, whose
+    /// record must stay. A compare-and-delete, so a record rewritten
+    /// meanwhile stays. Best effort: a record left behind (a failure here,
+    /// a crash before) names a job that waits for nothing, which a signal
+    /// forgets and another run's wait replaces (see
+    /// [`is_waiting`](Self::is_waiting)).
+    pub(crate) async fn forget_waiter_of(&self, job: &JobRecord) {
+        let Some(correlation_key) = job.headers.get(HEADER_SIGNAL_WAIT) else {
+            return;
+        };
+        let waiter_key = signal_waiter_kv_key(correlation_key);
+        let forgotten = async {
+            let Some(bytes) = self.queue.view().kv_get(&waiter_key).await? else {
+                return Ok(());
+            };
+            let ours = durable::decode_or_absent::<DurableWaiter>(
+                &bytes,
+                "signal waiter",
+                correlation_key,
+            )
+            .is_none_or(|waiter| waiter.job_id == job.id);
+            if ours {
+                self.commits.kv_compare_delete(&waiter_key, &bytes).await?;
+            }
+            Ok::<(), Error>(())
+        };
+        if let Err(err) = forgotten.await {
+            warn!(correlation_key, job_id = %job.id, "the ended step's signal waiter is left to be forgotten later: {err}");
+        }
     }
 
     /// Discard a buffered signal.
@@ -208,21 +252,27 @@ impl RuntimeCore {
         let waiter_key = signal_waiter_kv_key(correlation_key);
         let refused = match check_correlation_key(correlation_key) {
             Err(err) => Some(err.to_string()),
-            Ok(()) => match self.queue.view().kv_get(&waiter_key).await? {
-                Some(bytes) => durable::decode_or_absent::<DurableWaiter>(
-                    &bytes,
-                    "signal waiter",
-                    &correlation_key,
-                )
-                .filter(|waiter| waiter.run_id != *run_id)
-                .map(|waiter| {
-                    format!(
+            Ok(()) => {
+                let other = match self.queue.view().kv_get(&waiter_key).await? {
+                    Some(bytes) => durable::decode_or_absent::<DurableWaiter>(
+                        &bytes,
+                        "signal waiter",
+                        &correlation_key,
+                    )
+                    .filter(|waiter| waiter.run_id != *run_id),
+                    None => None,
+                };
+                // Another run's record whose wait is over (timed out, its
+                // step gone) no longer holds the key: this wait replaces
+                // it, as a signal would forget it.
+                match other {
+                    Some(waiter) if self.is_waiting(&waiter).await? => Some(format!(
                         "correlation key {correlation_key:?} already has a waiting run `{}`; only one run may wait on a key",
                         waiter.run_id
-                    )
-                }),
-                None => None,
-            },
+                    )),
+                    _ => None,
+                }
+            }
         };
         if let Some(reason) = refused {
             let reason = crate::run::context::RunScope::of_job(run_id, claimed.job).name(reason);

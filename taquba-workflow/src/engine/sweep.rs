@@ -419,6 +419,7 @@ async fn reconcile_step(
             .await?
             .is_some()
         {
+            core.forget_waiter_of(job).await;
             #[cfg(feature = "metrics")]
             crate::telemetry::metrics::dead_lettered(&core.queue_name, "reconciled");
             return Ok(1);

@@ -563,6 +563,23 @@ pub fn encode_input<I: WorkflowInput>(input: I) -> Result<Vec<u8>> {
     encode_step(&step)
 }
 
+/// The hash a typed start records and compares its input under: the
+/// SHA-256 of the start step's canonical encoding (maps and sets sorted,
+/// see `store::canonical`), so an equal input whose maps or sets iterate in
+/// another order is the same input. For an input without maps or sets the
+/// canonical encoding is the payload itself, so the hash is the one an
+/// untyped submission of that payload records.
+///
+/// # Errors
+/// [`Error::Serialization`] when a field cannot be encoded.
+fn start_input_hash<S: WorkflowStep>(step: &S) -> Result<Vec<u8>> {
+    let canonical = crate::store::canonical::to_vec(&EnvelopeOut {
+        workflow: S::Workflow::NAME,
+        step,
+    })?;
+    Ok(crate::store::keys::sha256(&canonical).to_vec())
+}
+
 /// Decodes a step payload of the workflow of step enum `S`.
 ///
 /// # Errors
@@ -880,7 +897,10 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     }
 
     /// [`start_with`](Self::start_with) under `run_id`: idempotent on
-    /// `(run_id, input)` as [`WorkflowRuntime::submit`] is.
+    /// `(run_id, input)` as [`WorkflowRuntime::submit`] is, the input
+    /// compared by its canonical encoding (maps and sets sorted, as a job's
+    /// is), so an equal input whose maps or sets iterate in another order is
+    /// the same input.
     ///
     /// # Cancel safety
     ///
@@ -922,11 +942,13 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
         input: I,
         spec: RunSpec,
     ) -> Result<WorkflowRun<WorkflowOf<I>, R, H>> {
+        let step: I::Step = input.into();
+        let input_hash = start_input_hash(&step)?;
         let spec = RunSpec {
-            input: encode_input(input)?,
+            input: encode_step(&step)?,
             ..spec
         };
-        let submitted = self.submit(spec).await?;
+        let submitted = self.submit_hashed(spec, input_hash).await?;
         Ok(WorkflowRun {
             runtime: self.clone(),
             run_id: submitted.run_id,
