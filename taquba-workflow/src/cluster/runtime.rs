@@ -721,7 +721,9 @@ where
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let mut found = true;
+            let mut read_remote = true;
             if let Some(local) = self.local(shard) {
+                read_remote = false;
                 // Looked at again every few polls: the shard may leave.
                 match local
                     .runtime
@@ -734,10 +736,15 @@ where
                         found = false;
                         tokio::time::sleep(poll.min(left)).await;
                     }
-                    Err(err) if shard_left(&err) => {}
+                    // Fenced by another writer: until the supervisor drops
+                    // the shard, its state is read from the store as
+                    // another process's, a poll apart (the local runtime
+                    // answers at once, so asking it again would spin).
+                    Err(err) if shard_left(&err) => read_remote = true,
                     Err(err) => return Err(err.into()),
                 }
-            } else {
+            }
+            if read_remote {
                 if let Some(view) = self.inner.remote.view(shard).await? {
                     if let Some(end) = view.ended(run_id).await? {
                         return Ok(Some(end));

@@ -561,6 +561,15 @@ fn stored_job_input_hash<J: Job>(input: &[u8]) -> Result<Vec<u8>> {
     input_hash_as(&stored.name, &job)
 }
 
+/// The job a stored job input (a job group's manifest member) holds.
+///
+/// # Errors
+/// [`Error::Deserialization`] when the input is not a `J`.
+fn stored_job<J: Job>(input: &[u8]) -> Result<J> {
+    let stored: DurableJobInput = durable::decode(input)?;
+    durable::decode(&stored.payload)
+}
+
 /// A job's result from its termination and recorded outcome; `None` when a
 /// success has no recorded output (removed by retention).
 fn job_result<J: Job>(
@@ -1075,7 +1084,9 @@ impl<J: Job> JobGroup<J> {
         self.resume_with(RunOptions::default()).await
     }
 
-    /// [`resume`](Self::resume) with `options`.
+    /// [`resume`](Self::resume) with `options` for every member run again
+    /// (the first member's [`Job::max_attempts`] applies when `options`
+    /// sets none, as at [`submit_with`](Self::submit_with)).
     ///
     /// # Cancel safety
     ///
@@ -1083,7 +1094,12 @@ impl<J: Job> JobGroup<J> {
     ///
     /// # Errors
     /// As [`resume`](Self::resume).
-    pub async fn resume_with(&self, options: RunOptions) -> Result<()> {
+    pub async fn resume_with(&self, mut options: RunOptions) -> Result<()> {
+        if options.max_attempts_per_step.is_none()
+            && let Some(first) = self.group.manifest().await?.members.first()
+        {
+            options.max_attempts_per_step = stored_job::<J>(&first.input)?.max_attempts();
+        }
         self.group
             .resume_hashed(&options, stored_job_input_hash::<J>)
             .await
