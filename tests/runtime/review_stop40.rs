@@ -1550,3 +1550,78 @@ async fn bad_cluster_records_and_ownership_are_refused_naming_the_value() {
     assert_eq!(group.id(), &even_group);
     even.shutdown().await.unwrap();
 }
+
+/// A static process whose ownership names a shard the cluster does not
+/// have, or owns none of its shards (a StatefulSet of more replicas than
+/// shards: docs/cluster.md, "replicas: at most the cluster's shard count"),
+/// is refused at start naming the value, rather than silently hosting
+/// nothing. Found by this review (it started, hosting nothing).
+#[tokio::test(start_paused = true)]
+async fn a_static_process_owning_no_shard_of_the_cluster_is_refused_at_start() {
+    let bucket: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let runner = Scripted::default();
+    let start = |ownership: StaticOwnership| {
+        ClusterRuntime::builder(bucket.clone(), ROOT, runner.clone(), NoopTerminalHook)
+            .shards(SHARDS)
+            .node_id("n")
+            .ownership(Ownership::Static(ownership))
+            .open_options(|_| shard_options())
+            .start()
+    };
+    match within(60, start(StaticOwnership::Shards([1, 99].into()))).await {
+        Err(ClusterError::NoSuchShard { shard, shards }) => {
+            assert_eq!((shard, shards), (99, SHARDS))
+        }
+        other => panic!("a shard past the count: {:?}", other.map(|_| ())),
+    }
+    let replicas = SHARDS + 2;
+    let idle = StaticOwnership::ordinal(SHARDS + 1, replicas).unwrap();
+    match within(60, start(idle)).await {
+        Err(ClusterError::InvalidOwnership(message)) => {
+            assert!(
+                message.contains(&format!("ordinal {} of {replicas}", SHARDS + 1)),
+                "{message}"
+            )
+        }
+        other => panic!("an ordinal owning no shard: {:?}", other.map(|_| ())),
+    }
+    let owning_one = within(60, start(StaticOwnership::Shards([1].into())))
+        .await
+        .expect("a process owning shard 1 starts");
+    assert_eq!(owning_one.hosted_shards(), vec![1]);
+    owning_one.shutdown().await.unwrap();
+}
+
+/// A worker whose store another process opened stops with the store-closed
+/// error without waiting for the steps it was running (docs/storage.md:
+/// "fenced, its worker stops with an error"): none of them can commit its
+/// settlement any more, and the new writer delivers each again. Found by
+/// this review: the fenced worker ran a held step until it returned, so it
+/// kept the process busy alongside the new writer's redelivery.
+#[tokio::test(start_paused = true)]
+async fn a_fenced_worker_stops_without_waiting_for_its_running_steps() {
+    let fx = Fx::new().await;
+    let runner = fx.runner();
+    let worker = run_worker(&runner);
+    let job = keyed("held", Mode::Hold, "held-key");
+    runner.submit(job.clone()).await.unwrap();
+    eventually("the job to start", || async { fx.calls.of("held") == 1 }).await;
+
+    let queue = fx.take_over().await;
+    // The gate stays shut: the held step never returns on its own.
+    let stopped = within(60, worker.wait()).await;
+    assert!(
+        stopped.as_ref().is_err_and(|err| err.is_store_closed()),
+        "{stopped:?}"
+    );
+    // The new writer runs the job again, once, to its end.
+    let new_runner = fx.builder_on(&queue).build();
+    let new_worker = run_worker(&new_runner);
+    fx.gate.open();
+    let again = new_runner.submit(job).await.unwrap();
+    assert!(!again.newly_submitted());
+    let output = within(60, again.join()).await.unwrap().unwrap();
+    assert!(output.starts_with("held@"), "{output}");
+    assert_eq!(fx.calls.of("held"), 2);
+    new_worker.shutdown().await.unwrap();
+}

@@ -212,8 +212,10 @@ where
     /// shard count; [`ClusterError::InvalidOwnership`] for a node id that
     /// is empty, too long or has other characters, or lease timings out of
     /// proportion; the errors of [`ClusterRecord::create_or_open`]; with
-    /// static ownership, [`ClusterError::Runtime`] when a shard's queue
-    /// does not open.
+    /// static ownership, [`ClusterError::NoSuchShard`] for a listed shard
+    /// past the cluster's count, [`ClusterError::InvalidOwnership`] for an
+    /// ownership of no shard (see [`StaticOwnership::check_against`]), and
+    /// [`ClusterError::Runtime`] when a shard's queue does not open.
     pub async fn start(self) -> Result<ClusterRuntime<R, H>, ClusterError> {
         let node = match self.node_id {
             Some(node) => {

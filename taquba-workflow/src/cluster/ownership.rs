@@ -18,7 +18,8 @@ pub enum StaticOwnership {
         /// How many replicas share the cluster.
         replicas: u32,
     },
-    /// Exactly these shards.
+    /// Exactly these shards (each below the cluster's shard count: a
+    /// process is refused at launch otherwise).
     Shards(BTreeSet<u32>),
 }
 
@@ -46,6 +47,7 @@ impl StaticOwnership {
     pub fn from_hostname(hostname: &str, replicas: u32) -> Result<Self, ClusterError> {
         let ordinal = hostname
             .rsplit_once('-')
+            .filter(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
             .and_then(|(_, n)| n.parse::<u32>().ok())
             .ok_or_else(|| {
                 ClusterError::InvalidOwnership(format!(
@@ -66,6 +68,33 @@ impl StaticOwnership {
     /// The shards of a cluster of `shards` this process owns, in order.
     pub fn owned(&self, shards: u32) -> Vec<u32> {
         (0..shards).filter(|&shard| self.owns(shard)).collect()
+    }
+
+    /// Refuse an ownership that names a shard a cluster of `shards` does
+    /// not have, or owns none of its shards (an ordinal at or past the
+    /// shard count: a StatefulSet of more replicas than shards): such a
+    /// process would host nothing, silently.
+    ///
+    /// # Errors
+    /// [`ClusterError::NoSuchShard`] for a listed shard past the count;
+    /// [`ClusterError::InvalidOwnership`] for an ownership of no shard.
+    pub fn check_against(&self, shards: u32) -> Result<(), ClusterError> {
+        if let Self::Shards(listed) = self
+            && let Some(&shard) = listed.iter().find(|&&shard| shard >= shards)
+        {
+            return Err(ClusterError::NoSuchShard { shard, shards });
+        }
+        if self.owned(shards).is_empty() {
+            return Err(ClusterError::InvalidOwnership(match self {
+                Self::Ordinal { ordinal, replicas } => format!(
+                    "ordinal {ordinal} of {replicas} replicas owns no shard of a cluster of {shards} shards: replicas must be at most the shard count"
+                ),
+                Self::Shards(_) => {
+                    "an empty list of shards owns nothing (a process that hosts no shard is a client: Ownership::Client)".to_string()
+                }
+            }));
+        }
+        Ok(())
     }
 }
 
@@ -105,7 +134,7 @@ mod tests {
                 .owned(3),
             vec![0, 1, 2]
         );
-        for bad in ["workers", "workers-x", ""] {
+        for bad in ["workers", "workers-x", "", "workers-+1", "workers-"] {
             let err = StaticOwnership::from_hostname(bad, 2).expect_err("refused");
             assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
         }
@@ -119,5 +148,45 @@ mod tests {
         let owner = StaticOwnership::Shards([0, 5, 40].into());
         assert_eq!(owner.owned(8), vec![0, 5]);
         assert!(owner.owns(40) && !owner.owns(1));
+    }
+
+    #[test]
+    fn an_ownership_of_no_shard_or_past_the_count_is_refused() {
+        let past = StaticOwnership::Shards([0, 5, 40].into()).check_against(8);
+        assert!(
+            matches!(
+                past,
+                Err(ClusterError::NoSuchShard {
+                    shard: 40,
+                    shards: 8
+                })
+            ),
+            "{past:?}"
+        );
+        assert!(
+            StaticOwnership::Shards([0, 7].into())
+                .check_against(8)
+                .is_ok()
+        );
+        let empty = StaticOwnership::Shards(BTreeSet::new()).check_against(8);
+        assert!(
+            matches!(empty, Err(ClusterError::InvalidOwnership(_))),
+            "{empty:?}"
+        );
+        let idle = StaticOwnership::ordinal(9, 10)
+            .expect("valid")
+            .check_against(8);
+        match idle {
+            Err(ClusterError::InvalidOwnership(message)) => {
+                assert!(message.contains("ordinal 9 of 10"), "{message}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            StaticOwnership::ordinal(7, 10)
+                .expect("valid")
+                .check_against(8)
+                .is_ok()
+        );
     }
 }

@@ -144,6 +144,7 @@ where
     pub(crate) async fn launch(inner: Arc<ClusterInner<R, H>>) -> Result<Self, ClusterError> {
         let cluster = Self { inner };
         if let Ownership::Static(owned) = &cluster.inner.ownership {
+            owned.check_against(cluster.inner.record.shards)?;
             for shard in owned.owned(cluster.inner.record.shards) {
                 let local = cluster.inner.factory.open(shard, None).await;
                 match local {

@@ -203,6 +203,13 @@ where
         }
     }
     debug!(queue = %queue_name, in_flight = tasks.len(), "worker loop draining");
+    if closed.is_cancelled() {
+        // The store is closed to this process (another process opened it):
+        // no step running here can commit its settlement, and the new
+        // writer delivers each again. Their runner calls are dropped now
+        // rather than run to their end, so the worker stops promptly.
+        stop_runners.cancel();
+    }
     tasks.close();
     tasks.wait().await;
     stop_maintenance.cancel();
