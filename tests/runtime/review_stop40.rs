@@ -1004,10 +1004,17 @@ async fn a_deploy_that_changed_the_output_type_gets_decoding_errors_not_wrong_va
         .unwrap();
     assert!(!handle.newly_submitted());
     assert_eq!(handle.id(), first.id());
-    assert!(matches!(
-        handle.fetch_result().await,
-        Err(Error::Deserialization(_))
-    ));
+    // The error names the job and the type its output is not.
+    match handle.fetch_result().await {
+        Err(err @ Error::Deserialization(_)) => {
+            let message = err.to_string();
+            assert!(
+                message.contains(handle.id().as_str()) && message.contains("u64"),
+                "{message}"
+            );
+        }
+        other => panic!("expected a decoding error, got {other:?}"),
+    }
     assert!(matches!(
         within(10, handle.join()).await,
         Err(Error::Deserialization(_))

@@ -570,15 +570,30 @@ fn stored_job<J: Job>(input: &[u8]) -> Result<J> {
     durable::decode(&stored.payload)
 }
 
-/// A job's result from its termination and recorded outcome; `None` when a
-/// success has no recorded output (removed by retention).
+/// Job `id`'s result from its termination and recorded outcome; `None`
+/// when a success has no recorded output (removed by retention).
+///
+/// # Errors
+/// [`Error::Deserialization`] naming the job, its type and the output type
+/// when the recorded output does not decode as `J::Output` (a deploy that
+/// changed the output type while the job ran).
 fn job_result<J: Job>(
+    id: &RunId,
     termination: &RunTermination,
     outcome: Option<&RunOutcome>,
 ) -> Result<Option<std::result::Result<J::Output, JobError>>> {
     match termination.status {
         TerminalStatus::Succeeded => match outcome.and_then(|o| o.result.as_deref()) {
-            Some(bytes) => Ok(Some(Ok(durable::decode(bytes)?))),
+            Some(bytes) => match rmp_serde::from_slice(bytes) {
+                Ok(output) => Ok(Some(Ok(output))),
+                Err(err) => Err(Error::Deserialization(rmp_serde::decode::Error::Syntax(
+                    format!(
+                        "the recorded output of job `{id}` ({}) is not a `{}`: {err}",
+                        J::NAME,
+                        std::any::type_name::<J::Output>()
+                    ),
+                ))),
+            },
             None => Ok(None),
         },
         TerminalStatus::Failed | TerminalStatus::Cancelled => Ok(Some(Err(JobError {
@@ -836,7 +851,9 @@ impl<J: Job> JobHandle<J> {
             Ok(Some((termination, outcome)))
         };
         match core.durable_read(&self.id, read, Option::is_some).await? {
-            Some((termination, outcome)) => job_result::<J>(&termination.into(), outcome.as_ref()),
+            Some((termination, outcome)) => {
+                job_result::<J>(&self.id, &termination.into(), outcome.as_ref())
+            }
             None => Ok(None),
         }
     }
@@ -926,7 +943,7 @@ impl<J: Job> JobHandle<J> {
     }
 
     fn from_end(id: &RunId, end: RunEnd) -> Result<std::result::Result<J::Output, JobError>> {
-        job_result::<J>(&end.termination, end.outcome.as_ref())?
+        job_result::<J>(id, &end.termination, end.outcome.as_ref())?
             .ok_or_else(|| Error::RunNotFound(id.clone()))
     }
 
@@ -1168,7 +1185,7 @@ impl<J: Job> JobGroup<J> {
 }
 
 fn typed_member<J: Job>(member: MemberResult) -> Result<GroupResult<J>> {
-    let result = job_result::<J>(&member.termination, member.outcome.as_ref())?
+    let result = job_result::<J>(&member.run_id, &member.termination, member.outcome.as_ref())?
         .ok_or_else(|| Error::RunNotFound(member.run_id.clone()))?;
     Ok(GroupResult {
         key: member.key,
