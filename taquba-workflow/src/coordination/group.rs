@@ -335,27 +335,38 @@ impl RunGroup {
     ///
     /// Counts only durable ends, as
     /// [`WorkflowRuntime::status`](crate::WorkflowRuntime::status) reports
-    /// them: a member whose ending commit this process still waits to flush
-    /// (a crash would lose it, and the member would run again) counts as
-    /// pending until that commit reports. Read-only: dropping the future at
-    /// any await is safe.
+    /// them: while a member's ending commit of this process waits for its
+    /// flush (a crash would lose it, and the member would run again), the
+    /// count waits for that commit to report (at most a flush on a healthy
+    /// store), then reads the members again. Read-only: dropping the future
+    /// at any await is safe.
     ///
     /// # Errors
     /// [`Error::GroupNotFound`] for a group never submitted; storage errors;
     /// the store-closed error once another process opened the store.
     pub async fn status(&self) -> Result<GroupStatus> {
         let manifest = self.manifest().await?;
-        let mut members = self.members().await?;
-        for member in &mut members {
-            if member.record.terminated.is_some()
-                && !self
-                    .core
-                    .read_termination_is_durable(&member.record.run_id)?
-            {
-                member.record.terminated = None;
+        loop {
+            let members = self.members().await?;
+            let mut not_durable = None;
+            for member in &members {
+                if member.record.terminated.is_some()
+                    && !self
+                        .core
+                        .read_termination_is_durable(&member.record.run_id)?
+                {
+                    not_durable = Some(member.record.run_id.clone());
+                    break;
+                }
             }
+            let Some(run_id) = not_durable else {
+                return Ok(group_status(&self.id, manifest.members.len(), &members));
+            };
+            // Until that end is durable (or no longer in flight here).
+            self.core
+                .durable_read(&run_id, || async { Ok(()) }, |()| true)
+                .await?;
         }
-        Ok(group_status(&self.id, manifest.members.len(), &members))
     }
 
     /// Cancel every active member as
