@@ -89,7 +89,7 @@ impl RuntimeCore {
     ///
     /// # Errors
     /// Storage errors reading the job.
-    async fn is_waiting(&self, waiter: &DurableWaiter) -> Result<bool> {
+    pub(super) async fn is_waiting(&self, waiter: &DurableWaiter) -> Result<bool> {
         Ok(self
             .queue
             .view()

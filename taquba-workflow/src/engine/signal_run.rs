@@ -12,7 +12,7 @@
 //! signal lock, as `signal`'s do, so a wait registered or consumed
 //! concurrently is seen whole.
 
-use taquba::{JobStatus, WakeOutcome};
+use taquba::WakeOutcome;
 use tracing::debug;
 
 use crate::coordination::signal::check_payload;
@@ -79,12 +79,7 @@ impl RuntimeCore {
         if pointer.job_id != waiter.job_id {
             return Ok(false);
         }
-        Ok(self
-            .queue
-            .view()
-            .job_record(&waiter.job_id)
-            .await?
-            .is_some_and(|job| job.status == JobStatus::Scheduled && job.attempts == 0))
+        self.is_waiting(waiter).await
     }
 
     /// The refusal of a signal to `run_id`, which is not waiting on
