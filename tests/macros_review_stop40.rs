@@ -25,15 +25,18 @@ use std::time::Duration;
 
 use common::{Gate, Recorder, T0, eventually, rid, within};
 use futures_util::StreamExt;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use taquba::object_store::memory::InMemory;
 use taquba::object_store::path::Path as ObjectPath;
 use taquba::object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use taquba::{Clock, MockClock, OpenOptions, PRIORITY_HIGH, PRIORITY_LOW, Queue};
 use taquba_workflow::inbox::{Command, Inbox};
-use taquba_workflow::workflows::{StepContext, Transition, WorkflowError};
+use taquba_workflow::workflows::{
+    StepContext, Transition, Workflow, WorkflowError, WorkflowInput, WorkflowOf, WorkflowRun,
+};
 use taquba_workflow::{
-    Error, RunEnd, RunOptions, RunSpec, RunState, SignalOutcome, StepError, StepRunner,
+    Error, RunEnd, RunHistory, RunOptions, RunSpec, RunState, SignalOutcome, StepError, StepRunner,
     TerminalStatus, WorkflowRuntime, WorkflowRuntimeBuilder, workflow,
 };
 use taquba_workflow_suite::testing::{FaultConfig, FaultyStore, poll_then_drop};
@@ -79,14 +82,67 @@ fn builder<W: StepRunner>(
 
 type Runtime<W> = WorkflowRuntime<W, Recorder>;
 
+/// A worker loop's task.
+type Worker = JoinHandle<taquba_workflow::Result<()>>;
+
 /// The worker loop on a task of its own: abort it to kill the process.
-fn worker<W: StepRunner + 'static>(rt: &Runtime<W>) -> JoinHandle<taquba_workflow::Result<()>> {
+fn worker<W: StepRunner + 'static>(rt: &Runtime<W>) -> Worker {
     let rt = rt.clone();
     tokio::spawn(async move { rt.run(std::future::pending::<()>()).await })
 }
 
+/// What the processes of a test share: a mock clock at `T0`, the store,
+/// and the hook every runtime over the store tells.
+struct Host {
+    clock: MockClock,
+    store: Arc<dyn ObjectStore>,
+    hook: Recorder,
+}
+
+impl Host {
+    /// Over a fresh in-memory store.
+    fn in_memory() -> Self {
+        Self::over(Arc::new(InMemory::new()))
+    }
+
+    fn over(store: Arc<dyn ObjectStore>) -> Self {
+        Self {
+            clock: MockClock::new(T0),
+            store,
+            hook: Recorder::default(),
+        }
+    }
+
+    /// Open (or take over) the store's queue.
+    async fn open(&self) -> Arc<Queue> {
+        open_queue(&self.store, &self.clock).await
+    }
+
+    /// A runtime builder of `workflow` over `queue` and the store (see
+    /// [`builder`]).
+    fn builder<W: StepRunner>(
+        &self,
+        queue: &Arc<Queue>,
+        workflow: W,
+    ) -> WorkflowRuntimeBuilder<W, Recorder> {
+        builder(queue, &self.store, workflow, &self.hook)
+    }
+
+    /// A process running `workflow`: the queue it opens (taking the store
+    /// over), its runtime of the builder's defaults, and its worker.
+    async fn process<W: StepRunner + 'static>(
+        &self,
+        workflow: W,
+    ) -> (Arc<Queue>, Runtime<W>, Worker) {
+        let queue = self.open().await;
+        let rt = self.builder(&queue, workflow).build();
+        let worker = worker(&rt);
+        (queue, rt, worker)
+    }
+}
+
 /// Kill a worker task (as `kill -9` kills its runner calls).
-async fn kill(task: JoinHandle<taquba_workflow::Result<()>>) {
+async fn kill(task: Worker) {
     task.abort();
     let _ = task.await;
 }
@@ -96,6 +152,40 @@ async fn end_of<W: StepRunner>(rt: &Runtime<W>, id: &str) -> RunEnd {
     within(30, rt.wait(&rid(id)))
         .await
         .expect("the run is read")
+}
+
+/// The result a run ended with, decoded as a `T`.
+fn decoded<T: DeserializeOwned>(end: RunEnd) -> T {
+    rmp_serde::from_slice(&end.outcome.and_then(|o| o.result).expect("a result")).expect("decodes")
+}
+
+/// Start run `id` with `input` and default options.
+async fn start<W: StepRunner, I: WorkflowInput>(
+    rt: &Runtime<W>,
+    id: &str,
+    input: I,
+) -> WorkflowRun<WorkflowOf<I>, W, Recorder> {
+    rt.start_as(rid(id), input, RunOptions::default())
+        .await
+        .expect("starts")
+}
+
+/// The output of typed run `run`, which succeeds within 30 s of paused
+/// time.
+async fn succeeded<W: Workflow, R: StepRunner>(run: &WorkflowRun<W, R, Recorder>) -> W::Output {
+    within(30, run.wait())
+        .await
+        .expect("read")
+        .expect("succeeds")
+}
+
+/// The step history of run `id` (which must have one).
+async fn history_of<W: StepRunner>(rt: &Runtime<W>, id: &str) -> RunHistory {
+    rt.view()
+        .steps(&rid(id))
+        .await
+        .expect("history")
+        .expect("recorded")
 }
 
 /// How many terminal notifications the hook got for run `id`.
@@ -127,14 +217,21 @@ async fn until_at<W: StepRunner>(rt: &Runtime<W>, id: &str, step: u32, state: Ru
     .await;
 }
 
+/// Let 200 ms of paused time pass: run `id` is still pending at step
+/// `step` (`what` says why).
+async fn not_yet<W: StepRunner>(rt: &Runtime<W>, id: &str, step: u32, what: &str) {
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(state_of(rt, id).await, (RunState::Pending, step), "{what}");
+}
+
+/// Bytes (a KV value, a memo entry) as text.
+fn as_text<B: AsRef<[u8]>>(bytes: Option<B>) -> Option<String> {
+    bytes.map(|b| String::from_utf8_lossy(b.as_ref()).into_owned())
+}
+
 /// The caller KV value under `key`, as text.
 async fn kv_text(queue: &Queue, key: &str) -> Option<String> {
-    queue
-        .view()
-        .kv_get(key.as_bytes())
-        .await
-        .expect("kv get")
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
+    as_text(queue.view().kv_get(key.as_bytes()).await.expect("kv get"))
 }
 
 /// Move `clock` forward to `ms`.
@@ -226,18 +323,24 @@ fn wait_on(key: &str, timeout: Duration) -> Plan {
     }
 }
 
+/// Start `Relay` run `id` waiting up to `timeout` on `key` (with
+/// `options`), and wait until it waits (pending at step 1).
+async fn parked(rt: &Runtime<Relay>, id: &str, key: &str, timeout: Duration, options: RunOptions) {
+    relay(rt, id, wait_on(key, timeout), options).await;
+    until_at(rt, id, 1, RunState::Pending).await;
+}
+
 /// A `Relay` runtime (with `gates` gates) over a fresh in-memory queue,
-/// running at most one step at a time.
-async fn one_slot_relay(gates: usize) -> (Arc<Queue>, MockClock, Relay, Recorder, Runtime<Relay>) {
-    let clock = MockClock::new(T0);
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let queue = open_queue(&store, &clock).await;
+/// running at most one step at a time; with its host and queue.
+async fn one_slot_relay(gates: usize) -> (Host, Arc<Queue>, Relay, Runtime<Relay>) {
+    let host = Host::in_memory();
+    let queue = host.open().await;
     let relay = Relay::new(gates);
-    let hook = Recorder::default();
-    let rt = builder(&queue, &store, relay.clone(), &hook)
+    let rt = host
+        .builder(&queue, relay.clone())
         .max_concurrent_steps(1)
         .build();
-    (queue, clock, relay, hook, rt)
+    (host, queue, relay, rt)
 }
 
 // ---------------------------------------------------------------------------
@@ -393,15 +496,11 @@ impl Carry {
 /// and fenced this one ... No retry can succeed").
 #[tokio::test(start_paused = true)]
 async fn typed_fields_and_a_memoized_call_survive_a_takeover_mid_step() {
-    let clock = MockClock::new(T0);
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let host = Host::in_memory();
     let carry = Carry::default();
     carry.state.die_once.store(true, Ordering::SeqCst);
-    let hook = Recorder::default();
 
-    let q1 = open_queue(&store, &clock).await;
-    let rt1 = builder(&q1, &store, carry.clone(), &hook).build();
-    let w1 = worker(&rt1);
+    let (_q1, rt1, w1) = host.process(carry.clone()).await;
     let input = CarryInput {
         label: "lbl/é".to_string(),
         ids: vec![0, 1, u64::MAX],
@@ -409,15 +508,12 @@ async fn typed_fields_and_a_memoized_call_survive_a_takeover_mid_step() {
         path: PathBuf::from("/tmp/a b/ç.txt"),
         note: None,
     };
-    let run = rt1
-        .start_as(rid("carry-1"), input.clone(), RunOptions::default())
-        .await
-        .expect("starts");
+    let run = start(&rt1, "carry-1", input.clone()).await;
     assert!(run.newly_submitted());
     within(10, carry.state.died.notified()).await;
 
     // Another process takes the store over; the first one's worker dies.
-    let q2 = open_queue(&store, &clock).await;
+    let q2 = host.open().await;
     kill(w1).await;
     let fenced = within(10, rt1.signal("after-takeover", b"x".to_vec())).await;
     match fenced {
@@ -425,25 +521,18 @@ async fn typed_fields_and_a_memoized_call_survive_a_takeover_mid_step() {
         Ok(answer) => panic!("the fenced process committed a signal: {answer:?}"),
     }
 
-    let rt2 = builder(&q2, &store, carry.clone(), &hook).build();
+    let rt2 = host.builder(&q2, carry.clone()).build();
     let _w2 = worker(&rt2);
     // The dead process's lease runs out; step 0 runs again and commits.
-    clock.advance(Duration::from_secs(31));
+    host.clock.advance(Duration::from_secs(31));
     until_at(&rt2, "carry-1", 1, RunState::Pending).await;
-    let at_commit = clock.now_ms();
-    clock.advance(10 * MINUTE - Duration::from_secs(1));
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(
-        state_of(&rt2, "carry-1").await,
-        (RunState::Pending, 1),
-        "the timer does not fire a second early (committed at {at_commit})"
-    );
-    clock.advance(Duration::from_secs(2));
+    let at_commit = host.clock.now_ms();
+    host.clock.advance(10 * MINUTE - Duration::from_secs(1));
+    let early = format!("the timer does not fire a second early (committed at {at_commit})");
+    not_yet(&rt2, "carry-1", 1, &early).await;
+    host.clock.advance(Duration::from_secs(2));
     let typed = rt2.workflow_run::<Carry>(rid("carry-1"));
-    let carried = within(30, typed.wait())
-        .await
-        .expect("read")
-        .expect("succeeds");
+    let carried = succeeded(&typed).await;
     assert_eq!(
         carried,
         Carried {
@@ -465,7 +554,7 @@ async fn typed_fields_and_a_memoized_call_survive_a_takeover_mid_step() {
         Some(Ok(carried)),
         "the durable record says the same"
     );
-    told_once(&hook, "carry-1").await;
+    told_once(&host.hook, "carry-1").await;
 }
 
 // ---------------------------------------------------------------------------
@@ -518,41 +607,24 @@ impl Courier {
 #[tokio::test(start_paused = true)]
 async fn a_timer_and_a_signal_timeout_fire_at_their_time_across_kills() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let store = common::dir_store(dir.path());
-    let clock = MockClock::new(T0);
-    let hook = Recorder::default();
+    let host = Host::over(common::dir_store(dir.path()));
 
-    let q1 = open_queue(&store, &clock).await;
-    let rt1 = builder(&q1, &store, Courier, &hook).build();
-    let w1 = worker(&rt1);
-    rt1.start_as(
-        rid("courier-1"),
-        CourierInput {
-            order: "o-7".into(),
-        },
-        RunOptions::default(),
-    )
-    .await
-    .expect("starts");
+    let (_q1, rt1, w1) = host.process(Courier).await;
+    let order = CourierInput {
+        order: "o-7".into(),
+    };
+    start(&rt1, "courier-1", order).await;
     until_at(&rt1, "courier-1", 1, RunState::Pending).await;
-    clock.advance(HOUR);
+    host.clock.advance(HOUR);
     kill(w1).await;
 
     // Second process: the timer is due at T0 + 1 day.
-    let q2 = open_queue(&store, &clock).await;
-    let rt2 = builder(&q2, &store, Courier, &hook).build();
-    let w2 = worker(&rt2);
-    clock.advance(DAY - HOUR - Duration::from_millis(1));
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(state_of(&rt2, "courier-1").await, (RunState::Pending, 1));
-    clock.advance(Duration::from_millis(1));
+    let (_q2, rt2, w2) = host.process(Courier).await;
+    host.clock.advance(DAY - HOUR - Duration::from_millis(1));
+    not_yet(&rt2, "courier-1", 1, "the timer is due in 1 ms").await;
+    host.clock.advance(Duration::from_millis(1));
     until_at(&rt2, "courier-1", 2, RunState::Pending).await;
-    let history = rt2
-        .view()
-        .steps(&rid("courier-1"))
-        .await
-        .expect("history")
-        .expect("recorded");
+    let history = history_of(&rt2, "courier-1").await;
     let ask = history.steps.iter().find(|s| s.step == 1).expect("step 1");
     assert_eq!(
         ask.attempts[0].claimed_at_ms,
@@ -562,21 +634,14 @@ async fn a_timer_and_a_signal_timeout_fire_at_their_time_across_kills() {
     kill(w2).await;
 
     // Third process: the signal wait times out two hours after it began.
-    let q3 = open_queue(&store, &clock).await;
-    let rt3 = builder(&q3, &store, Courier, &hook).build();
-    let _w3 = worker(&rt3);
-    clock.advance(2 * HOUR - Duration::from_millis(1));
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(state_of(&rt3, "courier-1").await, (RunState::Pending, 2));
-    clock.advance(Duration::from_millis(1));
+    let (_q3, rt3, _w3) = host.process(Courier).await;
+    host.clock.advance(2 * HOUR - Duration::from_millis(1));
+    not_yet(&rt3, "courier-1", 2, "the wait times out in 1 ms").await;
+    host.clock.advance(Duration::from_millis(1));
     let end = end_of(&rt3, "courier-1").await;
     assert_eq!(end.termination.status, TerminalStatus::Succeeded);
-    let result = end.outcome.and_then(|o| o.result).expect("a result");
-    assert_eq!(
-        rmp_serde::from_slice::<String>(&result).expect("decodes"),
-        "o-7:no answer"
-    );
-    told_once(&hook, "courier-1").await;
+    assert_eq!(decoded::<String>(end), "o-7:no answer");
+    told_once(&host.hook, "courier-1").await;
 }
 
 // ---------------------------------------------------------------------------
@@ -667,15 +732,10 @@ async fn a_replayed_timer_keeps_its_schedule_and_its_staged_effects() {
         .step_output_replay()
         .build();
     let w1 = worker(&rt1);
-    rt1.start_as(
-        rid("remind-1"),
-        RemindInput {
-            note: "call ada".into(),
-        },
-        RunOptions::default(),
-    )
-    .await
-    .expect("starts");
+    let reminder = RemindInput {
+        note: "call ada".into(),
+    };
+    start(&rt1, "remind-1", reminder).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     remind.state.go.open();
     let replay_dir = ObjectPath::from(format!("{MEMO}/runs/remind-1/replay/0"));
@@ -711,20 +771,12 @@ async fn a_replayed_timer_keeps_its_schedule_and_its_staged_effects() {
     );
     // Due at T0 + 10 min: a millisecond before, it has not run.
     advance_to(&clock, T0 + (10 * MINUTE).as_millis() as u64 - 1);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(
-        state_of(&rt2, "remind-1").await,
-        (RunState::Pending, 1),
-        "not before its time"
-    );
+    not_yet(&rt2, "remind-1", 1, "not before its time").await;
     clock.advance(Duration::from_millis(1));
     let end = within(5, rt2.wait(&rid("remind-1")))
         .await
         .expect("the timer keeps its original schedule (T0 + 10 min), not 10 min after the replay");
-    let (note, fired_at) = rmp_serde::from_slice::<(String, u64)>(
-        &end.outcome.and_then(|o| o.result).expect("a result"),
-    )
-    .expect("decodes");
+    let (note, fired_at) = decoded::<(String, u64)>(end);
     assert_eq!(note, "call ada");
     assert_eq!(fired_at, T0 + (10 * MINUTE).as_millis() as u64);
     told_once(&hook, "remind-1").await;
@@ -738,6 +790,13 @@ async fn a_replayed_timer_keeps_its_schedule_and_its_staged_effects() {
 async fn hold_slot(rt: &Runtime<Relay>, id: &str, gate: usize, p: u32) {
     relay(rt, id, Plan::Hold { gate }, priority(p)).await;
     until_at(rt, id, 0, RunState::Running).await;
+}
+
+/// Run `x` waits up to `timeout` on key `k`, then run `busy` holds the
+/// only worker slot at gate 0 (both of low priority).
+async fn x_waits_on_k_behind(rt: &Runtime<Relay>, busy: &str, timeout: Duration) {
+    parked(rt, "x", "k", timeout, priority(PRIORITY_LOW)).await;
+    hold_slot(rt, busy, 0, PRIORITY_LOW).await;
 }
 
 /// Run X waits on key `k`; a signal wakes it, but its woken step waits for
@@ -754,12 +813,9 @@ async fn hold_slot(rt: &Runtime<Relay>, id: &str, gate: usize, p: u32) {
 /// Found by this review: the cancel deleted Y's waiter record.
 #[tokio::test(start_paused = true)]
 async fn cancelling_a_woken_run_does_not_erase_the_next_runs_wait_on_its_key() {
-    let (_queue, _clock, relay_wf, hook, rt) = one_slot_relay(2).await;
+    let (host, _queue, relay_wf, rt) = one_slot_relay(2).await;
     let _w = worker(&rt);
-    relay(&rt, "x", wait_on("k", HOUR), priority(PRIORITY_LOW)).await;
-    until_at(&rt, "x", 1, RunState::Pending).await;
-
-    hold_slot(&rt, "busy-1", 0, PRIORITY_LOW).await;
+    x_waits_on_k_behind(&rt, "busy-1", HOUR).await;
     assert_eq!(
         rt.signal_value("k", "for x").await.expect("signal"),
         SignalOutcome::Delivered
@@ -813,13 +869,8 @@ async fn cancelling_a_woken_run_does_not_erase_the_next_runs_wait_on_its_key() {
         SignalOutcome::Delivered,
         "y is the run waiting on `k`"
     );
-    let end = end_of(&rt, "y").await;
-    let result = end.outcome.and_then(|o| o.result).expect("a result");
-    assert_eq!(
-        rmp_serde::from_slice::<String>(&result).expect("decodes"),
-        "k=for y"
-    );
-    told_once(&hook, "y").await;
+    assert_eq!(decoded::<String>(end_of(&rt, "y").await), "k=for y");
+    told_once(&host.hook, "y").await;
 }
 
 /// Run X's wait on key `k` times out, but its next step waits for the only
@@ -836,12 +887,10 @@ async fn cancelling_a_woken_run_does_not_erase_the_next_runs_wait_on_its_key() {
 /// Found by this review: Y failed, its key taken by X's stale record.
 #[tokio::test(start_paused = true)]
 async fn a_timed_out_wait_does_not_fail_the_next_run_waiting_on_its_key() {
-    let (_queue, clock, relay_wf, hook, rt) = one_slot_relay(1).await;
+    let (host, _queue, relay_wf, rt) = one_slot_relay(1).await;
     let _w = worker(&rt);
-    relay(&rt, "x", wait_on("k", MINUTE), priority(PRIORITY_LOW)).await;
-    until_at(&rt, "x", 1, RunState::Pending).await;
-    hold_slot(&rt, "busy", 0, PRIORITY_LOW).await;
-    clock.advance(MINUTE + Duration::from_secs(1));
+    x_waits_on_k_behind(&rt, "busy", MINUTE).await;
+    host.clock.advance(MINUTE + Duration::from_secs(1));
     tokio::time::sleep(Duration::from_millis(200)).await;
     // X timed out: its wait no longer takes signals.
     assert_eq!(
@@ -868,7 +917,7 @@ async fn a_timed_out_wait_does_not_fail_the_next_run_waiting_on_its_key() {
     );
     let end = end_of(&rt, "y").await;
     assert_eq!(end.termination.status, TerminalStatus::Succeeded);
-    told_once(&hook, "y").await;
+    told_once(&host.hook, "y").await;
 }
 
 // ---------------------------------------------------------------------------
@@ -887,7 +936,7 @@ async fn a_timed_out_wait_does_not_fail_the_next_run_waiting_on_its_key() {
 /// submitted ... nothing is delivered or buffered").
 #[tokio::test(start_paused = true)]
 async fn signals_before_the_run_twice_and_after_its_end_are_buffered_as_documented() {
-    let (queue, _clock, _relay, hook, rt) = one_slot_relay(0).await;
+    let (host, queue, _relay, rt) = one_slot_relay(0).await;
     let _w = worker(&rt);
     for value in ["first", "second"] {
         assert_eq!(
@@ -902,10 +951,8 @@ async fn signals_before_the_run_twice_and_after_its_end_are_buffered_as_document
         RunOptions::default(),
     )
     .await;
-    let end = end_of(&rt, "early-run").await;
-    let result = end.outcome.and_then(|o| o.result).expect("a result");
     assert_eq!(
-        rmp_serde::from_slice::<String>(&result).expect("decodes"),
+        decoded::<String>(end_of(&rt, "early-run").await),
         "early=second",
         "the later signal replaced the earlier one"
     );
@@ -939,7 +986,7 @@ async fn signals_before_the_run_twice_and_after_its_end_are_buffered_as_document
         SignalOutcome::Buffered
     );
     assert!(rt.clear_signal("early").await.expect("clear"));
-    told_once(&hook, "early-run").await;
+    told_once(&host.hook, "early-run").await;
 }
 
 /// A signal sent through the inbox (the command's id its idempotency key)
@@ -956,23 +1003,19 @@ async fn signals_before_the_run_twice_and_after_its_end_are_buffered_as_document
 /// command with a record is never applied again").
 #[tokio::test(start_paused = true)]
 async fn an_inbox_signal_found_again_after_it_was_applied_is_not_applied_twice() {
-    let clock = MockClock::new(T0);
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let queue = open_queue(&store, &clock).await;
-    let hook = Recorder::default();
-    let rt = builder(&queue, &store, Relay::new(0), &hook).build();
-    let w = worker(&rt);
-    relay(&rt, "inboxed", wait_on("ibx", HOUR), RunOptions::default()).await;
-    until_at(&rt, "inboxed", 1, RunState::Pending).await;
+    let host = Host::in_memory();
+    let (_queue, rt, w) = host.process(Relay::new(0)).await;
+    parked(&rt, "inboxed", "ibx", HOUR, RunOptions::default()).await;
     kill(w).await;
 
-    let inbox = Inbox::new(store.clone(), MEMO);
+    let inbox = Inbox::new(host.store.clone(), MEMO);
     let id = inbox
         .send(Command::signal("ibx", encoded("once")))
         .await
         .expect("sent");
     let path = inbox.command_path(&id);
-    let bytes = store
+    let bytes = host
+        .store
         .get(&path)
         .await
         .expect("the command object")
@@ -986,7 +1029,7 @@ async fn an_inbox_signal_found_again_after_it_was_applied_is_not_applied_twice()
     };
 
     // The object is back in the inbox.
-    store
+    host.store
         .put(&path, PutPayload::from(bytes))
         .await
         .expect("put back");
@@ -1000,31 +1043,38 @@ async fn an_inbox_signal_found_again_after_it_was_applied_is_not_applied_twice()
         .await
         .expect("joined")
         .expect("the run ends");
-    let result = end.outcome.and_then(|o| o.result).expect("a result");
-    assert_eq!(
-        rmp_serde::from_slice::<String>(&result).expect("decodes"),
-        "ibx=once"
-    );
+    assert_eq!(decoded::<String>(end), "ibx=once");
     // The next wait on the key gets no phantom signal: it times out.
-    relay(
-        &rt,
-        "next-waiter",
-        wait_on("ibx", MINUTE),
-        RunOptions::default(),
-    )
-    .await;
-    until_at(&rt, "next-waiter", 1, RunState::Pending).await;
-    clock.advance(MINUTE);
-    let end = end_of(&rt, "next-waiter").await;
-    let result = end.outcome.and_then(|o| o.result).expect("a result");
+    parked(&rt, "next-waiter", "ibx", MINUTE, RunOptions::default()).await;
+    host.clock.advance(MINUTE);
     assert_eq!(
-        rmp_serde::from_slice::<String>(&result).expect("decodes"),
+        decoded::<String>(end_of(&rt, "next-waiter").await),
         "ibx=<timeout>"
     );
 }
 
 // ---------------------------------------------------------------------------
 // Cancellations racing signals and endings.
+
+/// `cancel` and `other` run together, the second of them (`other` when `n`
+/// is even, else `cancel`) after a sleep of `n / 2` ms.
+async fn race<C: Future, O: Future>(n: u64, cancel: C, other: O) -> (C::Output, O::Output) {
+    let (cancel_first, gap) = (n.is_multiple_of(2), Duration::from_millis(n / 2));
+    tokio::join!(
+        async {
+            if !cancel_first {
+                tokio::time::sleep(gap).await;
+            }
+            cancel.await
+        },
+        async {
+            if cancel_first {
+                tokio::time::sleep(gap).await;
+            }
+            other.await
+        },
+    )
+}
 
 /// A run waiting on a signal, cancelled while the signal is sent, at many
 /// offsets between the two calls: the run ends once (the hook told once);
@@ -1041,38 +1091,19 @@ async fn an_inbox_signal_found_again_after_it_was_applied_is_not_applied_twice()
 /// `WorkflowRuntime::cancel` overrides the outcome").
 #[tokio::test(start_paused = true)]
 async fn a_cancel_racing_a_signal_ends_the_run_once_as_it_answers() {
-    let clock = MockClock::new(T0);
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let queue = open_queue(&store, &clock).await;
-    let hook = Recorder::default();
-    let rt = builder(&queue, &store, Relay::new(0), &hook).build();
-    let _w = worker(&rt);
+    let host = Host::in_memory();
+    let (queue, rt, _w) = host.process(Relay::new(0)).await;
     let mut cancelled = 0;
     for n in 0..12u64 {
         let id = format!("race-{n}");
         let key = format!("race-key-{n}");
-        relay(&rt, &id, wait_on(&key, HOUR), RunOptions::default()).await;
-        until_at(&rt, &id, 1, RunState::Pending).await;
-        let (cancel_first, gap) = (n % 2 == 0, Duration::from_millis(n / 2));
-        let cancel = {
-            let (rt, id) = (rt.clone(), rid(&id));
-            async move {
-                if !cancel_first {
-                    tokio::time::sleep(gap).await;
-                }
-                rt.cancel(&id).await.expect("cancel")
-            }
-        };
-        let signal = {
-            let (rt, key) = (rt.clone(), key.clone());
-            async move {
-                if cancel_first {
-                    tokio::time::sleep(gap).await;
-                }
-                rt.signal_value(&key, "go").await.expect("signal")
-            }
-        };
-        let (was_cancelled, signalled) = tokio::join!(cancel, signal);
+        parked(&rt, &id, &key, HOUR, RunOptions::default()).await;
+        let (was_cancelled, signalled) = race(
+            n,
+            async { rt.cancel(&rid(&id)).await.expect("cancel") },
+            async { rt.signal_value(&key, "go").await.expect("signal") },
+        )
+        .await;
         let end = end_of(&rt, &id).await;
         let status = end.termination.status;
         assert_eq!(
@@ -1098,7 +1129,7 @@ async fn a_cancel_racing_a_signal_ends_the_run_once_as_it_answers() {
             }
             TerminalStatus::Failed => panic!("{id} failed: {:?}", end.termination),
         }
-        told_once(&hook, &id).await;
+        told_once(&host.hook, &id).await;
     }
     assert!(cancelled > 0, "some cancel won the race");
 }
@@ -1168,13 +1199,9 @@ impl Finale {
 /// effects").
 #[tokio::test(start_paused = true)]
 async fn a_cancel_racing_each_ending_ends_the_run_once_as_answered() {
-    let clock = MockClock::new(T0);
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let queue = open_queue(&store, &clock).await;
-    let hook = Recorder::default();
+    let host = Host::in_memory();
     let finale = Finale::default();
-    let rt = builder(&queue, &store, finale.clone(), &hook).build();
-    let _w = worker(&rt);
+    let (queue, rt, _w) = host.process(finale.clone()).await;
     let mut wins = HashMap::new();
     for ending in [
         Ending::Done,
@@ -1185,28 +1212,14 @@ async fn a_cancel_racing_each_ending_ends_the_run_once_as_answered() {
         for n in 0..8u64 {
             let id = format!("{ending:?}-{n}").to_lowercase();
             let gate = finale.gate(&id);
-            let run = rt
-                .start_as(rid(&id), FinaleInput { ending }, RunOptions::default())
-                .await
-                .expect("starts");
+            let run = start(&rt, &id, FinaleInput { ending }).await;
             until_at(&rt, &id, 0, RunState::Running).await;
-            let (cancel_first, gap) = (n % 2 == 0, Duration::from_millis(n / 2));
-            let cancel = {
-                let (rt, id) = (rt.clone(), rid(&id));
-                async move {
-                    if !cancel_first {
-                        tokio::time::sleep(gap).await;
-                    }
-                    rt.cancel(&id).await.expect("cancel")
-                }
-            };
-            let release = async {
-                if cancel_first {
-                    tokio::time::sleep(gap).await;
-                }
-                gate.open();
-            };
-            let (was_cancelled, ()) = tokio::join!(cancel, release);
+            let (was_cancelled, ()) = race(
+                n,
+                async { rt.cancel(&rid(&id)).await.expect("cancel") },
+                async { gate.open() },
+            )
+            .await;
             let typed = within(30, run.wait()).await.expect("read");
             let end = end_of(&rt, &id).await;
             let status = end.termination.status;
@@ -1243,7 +1256,7 @@ async fn a_cancel_racing_each_ending_ends_the_run_once_as_answered() {
                 (Err(WorkflowError { status: s, .. }), st) if *s == st => {}
                 other => panic!("{id}: typed wait {other:?} disagrees with {status}"),
             }
-            told_once(&hook, &id).await;
+            told_once(&host.hook, &id).await;
         }
     }
     assert!(!wins.is_empty(), "some cancel won: {wins:?}");
@@ -1267,40 +1280,21 @@ async fn a_cancel_racing_each_ending_ends_the_run_once_as_answered() {
 /// which").
 #[tokio::test(start_paused = true)]
 async fn start_signal_and_cancel_dropped_at_each_await_do_all_or_nothing() {
-    let clock = MockClock::new(T0);
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let queue = open_queue(&store, &clock).await;
-    let hook = Recorder::default();
-    let rt = builder(&queue, &store, Relay::new(0), &hook).build();
-    let _w = worker(&rt);
+    let host = Host::in_memory();
+    let (_queue, rt, _w) = host.process(Relay::new(0)).await;
 
     let mut n = 0;
     loop {
         n += 1;
         assert!(n < 200, "the calls never completed on their own");
         let (start_id, key) = (format!("drop-start-{n}"), format!("drop-key-{n}"));
-        let started = poll_then_drop(
-            rt.start_as(
-                rid(&start_id),
-                RelayInput {
-                    plan: wait_on(&key, HOUR),
-                },
-                RunOptions::default(),
-            ),
-            n,
-        )
-        .await;
+        let start = || {
+            let plan = wait_on(&key, HOUR);
+            rt.start_as(rid(&start_id), RelayInput { plan }, RunOptions::default())
+        };
+        let started = poll_then_drop(start(), n).await;
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let again = rt
-            .start_as(
-                rid(&start_id),
-                RelayInput {
-                    plan: wait_on(&key, HOUR),
-                },
-                RunOptions::default(),
-            )
-            .await
-            .expect("starts again");
+        let again = start().await.expect("starts again");
         assert!(rt.status(&rid(&start_id)).await.expect("status").is_some());
         if let Some(answer) = &started {
             assert!(answer.as_ref().expect("started").newly_submitted());
@@ -1324,25 +1318,17 @@ async fn start_signal_and_cancel_dropped_at_each_await_do_all_or_nothing() {
             assert_eq!(answer.as_ref().expect("signal"), &SignalOutcome::Delivered);
             assert_eq!(expected, "dropped");
         }
-        let end = end_of(&rt, &start_id).await;
-        let result = end.outcome.and_then(|o| o.result).expect("a result");
         assert_eq!(
-            rmp_serde::from_slice::<String>(&result).expect("decodes"),
+            decoded::<String>(end_of(&rt, &start_id).await),
             format!("{key}={expected}")
         );
         assert!(!rt.clear_signal(&key).await.expect("clear"), "nothing left");
-        told_once(&hook, &start_id).await;
+        told_once(&host.hook, &start_id).await;
 
         // The cancel, dropped after n polls.
         let cancel_id = format!("drop-cancel-{n}");
-        relay(
-            &rt,
-            &cancel_id,
-            wait_on(&format!("{key}-c"), HOUR),
-            RunOptions::default(),
-        )
-        .await;
-        until_at(&rt, &cancel_id, 1, RunState::Pending).await;
+        let cancel_key = format!("{key}-c");
+        parked(&rt, &cancel_id, &cancel_key, HOUR, RunOptions::default()).await;
         let cancelled = poll_then_drop(rt.cancel(&rid(&cancel_id)), n).await;
         tokio::time::sleep(Duration::from_millis(20)).await;
         let second = rt.cancel(&rid(&cancel_id)).await.expect("cancel");
@@ -1354,7 +1340,7 @@ async fn start_signal_and_cancel_dropped_at_each_await_do_all_or_nothing() {
             end_of(&rt, &cancel_id).await.termination.status,
             TerminalStatus::Cancelled
         );
-        told_once(&hook, &cancel_id).await;
+        told_once(&host.hook, &cancel_id).await;
 
         if started.is_some() && signalled.is_some() && cancelled.is_some() {
             break;
@@ -1376,16 +1362,18 @@ async fn start_signal_and_cancel_dropped_at_each_await_do_all_or_nothing() {
 /// ... either did nothing or completes as if awaited").
 #[tokio::test(start_paused = true)]
 async fn a_write_outage_held_for_a_whole_call_leaves_nothing_half_done() {
-    let clock = MockClock::new(T0);
-    let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let faulty = FaultyStore::new(inner, FaultConfig::default());
-    let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
-    let queue = open_queue(&store, &clock).await;
-    let hook = Recorder::default();
-    let rt = builder(&queue, &store, Relay::new(0), &hook).build();
-    let _w = worker(&rt);
-    relay(&rt, "parked", wait_on("never", DAY), RunOptions::default()).await;
-    until_at(&rt, "parked", 1, RunState::Pending).await;
+    let faulty = FaultyStore::new(Arc::new(InMemory::new()), FaultConfig::default());
+    let host = Host::over(Arc::new(faulty.clone()));
+    let (_queue, rt, _w) = host.process(Relay::new(0)).await;
+    parked(&rt, "parked", "never", DAY, RunOptions::default()).await;
+    let start_run = || {
+        let plan = wait_on("outage-key", MINUTE);
+        rt.start_as(
+            rid("during-outage"),
+            RelayInput { plan },
+            RunOptions::default(),
+        )
+    };
 
     let outage = FaultConfig {
         rates: [1.0, 0.0, 0.0, 0.0],
@@ -1396,17 +1384,7 @@ async fn a_write_outage_held_for_a_whole_call_leaves_nothing_half_done() {
         .during(outage, async {
             let cancel =
                 tokio::time::timeout(Duration::from_secs(2), rt.cancel(&rid("parked"))).await;
-            let start = tokio::time::timeout(
-                Duration::from_secs(2),
-                rt.start_as(
-                    rid("during-outage"),
-                    RelayInput {
-                        plan: wait_on("outage-key", MINUTE),
-                    },
-                    RunOptions::default(),
-                ),
-            )
-            .await;
+            let start = tokio::time::timeout(Duration::from_secs(2), start_run()).await;
             (cancel, start)
         })
         .await;
@@ -1428,17 +1406,8 @@ async fn a_write_outage_held_for_a_whole_call_leaves_nothing_half_done() {
         "{cancel:?}"
     );
     assert!(!rt.cancel(&rid("parked")).await.expect("cancel"));
-    told_once(&hook, "parked").await;
-    let again = rt
-        .start_as(
-            rid("during-outage"),
-            RelayInput {
-                plan: wait_on("outage-key", MINUTE),
-            },
-            RunOptions::default(),
-        )
-        .await
-        .expect("starts once the store is back");
+    told_once(&host.hook, "parked").await;
+    let again = start_run().await.expect("starts once the store is back");
     if start_completed {
         assert!(!again.newly_submitted());
     }
@@ -1446,7 +1415,7 @@ async fn a_write_outage_held_for_a_whole_call_leaves_nothing_half_done() {
     rt.signal_value("outage-key", "back").await.expect("signal");
     let end = end_of(&rt, "during-outage").await;
     assert_eq!(end.termination.status, TerminalStatus::Succeeded);
-    told_once(&hook, "during-outage").await;
+    told_once(&host.hook, "during-outage").await;
 }
 
 // ---------------------------------------------------------------------------
@@ -1499,21 +1468,32 @@ struct RawStrict<'a> {
     step: BTreeMap<&'a str, BTreeMap<&'a str, &'a str>>,
 }
 
-/// The failed end of run `id`: its error, checked to start with the run.
-async fn failure<W: StepRunner>(rt: &Runtime<W>, id: &str) -> String {
+/// The end of run `id`, failed with a permanent error: its error.
+async fn permanent_error<W: StepRunner>(rt: &Runtime<W>, id: &str) -> String {
     let end = end_of(rt, id).await;
     assert_eq!(end.termination.status, TerminalStatus::Failed, "{id}");
-    let error = end.termination.error.expect("an error");
-    assert!(
-        error.starts_with(&format!("run `{id}`: ")),
-        "{id}: the runtime's error starts with the run: {error}"
-    );
     assert_eq!(
         end.termination.error_kind,
         Some(taquba_workflow::StepErrorKind::Permanent),
         "{id}"
     );
+    end.termination.error.expect("an error")
+}
+
+/// The failed end of run `id`: its permanent error, checked to start with
+/// the run (an error of the runtime's own).
+async fn failure<W: StepRunner>(rt: &Runtime<W>, id: &str) -> String {
+    let error = permanent_error(rt, id).await;
+    assert!(
+        error.starts_with(&format!("run `{id}`: ")),
+        "{id}: the runtime's error starts with the run: {error}"
+    );
     error
+}
+
+/// `error` names every one of `parts`.
+fn assert_names(error: &str, parts: &[&str]) {
+    assert!(parts.iter().all(|part| error.contains(part)), "{error}");
 }
 
 /// Bad values each end their run once, permanently, with an error that
@@ -1539,13 +1519,9 @@ async fn failure<W: StepRunner>(rt: &Runtime<W>, id: &str) -> String {
 /// the run is active with another input").
 #[tokio::test(start_paused = true)]
 async fn bad_values_end_their_run_once_with_an_error_naming_them() {
-    let clock = MockClock::new(T0);
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let queue = open_queue(&store, &clock).await;
-    let hook = Recorder::default();
+    let host = Host::in_memory();
     let strict = Strict::default();
-    let rt = builder(&queue, &store, strict.clone(), &hook).build();
-    let _w = worker(&rt);
+    let (queue, rt, _w) = host.process(strict.clone()).await;
 
     // Stored fields that do not decode.
     let raw = rmp_serde::to_vec_named(&RawStrict {
@@ -1563,45 +1539,22 @@ async fn bad_values_end_their_run_once_with_an_error_naming_them() {
     .await
     .expect("submits");
     let error = failure(&rt, "bad-fields").await;
-    assert!(
-        error.contains("step `check`") && error.contains("field `count`"),
-        "{error}"
-    );
+    assert_names(&error, &["step `check`", "field `count`"]);
 
     // An output that cannot be encoded: not retried.
-    rt.start_as(
-        rid("bad-output"),
-        StrictInput {
-            patch: None,
-            count: 1,
-        },
-        RunOptions::default(),
-    )
-    .await
-    .expect("starts");
+    let checked = |patch: Option<&str>| StrictInput {
+        patch: patch.map(str::to_string),
+        count: 1,
+    };
+    start(&rt, "bad-output", checked(None)).await;
     let error = failure(&rt, "bad-output").await;
-    assert!(
-        error.contains("cannot encode the output") && error.contains("refused by its Serialize"),
-        "{error}"
+    assert_names(
+        &error,
+        &["cannot encode the output", "refused by its Serialize"],
     );
     // A patch the code does not declare.
-    rt.start_as(
-        rid("bad-patch"),
-        StrictInput {
-            patch: Some("p2-typo".into()),
-            count: 1,
-        },
-        RunOptions::default(),
-    )
-    .await
-    .expect("starts");
-    let end = end_of(&rt, "bad-patch").await;
-    assert_eq!(end.termination.status, TerminalStatus::Failed);
-    assert_eq!(
-        end.termination.error_kind,
-        Some(taquba_workflow::StepErrorKind::Permanent)
-    );
-    let error = end.termination.error.expect("an error");
+    start(&rt, "bad-patch", checked(Some("p2-typo"))).await;
+    let error = permanent_error(&rt, "bad-patch").await;
     assert!(error.contains("p2-typo"), "{error}");
     assert_eq!(
         strict.calls.load(Ordering::SeqCst),
@@ -1610,7 +1563,8 @@ async fn bad_values_end_their_run_once_with_an_error_naming_them() {
     );
 
     // A correlation key over the limit, and a signal of the wrong type.
-    let relay_rt = builder(&queue, &store, Relay::new(0), &hook)
+    let relay_rt = host
+        .builder(&queue, Relay::new(0))
         .queue_name("relay-steps")
         .build();
     let _rw = worker(&relay_rt);
@@ -1631,14 +1585,14 @@ async fn bad_values_end_their_run_once_with_an_error_naming_them() {
     let error = failure(&relay_rt, "long-key").await;
     assert!(error.contains("4098 bytes"), "{error}");
 
-    relay(
+    parked(
         &relay_rt,
         "typed-signal",
-        wait_on("typed", HOUR),
+        "typed",
+        HOUR,
         RunOptions::default(),
     )
     .await;
-    until_at(&relay_rt, "typed-signal", 1, RunState::Pending).await;
     let refused = relay_rt
         .start_as(
             rid("typed-signal"),
@@ -1662,12 +1616,9 @@ async fn bad_values_end_their_run_once_with_an_error_naming_them() {
     let end = end_of(&relay_rt, "typed-signal").await;
     assert_eq!(end.termination.status, TerminalStatus::Failed);
     let error = end.termination.error.expect("an error");
-    assert!(
-        error.contains("step `got` of workflow `relay`") && error.contains("String"),
-        "{error}"
-    );
+    assert_names(&error, &["step `got` of workflow `relay`", "String"]);
     for id in ["bad-fields", "bad-output", "bad-patch"] {
-        told_once(&hook, id).await;
+        told_once(&host.hook, id).await;
     }
 }
 
@@ -1709,22 +1660,13 @@ impl Nap {
 /// Duration::ZERO)` is a look that does not wait") and `cancel`.
 #[tokio::test(start_paused = true)]
 async fn duration_max_timers_and_timeouts_park_the_run_without_panicking() {
-    let clock = MockClock::new(T0);
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let queue = open_queue(&store, &clock).await;
-    let hook = Recorder::default();
-    let rt = builder(&queue, &store, Nap, &hook).build();
-    let _w = worker(&rt);
+    let host = Host::in_memory();
+    let (_queue, rt, _w) = host.process(Nap).await;
     for (id, key) in [("forever-timer", None), ("forever-wait", Some("wake-me"))] {
-        rt.start_as(
-            rid(id),
-            NapInput {
-                key: key.map(str::to_string),
-            },
-            RunOptions::default(),
-        )
-        .await
-        .expect("starts");
+        let nap = NapInput {
+            key: key.map(str::to_string),
+        };
+        start(&rt, id, nap).await;
         until_at(&rt, id, 1, RunState::Pending).await;
         let details = rt
             .view()
@@ -1756,7 +1698,7 @@ async fn duration_max_timers_and_timeouts_park_the_run_without_panicking() {
         .expect("the listing reads");
     assert_eq!(listed.runs.len(), 2);
 
-    clock.advance(10 * 365 * DAY);
+    host.clock.advance(10 * 365 * DAY);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(state_of(&rt, "forever-timer").await, (RunState::Pending, 1));
     assert_eq!(state_of(&rt, "forever-wait").await, (RunState::Pending, 1));
@@ -1770,14 +1712,9 @@ async fn duration_max_timers_and_timeouts_park_the_run_without_panicking() {
         rt.signal_value("wake-me", "hi").await.expect("signal"),
         SignalOutcome::Delivered
     );
-    let end = end_of(&rt, "forever-wait").await;
-    let result = end.outcome.and_then(|o| o.result).expect("a result");
-    assert_eq!(
-        rmp_serde::from_slice::<String>(&result).expect("decodes"),
-        "hi"
-    );
-    told_once(&hook, "forever-timer").await;
-    told_once(&hook, "forever-wait").await;
+    assert_eq!(decoded::<String>(end_of(&rt, "forever-wait").await), "hi");
+    told_once(&host.hook, "forever-timer").await;
+    told_once(&host.hook, "forever-wait").await;
 }
 
 /// Carries a large field into its second step and ends with a large output.
@@ -1820,21 +1757,11 @@ impl Bulk {
 #[tokio::test(start_paused = true)]
 async fn a_one_mib_field_and_output_arrive_whole_in_every_reader() {
     const SIZE: u32 = 1024 * 1024;
-    let clock = MockClock::new(T0);
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let q1 = open_queue(&store, &clock).await;
-    let hook = Recorder::default();
-    let rt1 = builder(&q1, &store, Bulk, &hook).build();
-    let w1 = worker(&rt1);
+    let host = Host::in_memory();
+    let (_q1, rt1, w1) = host.process(Bulk).await;
     let expected = echoed(&blob(SIZE));
-    let run = rt1
-        .start_as(rid("bulk"), BulkInput { size: SIZE }, RunOptions::default())
-        .await
-        .expect("starts");
-    let output = within(30, run.wait())
-        .await
-        .expect("read")
-        .expect("succeeds");
+    let run = start(&rt1, "bulk", BulkInput { size: SIZE }).await;
+    let output = succeeded(&run).await;
     assert!(
         output == expected,
         "the output arrives whole ({} bytes)",
@@ -1845,19 +1772,19 @@ async fn a_one_mib_field_and_output_arrive_whole_in_every_reader() {
         .await
         .expect("read")
         .expect("ended");
-    let decoded: String =
+    let stored: String =
         rmp_serde::from_slice(outcome.result.as_deref().expect("a result")).expect("decodes");
-    assert!(decoded == expected);
-    told_once(&hook, "bulk").await;
-    let told_result = hook.calls()[0]
+    assert!(stored == expected);
+    told_once(&host.hook, "bulk").await;
+    let told_result = host.hook.calls()[0]
         .result
         .clone()
         .expect("the hook gets the result");
     assert_eq!(told_result, outcome.result.expect("a result"));
     kill(w1).await;
 
-    let q2 = open_queue(&store, &clock).await;
-    let rt2 = builder(&q2, &store, Bulk, &hook).build();
+    let q2 = host.open().await;
+    let rt2 = host.builder(&q2, Bulk).build();
     let typed = rt2.workflow_run::<Bulk>(rid("bulk"));
     match typed.outcome().await.expect("read") {
         Some(Ok(output)) => assert!(output == expected, "after the takeover"),
@@ -1868,14 +1795,7 @@ async fn a_one_mib_field_and_output_arrive_whole_in_every_reader() {
     }
     let end = within(5, rt2.wait(&rid("bulk"))).await.expect("read");
     assert_eq!(end.termination.status, TerminalStatus::Succeeded);
-    let decoded: String = rmp_serde::from_slice(
-        end.outcome
-            .and_then(|o| o.result)
-            .as_deref()
-            .expect("a result"),
-    )
-    .expect("decodes");
-    assert!(decoded == expected);
+    assert!(decoded::<String>(end) == expected);
 }
 
 // ---------------------------------------------------------------------------
@@ -1901,11 +1821,7 @@ impl Journal {
         text: String,
         key: String,
     ) -> Result<Transition<JournalStep>, StepError> {
-        let before = ctx
-            .run_memo
-            .get("journal")
-            .await?
-            .map(|b| String::from_utf8_lossy(&b).into_owned());
+        let before = as_text(ctx.run_memo.get("journal").await?);
         ctx.run_memo.put("journal", text.as_bytes()).await?;
         Ok(Transition::on_signal(
             JournalStep::Read { before },
@@ -1919,11 +1835,7 @@ impl Journal {
         ctx: StepContext<'_>,
         before: Option<String>,
     ) -> Result<Transition<JournalStep>, StepError> {
-        let after = ctx
-            .run_memo
-            .get("journal")
-            .await?
-            .map(|b| String::from_utf8_lossy(&b).into_owned());
+        let after = as_text(ctx.run_memo.get("journal").await?);
         Ok(Transition::done(Journalled { before, after }))
     }
 }
@@ -1944,13 +1856,9 @@ impl Journal {
 /// is neither active nor recorded as terminated").
 #[tokio::test(start_paused = true)]
 async fn retention_of_an_ended_run_spares_its_id_running_again() {
-    let clock = MockClock::new(T0);
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let queue = open_queue(&store, &clock).await;
-    let hook = Recorder::default();
-    let rt = builder(&queue, &store, Journal, &hook)
-        .memo_retention(HOUR)
-        .build();
+    let host = Host::in_memory();
+    let queue = host.open().await;
+    let rt = host.builder(&queue, Journal).memo_retention(HOUR).build();
     let _w = worker(&rt);
     let start = |text: &str, key: &str| {
         rt.start_as(
@@ -1967,10 +1875,7 @@ async fn retention_of_an_ended_run_spares_its_id_running_again() {
     until_at(&rt, "j", 1, RunState::Pending).await;
     rt.signal_value("j-1", "go").await.expect("signal");
     assert_eq!(
-        within(30, first.wait())
-            .await
-            .expect("read")
-            .expect("succeeds"),
+        succeeded(&first).await,
         Journalled {
             before: None,
             after: Some("first".into()),
@@ -1980,14 +1885,11 @@ async fn retention_of_an_ended_run_spares_its_id_running_again() {
     let second = start("second", "j-2").await.expect("starts again");
     assert!(second.newly_submitted());
     until_at(&rt, "j", 1, RunState::Pending).await;
-    clock.advance(2 * HOUR);
+    host.clock.advance(2 * HOUR);
     tokio::time::sleep(Duration::from_millis(300)).await;
     rt.signal_value("j-2", "go").await.expect("signal");
     assert_eq!(
-        within(30, second.wait())
-            .await
-            .expect("read")
-            .expect("succeeds"),
+        succeeded(&second).await,
         Journalled {
             before: Some("first".into()),
             after: Some("second".into()),
@@ -1995,7 +1897,7 @@ async fn retention_of_an_ended_run_spares_its_id_running_again() {
         "the second run's memo outlived the first run's window"
     );
 
-    clock.advance(HOUR + MINUTE);
+    host.clock.advance(HOUR + MINUTE);
     eventually("the run's state is swept", || async {
         rt.status(&rid("j")).await.expect("status").is_none()
     })
@@ -2036,10 +1938,9 @@ fn meta_with_maps() -> Meta {
 #[tokio::test(start_paused = true)]
 
 async fn starting_an_active_run_again_with_an_equal_input_holding_maps_answers_for_it() {
-    let clock = MockClock::new(T0);
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let queue = open_queue(&store, &clock).await;
-    let rt = builder(&queue, &store, Carry::default(), &Recorder::default()).build();
+    let host = Host::in_memory();
+    let queue = host.open().await;
+    let rt = host.builder(&queue, Carry::default()).build();
     let input = |meta: Meta| CarryInput {
         label: "maps".into(),
         ids: vec![1],
@@ -2051,10 +1952,7 @@ async fn starting_an_active_run_again_with_an_equal_input_holding_maps_answers_f
     assert_eq!(first, second, "equal inputs");
     let orders_differ = rmp_serde::to_vec_named(&first).expect("encodes")
         != rmp_serde::to_vec_named(&second).expect("encodes");
-    let run = rt
-        .start_as(rid("maps"), input(first), RunOptions::default())
-        .await
-        .expect("starts");
+    let run = start(&rt, "maps", input(first)).await;
     assert!(run.newly_submitted());
     let again = rt
         .start_as(rid("maps"), input(second), RunOptions::default())
@@ -2081,10 +1979,6 @@ pub struct Tallied {
     committed_after: Option<String>,
 }
 
-fn text(bytes: Option<bytes::Bytes>) -> Option<String> {
-    bytes.map(|b| String::from_utf8_lossy(&b).into_owned())
-}
-
 /// Its first attempt plants an undecodable memo entry, stages a KV row and
 /// fails (through a memoized computation that errs); its second attempt
 /// reports what it sees; the next step reads the row as committed.
@@ -2103,9 +1997,9 @@ impl Tally {
             .memo
             .memoized("decoded", async { Ok::<_, StepError>(7) })
             .await?;
-        let committed_before = text(ctx.kv.get(b"app/tally").await?);
+        let committed_before = as_text(ctx.kv.get(b"app/tally").await?);
         ctx.effects.put("app/tally", format!("attempt-{attempt}"))?;
-        let staged_visible = text(ctx.kv.get(b"app/tally").await?);
+        let staged_visible = as_text(ctx.kv.get(b"app/tally").await?);
         let reserved = ctx
             .effects
             .put("workflow/mine", "v")
@@ -2144,7 +2038,7 @@ impl Tally {
         ctx: StepContext<'_>,
         mut seen: Tallied,
     ) -> Result<Transition<TallyStep>, StepError> {
-        seen.committed_after = text(ctx.kv.get(b"app/tally").await?);
+        seen.committed_after = as_text(ctx.kv.get(b"app/tally").await?);
         Ok(Transition::done(seen))
     }
 }
@@ -2165,20 +2059,10 @@ impl Tally {
 /// delete within one step").
 #[tokio::test(start_paused = true)]
 async fn a_retried_step_sees_memo_and_kv_effects_as_documented() {
-    let clock = MockClock::new(T0);
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let queue = open_queue(&store, &clock).await;
-    let hook = Recorder::default();
-    let rt = builder(&queue, &store, Tally, &hook).build();
-    let _w = worker(&rt);
-    let run = rt
-        .start_as(rid("tally"), TallyInput {}, RunOptions::default())
-        .await
-        .expect("starts");
-    let seen = within(30, run.wait())
-        .await
-        .expect("read")
-        .expect("succeeds");
+    let host = Host::in_memory();
+    let (_queue, rt, _w) = host.process(Tally).await;
+    let run = start(&rt, "tally", TallyInput {}).await;
+    let seen = succeeded(&run).await;
     assert_eq!(seen.recomputed, 7, "an undecodable entry is recomputed");
     assert_eq!(
         seen.committed_before, None,
@@ -2189,14 +2073,9 @@ async fn a_retried_step_sees_memo_and_kv_effects_as_documented() {
     assert!(seen.conflict.contains("app/both"), "{}", seen.conflict);
     assert_eq!(seen.flaky, 2, "a failed computation stored nothing");
     assert_eq!(seen.committed_after.as_deref(), Some("attempt-2"));
-    let history = rt
-        .view()
-        .steps(&rid("tally"))
-        .await
-        .expect("history")
-        .expect("recorded");
+    let history = history_of(&rt, "tally").await;
     assert_eq!(history.steps[0].attempts.len(), 2, "{history:?}");
-    told_once(&hook, "tally").await;
+    told_once(&host.hook, "tally").await;
 }
 
 // ---------------------------------------------------------------------------
@@ -2253,23 +2132,21 @@ async fn looping_runs_commit_each_step_once_across_repeated_takeovers() {
     const STEPS: u32 = 30;
     const RUNS: usize = 8;
     let expected = u64::from(STEPS) * u64::from(STEPS + 1) / 2;
-    let clock = MockClock::new(T0);
-    let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let store: Arc<dyn ObjectStore> = Arc::new(FaultyStore::new(
-        inner,
+    let host = Host::over(Arc::new(FaultyStore::new(
+        Arc::new(InMemory::new()),
         FaultConfig {
             seed: 40,
             latency: Some(Duration::from_millis(1)..Duration::from_millis(4)),
             ..FaultConfig::default()
         },
-    ));
+    )));
     let chain = Chain::default();
     let ids: Vec<String> = (0..RUNS).map(|i| format!("chain-{i}")).collect();
-    let hook = Recorder::default();
     let mut takeovers_mid_run = 0;
     for round in 0..40u64 {
-        let queue = open_queue(&store, &clock).await;
-        let rt = builder(&queue, &store, chain.clone(), &hook)
+        let queue = host.open().await;
+        let rt = host
+            .builder(&queue, chain.clone())
             .max_concurrent_steps(2)
             .build();
         if round == 0 {
@@ -2304,7 +2181,7 @@ async fn looping_runs_commit_each_step_once_across_repeated_takeovers() {
                 active += 1;
             }
         }
-        clock.advance(Duration::from_secs(31));
+        host.clock.advance(Duration::from_secs(31));
         if active == 0 {
             break;
         }
@@ -2314,10 +2191,8 @@ async fn looping_runs_commit_each_step_once_across_repeated_takeovers() {
         takeovers_mid_run >= 5,
         "{takeovers_mid_run} takeovers mid-run"
     );
-    let queue = open_queue(&store, &clock).await;
-    let rt = builder(&queue, &store, chain.clone(), &hook).build();
-    let _w = worker(&rt);
-    clock.advance(Duration::from_secs(31));
+    let (queue, rt, _w) = host.process(chain.clone()).await;
+    host.clock.advance(Duration::from_secs(31));
     for id in &ids {
         let end = end_of(&rt, id).await;
         assert_eq!(
@@ -2333,12 +2208,7 @@ async fn looping_runs_commit_each_step_once_across_repeated_takeovers() {
             Some(Ok(expected)),
             "{id}: the exact sum"
         );
-        let history = rt
-            .view()
-            .steps(&rid(id))
-            .await
-            .expect("history")
-            .expect("recorded");
+        let history = history_of(&rt, id).await;
         let steps: Vec<u32> = history.steps.iter().map(|s| s.step).collect();
         assert_eq!(
             steps,
@@ -2357,7 +2227,7 @@ async fn looping_runs_commit_each_step_once_across_repeated_takeovers() {
     );
     for id in &ids {
         eventually(&format!("the hook is told of {id}"), || async {
-            told(&hook, id) >= 1
+            told(&host.hook, id) >= 1
         })
         .await;
     }

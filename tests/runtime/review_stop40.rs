@@ -12,22 +12,25 @@
 //! group in flight and is restarted under its ordinal, and corrupt or
 //! foreign cluster records and bad ownership input.
 //!
-//! Findings: `JobGroup::resume` ran the members again without their job's
-//! `Job::max_attempts` (fixed in the working tree since; the test passes
-//! now); ignored: `ClusterRuntime::wait_timeout` busy-spins on a hosted
-//! shard that another writer fenced, starving its runtime, and misses the
-//! run's end.
+//! Findings, each fixed since and its test kept: `JobGroup::resume` ran the
+//! members again without their job's `Job::max_attempts`;
+//! `ClusterRuntime::wait_timeout` busy-spun on a hosted shard that another
+//! writer fenced, starving its runtime, and missed the run's end; a fenced
+//! worker ran its steps in flight to their end; a static process owning no
+//! shard of the cluster started, hosting nothing.
 
 use crate::common::*;
 use crate::fixtures::{Scripted, join_all, spec, switchable_store};
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::IntoFuture;
+use std::marker::PhantomData;
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize, Serializer};
 use taquba::object_store::memory::InMemory;
 use taquba::object_store::{ObjectStore, ObjectStoreExt, PutPayload};
@@ -37,13 +40,13 @@ use taquba_workflow::cluster::{
     SHARD_QUEUE_PATH, StaticOwnership, cluster_record_path, shard_of, shard_store,
 };
 use taquba_workflow::jobs::{
-    GroupResult, Job, JobContext, JobError, JobRunner, JobRunnerBuilder, JoinError,
+    GroupResult, Job, JobContext, JobError, JobGroup, JobRunner, JobRunnerBuilder, JoinError,
 };
 use taquba_workflow::limits::{MAX_CONCURRENCY_KEY_LEN, MAX_MEMBER_KEY_LEN};
 use taquba_workflow::view::RunFilter;
 use taquba_workflow::{
-    Error, NoopTerminalHook, RunId, RunOptions, RunState, StepErrorKind, TerminalStatus,
-    WorkflowRuntime, WorkflowView,
+    Error, NoopTerminalHook, RunId, RunOptions, RunState, RunnerHandle, StepErrorKind,
+    TerminalStatus, WorkflowRuntime, WorkflowView,
 };
 use taquba_workflow_suite::testing::{FaultConfig, TokioClock};
 
@@ -211,42 +214,68 @@ impl Job for Count {
     }
 }
 
-/// A report job as deployed first: its output is text.
+/// A deploy of [`Report`]: the type its output has in that deploy, and
+/// how the deploy's runner labels its calls and answers.
+trait Deploy: Serialize + DeserializeOwned + Send + Sync + 'static {
+    /// The deploy's label of a call, recorded as `{LABEL} {name}`.
+    const LABEL: &'static str;
+
+    /// The output of the report of `name`.
+    fn output(name: &str) -> Self;
+}
+
+/// The first deploy: the output is text.
+impl Deploy for String {
+    const LABEL: &'static str = "v1";
+
+    fn output(name: &str) -> Self {
+        format!("report of {name}")
+    }
+}
+
+/// A later deploy: the output became a number.
+impl Deploy for u64 {
+    const LABEL: &'static str = "v2";
+
+    fn output(_name: &str) -> Self {
+        7
+    }
+}
+
+/// A report job as the deploy whose output is `O` has it: the same name,
+/// fields (its payload is `{name}` alone) and key in every deploy.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct ReportV1 {
+struct Report<O> {
     name: String,
+    #[serde(skip)]
+    deploy: PhantomData<O>,
 }
 
-impl Job for ReportV1 {
-    const NAME: &'static str = "review40.report";
-    type Output = String;
-    type Error = Boom;
-
-    async fn run(&self, ctx: JobContext<'_>) -> Result<String, Boom> {
-        ctx.state::<Calls>().record(&format!("v1 {}", self.name));
-        Ok(format!("report of {}", self.name))
-    }
-
-    fn idempotency_key(&self) -> Option<String> {
-        Some(format!("report:{}", self.name))
-    }
-}
+/// A report job as deployed first: its output is text.
+type ReportV1 = Report<String>;
 
 /// The same job (name, fields, key) in a later deploy whose output became
 /// a number.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct ReportV2 {
-    name: String,
+type ReportV2 = Report<u64>;
+
+impl<O> Report<O> {
+    fn of(name: &str) -> Self {
+        Self {
+            name: name.into(),
+            deploy: PhantomData,
+        }
+    }
 }
 
-impl Job for ReportV2 {
+impl<O: Deploy> Job for Report<O> {
     const NAME: &'static str = "review40.report";
-    type Output = u64;
+    type Output = O;
     type Error = Boom;
 
-    async fn run(&self, ctx: JobContext<'_>) -> Result<u64, Boom> {
-        ctx.state::<Calls>().record(&format!("v2 {}", self.name));
-        Ok(7)
+    async fn run(&self, ctx: JobContext<'_>) -> Result<O, Boom> {
+        ctx.state::<Calls>()
+            .record(&format!("{} {}", O::LABEL, self.name));
+        Ok(O::output(&self.name))
     }
 
     fn idempotency_key(&self) -> Option<String> {
@@ -298,6 +327,15 @@ impl Fx {
         self.builder_on(&self.queue).build()
     }
 
+    /// A fixture over a fresh in-memory queue, its runner, and that
+    /// runner's worker running.
+    async fn running() -> (Self, JobRunner, RunnerHandle) {
+        let fx = Self::new().await;
+        let runner = fx.runner();
+        let worker = run_worker(&runner);
+        (fx, runner, worker)
+    }
+
     /// Another process opens the store (fencing this fixture's queue): its
     /// queue.
     async fn take_over(&self) -> Arc<Queue> {
@@ -305,8 +343,19 @@ impl Fx {
     }
 }
 
-fn run_worker(runner: &JobRunner) -> taquba_workflow::RunnerHandle {
+fn run_worker(runner: &JobRunner) -> RunnerHandle {
     runner.spawn(std::future::pending::<()>())
+}
+
+/// Job group `id` of `runner`, with `jobs` submitted to it.
+async fn submitted<J: Job>(
+    runner: &JobRunner,
+    id: &str,
+    jobs: impl IntoIterator<Item = J>,
+) -> JobGroup<J> {
+    let group = runner.group::<J>(rid(id));
+    group.submit(jobs).await.unwrap();
+    group
 }
 
 /// A result as compared in these tests: the output, or the error's kind
@@ -352,8 +401,8 @@ fn hex_sha256(text: &str) -> String {
 // ---------------------------------------------------------------------------
 // Job groups.
 
-/// FINDING (failed on 88ff96f, passes with the working tree's fix of
-/// `JobGroup::resume_with`). jobs.md: "`Job::max_attempts` overrides the queue's attempt
+/// Found by this review (failed before `JobGroup::resume_with` applied
+/// the job's limit). jobs.md: "`Job::max_attempts` overrides the queue's attempt
 /// limit for that type", and a group's "`resume` ... behave[s] as the run
 /// group's (a second submission of the same set runs again only the
 /// members that did not succeed)"; `RunGroup::resume`: "Submit the
@@ -363,9 +412,7 @@ fn hex_sha256(text: &str) -> String {
 /// `resume` runs it three times (the queue's limit).
 #[tokio::test(start_paused = true)]
 async fn a_resumed_job_group_keeps_its_jobs_attempt_limit() {
-    let fx = Fx::new().await;
-    let runner = fx.runner();
-    let worker = run_worker(&runner);
+    let (fx, runner, worker) = Fx::running().await;
     let group = runner.group::<Work>(rid("charges"));
     let jobs = || {
         (0..2).map(|i| Work {
@@ -406,9 +453,7 @@ async fn a_resumed_job_group_keeps_its_jobs_attempt_limit() {
 /// `forget` the id takes a new set.
 #[tokio::test(start_paused = true)]
 async fn an_empty_job_group_is_a_group_of_no_members() {
-    let fx = Fx::new().await;
-    let runner = fx.runner();
-    let worker = run_worker(&runner);
+    let (fx, runner, worker) = Fx::running().await;
     let group = runner.group::<Work>(rid("empty"));
     within(5, group.submit(Vec::new())).await.unwrap();
     let status = group.status().await.unwrap();
@@ -512,11 +557,12 @@ async fn bad_job_groups_are_refused_naming_the_value_and_write_nothing() {
     // Each id still takes a good set.
     let worker = run_worker(&runner);
     for i in 0..4 {
-        let group = runner.group::<Work>(rid(&format!("bad-{i}")));
-        group
-            .submit([work(&format!("good-{i}"), Mode::Ok)])
-            .await
-            .unwrap();
+        let group = submitted(
+            &runner,
+            &format!("bad-{i}"),
+            [work(&format!("good-{i}"), Mode::Ok)],
+        )
+        .await;
         let joined = within(30, group.join()).await.unwrap();
         assert_eq!(plain(&joined[0].result), Ok(format!("good-{i}@1")));
     }
@@ -530,15 +576,10 @@ async fn bad_job_groups_are_refused_naming_the_value_and_write_nothing() {
 /// member runs again and the group reads back whole as its own type.
 #[tokio::test(start_paused = true)]
 async fn a_job_group_read_as_another_job_type_errs_and_runs_nothing_again() {
-    let fx = Fx::new().await;
-    let runner = fx.runner();
-    let worker = run_worker(&runner);
-    let id = rid("typed");
-    let group = runner.group::<Work>(id.clone());
-    group
-        .submit([work("a", Mode::Ok), work("b", Mode::Fail)])
-        .await
-        .unwrap();
+    let (fx, runner, worker) = Fx::running().await;
+    let jobs = [work("a", Mode::Ok), work("b", Mode::Fail)];
+    let group = submitted(&runner, "typed", jobs).await;
+    let id = group.id().clone();
     let before = plain_all(&within(30, group.join()).await.unwrap());
 
     let other = runner.group::<Count>(id.clone());
@@ -577,7 +618,6 @@ async fn a_job_group_cancel_racing_every_ending_counts_exactly_what_it_cancelled
     let runner = fx.builder_on(&fx.queue).max_concurrent_jobs(4).build();
     let worker = run_worker(&runner);
     for round in 0..6u64 {
-        let group = runner.group::<Work>(rid(&format!("race-{round}")));
         let mut jobs = vec![
             work(&format!("r{round}-done"), Mode::Ok),
             work(&format!("r{round}-failed"), Mode::Fail),
@@ -589,7 +629,7 @@ async fn a_job_group_cancel_racing_every_ending_counts_exactly_what_it_cancelled
             )
         }));
         let labels: Vec<String> = jobs.iter().map(|j| j.label.clone()).collect();
-        group.submit(jobs).await.unwrap();
+        let group = submitted(&runner, &format!("race-{round}"), jobs).await;
         tokio::time::sleep(Duration::from_millis(90)).await;
         let cancelled = within(30, group.cancel()).await.unwrap();
 
@@ -654,11 +694,7 @@ async fn a_job_group_cancel_racing_every_ending_counts_exactly_what_it_cancelled
 /// hanging.
 #[tokio::test(start_paused = true)]
 async fn a_job_group_survives_a_takeover_mid_run_with_every_committed_result() {
-    let fx = Fx::new().await;
-    let runner = fx.runner();
-    let worker = run_worker(&runner);
-    let id = rid("takeover");
-    let group = runner.group::<Work>(id.clone());
+    let (fx, runner, worker) = Fx::running().await;
     let jobs = vec![
         work("quick-0", Mode::Ok),
         keyed("held-0", Mode::Hold, "held-key"),
@@ -666,7 +702,7 @@ async fn a_job_group_survives_a_takeover_mid_run_with_every_committed_result() {
         work("held-1", Mode::Hold),
         work("failed", Mode::Fail),
     ];
-    group.submit(jobs.clone()).await.unwrap();
+    let group = submitted(&runner, "takeover", jobs.clone()).await;
     eventually(
         "the quick members to end and the held ones to run",
         || async {
@@ -690,7 +726,7 @@ async fn a_job_group_survives_a_takeover_mid_run_with_every_committed_result() {
     // The fenced worker stops once its steps in flight returned.
     let stopped = within(60, worker.wait()).await;
     assert!(stopped.unwrap_err().is_store_closed());
-    let new_group = new_runner.group::<Work>(id.clone());
+    let new_group = new_runner.group::<Work>(group.id().clone());
     let joined = within(60, new_group.join()).await.unwrap();
     let keys: Vec<&str> = joined.iter().map(|r| r.key.as_str()).collect();
     assert_eq!(keys, ["item-0", "held-key", "item-2", "item-3", "item-4"]);
@@ -740,15 +776,12 @@ async fn a_job_group_survives_a_takeover_mid_run_with_every_committed_result() {
 /// member ends, and the final `join` is exactly what was committed.
 #[tokio::test(start_paused = true)]
 async fn job_group_calls_dropped_at_every_await_leave_the_group_whole() {
-    let fx = Fx::new().await;
-    let runner = fx.runner();
-    let worker = run_worker(&runner);
-    let group = runner.group::<Work>(rid("dropped"));
+    let (fx, runner, worker) = Fx::running().await;
     let mut jobs: Vec<Work> = (0..4)
         .map(|i| work(&format!("slow-{i}"), Mode::Sleep(30 + 20 * i)))
         .collect();
     jobs.extend((0..2).map(|i| work(&format!("bad-{i}"), Mode::Fail)));
-    group.submit(jobs).await.unwrap();
+    let group = submitted(&runner, "dropped", jobs).await;
     let cut = |n: u64| Duration::from_micros(250 * n);
     for n in 0..40 {
         let _ = tokio::time::timeout(cut(n), group.join()).await;
@@ -868,9 +901,7 @@ async fn bad_single_jobs_are_refused_naming_the_value_and_commit_nothing() {
 /// `Unregistered`, and the worker goes on running other jobs.
 #[tokio::test(start_paused = true)]
 async fn a_job_reading_unregistered_state_fails_naming_the_type_and_others_run() {
-    let fx = Fx::new().await;
-    let runner = fx.runner();
-    let worker = run_worker(&runner);
+    let (fx, runner, worker) = Fx::running().await;
     let stateless = runner
         .submit(Work {
             max: Some(2),
@@ -913,9 +944,7 @@ async fn a_job_reading_unregistered_state_fails_naming_the_type_and_others_run()
 /// later resubmission read back; the old process's join ends.
 #[tokio::test(start_paused = true)]
 async fn a_keyed_job_in_flight_across_a_takeover_is_one_job_on_the_new_writer() {
-    let fx = Fx::new().await;
-    let runner = fx.runner();
-    let worker = run_worker(&runner);
+    let (fx, runner, worker) = Fx::running().await;
     let job = keyed("invoice-7", Mode::Hold, "invoice:7");
     let handle = runner.submit(job.clone()).await.unwrap();
     eventually("the job to start", || async {
@@ -967,24 +996,13 @@ async fn a_keyed_job_in_flight_across_a_takeover_is_one_job_on_the_new_writer() 
 /// a panic, and nothing runs again.
 #[tokio::test(start_paused = true)]
 async fn a_deploy_that_changed_the_output_type_gets_decoding_errors_not_wrong_values() {
-    let fx = Fx::new().await;
-    let runner = fx.runner();
-    let worker = run_worker(&runner);
-    let first = runner
-        .submit(ReportV1 {
-            name: "march".into(),
-        })
-        .await
-        .unwrap();
+    let (fx, runner, worker) = Fx::running().await;
+    let first = runner.submit(ReportV1::of("march")).await.unwrap();
     assert_eq!(
         within(10, first.join()).await.unwrap(),
         Ok("report of march".into())
     );
-    let group = runner.group::<ReportV1>(rid("reports"));
-    group
-        .submit(["april", "may"].map(|name| ReportV1 { name: name.into() }))
-        .await
-        .unwrap();
+    let group = submitted(&runner, "reports", ["april", "may"].map(ReportV1::of)).await;
     assert_eq!(within(10, group.join()).await.unwrap().len(), 2);
     worker.shutdown().await.unwrap();
 
@@ -996,12 +1014,7 @@ async fn a_deploy_that_changed_the_output_type_gets_decoding_errors_not_wrong_va
         .poll_interval(Duration::from_millis(50))
         .build();
     let worker = run_worker(&deployed);
-    let handle = deployed
-        .submit(ReportV2 {
-            name: "march".into(),
-        })
-        .await
-        .unwrap();
+    let handle = deployed.submit(ReportV2::of("march")).await.unwrap();
     assert!(!handle.newly_submitted());
     assert_eq!(handle.id(), first.id());
     // The error names the job and the type its output is not.
@@ -1057,11 +1070,8 @@ async fn result_reads_while_result_records_are_unreadable_err_and_never_misrepor
         within(10, handle.join()).await.unwrap(),
         Ok("kept@1".into())
     );
-    let group = runner.group::<Work>(rid("unreadable"));
-    group
-        .submit([work("g0", Mode::Ok), work("g1", Mode::Fail)])
-        .await
-        .unwrap();
+    let jobs = [work("g0", Mode::Ok), work("g1", Mode::Fail)];
+    let group = submitted(&runner, "unreadable", jobs).await;
     let expected = plain_all(&within(10, group.join()).await.unwrap());
 
     // A second runtime over the queue (no outcome of its own in memory).
@@ -1207,18 +1217,16 @@ async fn settled_once(view: &WorkflowView, run_id: &RunId) {
     }
 }
 
-/// A second writer of shard `shard` (a force-deleted pod's replacement):
-/// a plain runtime over the shard's own store, which fences the process
-/// hosting it; with its running worker.
-async fn second_writer(
+/// A second writer of shard 3 (a force-deleted pod's replacement): a plain
+/// runtime over the shard's own store, which fences the process hosting
+/// it; with its running worker, once it has woken `parked` (waiting on
+/// `k-parked`) with `woken` and the run has ended.
+async fn second_writer_ending(
     bucket: &Arc<dyn ObjectStore>,
-    shard: u32,
     runner: &Scripted,
-) -> (
-    WorkflowRuntime<Scripted, NoopTerminalHook>,
-    taquba_workflow::RunnerHandle,
-) {
-    let store = shard_store(bucket.clone(), ROOT, shard).unwrap();
+    parked: &RunId,
+) -> (WorkflowRuntime<Scripted, NoopTerminalHook>, RunnerHandle) {
+    let store = shard_store(bucket.clone(), ROOT, 3).unwrap();
     let queue = Queue::open_with_options(store.clone(), SHARD_QUEUE_PATH, shard_options())
         .await
         .unwrap();
@@ -1226,6 +1234,11 @@ async fn second_writer(
         .poll_interval(Duration::from_millis(20))
         .build();
     let worker = writer.spawn(std::future::pending::<()>());
+    writer
+        .signal_run(parked, "k-parked", b"woken".to_vec())
+        .await
+        .unwrap();
+    within(30, writer.wait(parked)).await.unwrap();
     (writer, worker)
 }
 
@@ -1238,7 +1251,7 @@ async fn second_writer(
 /// flight exactly once, a submission through the old process is sent to
 /// the new writer's inbox (it cannot commit there), the old process drops
 /// the shard at its next round and then reads the runs' ends. (A wait
-/// through it before that drop spins: see the ignored test below.)
+/// through it before that drop is the next test's.)
 #[tokio::test(start_paused = true)]
 async fn a_static_process_fenced_out_of_one_shard_drops_it_and_goes_on_with_the_others() {
     let bucket: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
@@ -1266,12 +1279,7 @@ async fn a_static_process_fenced_out_of_one_shard_drops_it_and_goes_on_with_the_
 
     // A second writer of shard 3 (a replacement pod), which ends the
     // parked run.
-    let (writer3, worker3) = second_writer(&bucket, 3, &runner).await;
-    writer3
-        .signal_run(&parked, "k-parked", b"woken".to_vec())
-        .await
-        .unwrap();
-    within(30, writer3.wait(&parked)).await.unwrap();
+    let (writer3, worker3) = second_writer_ending(&bucket, &runner, &parked).await;
 
     // A call through the old process reaches the new writer; the old
     // process drops the shard.
@@ -1330,12 +1338,7 @@ async fn a_wait_through_a_process_fenced_out_of_the_runs_shard_ends_instead_of_s
         .unwrap();
     assert!(matches!(routed, Routed::Applied(_)));
     until_waiting(&a.view(3).await.unwrap().unwrap(), &parked).await;
-    let (writer3, worker3) = second_writer(&bucket, 3, &runner).await;
-    writer3
-        .signal_run(&parked, "k-parked", b"woken".to_vec())
-        .await
-        .unwrap();
-    within(30, writer3.wait(&parked)).await.unwrap();
+    let (_writer3, worker3) = second_writer_ending(&bucket, &runner, &parked).await;
 
     // The static round drops a fenced shard within its 1 s interval; the
     // wait then reads the shard's end through a reader (20 ms polls).
@@ -1607,9 +1610,7 @@ async fn a_static_process_owning_no_shard_of_the_cluster_is_refused_at_start() {
 /// kept the process busy alongside the new writer's redelivery.
 #[tokio::test(start_paused = true)]
 async fn a_fenced_worker_stops_without_waiting_for_its_running_steps() {
-    let fx = Fx::new().await;
-    let runner = fx.runner();
-    let worker = run_worker(&runner);
+    let (fx, runner, worker) = Fx::running().await;
     let job = keyed("held", Mode::Hold, "held-key");
     runner.submit(job.clone()).await.unwrap();
     eventually("the job to start", || async { fx.calls.of("held") == 1 }).await;
