@@ -1286,6 +1286,18 @@ async fn a_static_process_fenced_out_of_one_shard_drops_it_and_goes_on_with_the_
     let late = id_on(3, "late");
     let routed = a.submit(spec(late.as_str(), "ok")).await.unwrap();
     assert!(matches!(routed, Routed::Sent(_)), "{routed:?}");
+    // Found fenced, and maybe not dropped yet: its reads go to the store
+    // the new writer writes, not to the closed local runtime.
+    let status = a.status(&parked).await.unwrap().map(|status| status.state);
+    assert!(
+        matches!(status, Some(RunState::Terminated(_))),
+        "the status through the fenced process: {status:?}"
+    );
+    let outcome = a.outcome(&parked).await.unwrap();
+    assert_eq!(
+        outcome.and_then(|outcome| outcome.result),
+        Some(b"woken".to_vec())
+    );
     eventually("the old process to drop shard 3", || async {
         !a.hosted_shards().contains(&3)
     })

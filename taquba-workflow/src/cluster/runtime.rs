@@ -659,24 +659,45 @@ where
 
     /// The status of `run_id`, from its shard (through a reader when
     /// another process hosts it, so it lags that owner by the reader's
-    /// poll interval).
+    /// poll interval). On a hosted shard it is
+    /// [`WorkflowRuntime::status`](crate::WorkflowRuntime::status): a
+    /// termination whose commit this process still waits to flush is
+    /// reported once that commit did. A hosted shard another writer has
+    /// fenced is read through a reader until this process drops it.
     ///
     /// # Errors
     /// The errors of [`WorkflowView::status`] and of opening a reader.
     pub async fn status(&self, run_id: &RunId) -> Result<Option<RunStatus>, ClusterError> {
-        match self.view(self.holding(run_id).await?).await? {
+        let shard = self.holding(run_id).await?;
+        if let Some(local) = self.local(shard) {
+            match local.runtime.status(run_id).await {
+                // Fenced by another writer: read as another process's.
+                Err(err) if shard_left(&err) => {}
+                answer => return Ok(answer?),
+            }
+        }
+        match self.inner.remote.view(shard).await? {
             Some(view) => Ok(view.status(run_id).await?),
             None => Ok(None),
         }
     }
 
     /// The committed outcome of `run_id`, as
-    /// [`WorkflowView::outcome`].
+    /// [`WorkflowView::outcome`]; on a hosted shard as
+    /// [`WorkflowRuntime::outcome`](crate::WorkflowRuntime::outcome), which
+    /// reports only durable terminations (see [`status`](Self::status)).
     ///
     /// # Errors
     /// As [`status`](Self::status).
     pub async fn outcome(&self, run_id: &RunId) -> Result<Option<RunOutcome>, ClusterError> {
-        match self.view(self.holding(run_id).await?).await? {
+        let shard = self.holding(run_id).await?;
+        if let Some(local) = self.local(shard) {
+            match local.runtime.outcome(run_id).await {
+                Err(err) if shard_left(&err) => {}
+                answer => return Ok(answer?),
+            }
+        }
+        match self.inner.remote.view(shard).await? {
             Some(view) => Ok(view.outcome(run_id).await?),
             None => Ok(None),
         }
