@@ -668,18 +668,12 @@ where
     /// # Errors
     /// The errors of [`WorkflowView::status`] and of opening a reader.
     pub async fn status(&self, run_id: &RunId) -> Result<Option<RunStatus>, ClusterError> {
-        let shard = self.holding(run_id).await?;
-        if let Some(local) = self.local(shard) {
-            match local.runtime.status(run_id).await {
-                // Fenced by another writer: read as another process's.
-                Err(err) if shard_left(&err) => {}
-                answer => return Ok(answer?),
-            }
-        }
-        match self.inner.remote.view(shard).await? {
-            Some(view) => Ok(view.status(run_id).await?),
-            None => Ok(None),
-        }
+        self.read_run(
+            run_id,
+            |runtime| async move { runtime.status(run_id).await },
+            |view| async move { view.status(run_id).await },
+        )
+        .await
     }
 
     /// The committed outcome of `run_id`, as
@@ -690,15 +684,40 @@ where
     /// # Errors
     /// As [`status`](Self::status).
     pub async fn outcome(&self, run_id: &RunId) -> Result<Option<RunOutcome>, ClusterError> {
+        self.read_run(
+            run_id,
+            |runtime| async move { runtime.outcome(run_id).await },
+            |view| async move { view.outcome(run_id).await },
+        )
+        .await
+    }
+
+    /// A read of `run_id` on its shard: `hosted` with the shard's runtime
+    /// when this process hosts it, else (or when the hosted shard is found
+    /// fenced by another writer, until it is dropped) `remote` with the
+    /// shard's reader; `None` for a shard no reader can open yet.
+    async fn read_run<T, H1, F1, R1, F2>(
+        &self,
+        run_id: &RunId,
+        hosted: H1,
+        remote: R1,
+    ) -> Result<Option<T>, ClusterError>
+    where
+        H1: FnOnce(crate::WorkflowRuntime<R, H>) -> F1,
+        F1: Future<Output = Result<Option<T>, Error>>,
+        R1: FnOnce(WorkflowView) -> F2,
+        F2: Future<Output = Result<Option<T>, Error>>,
+    {
         let shard = self.holding(run_id).await?;
         if let Some(local) = self.local(shard) {
-            match local.runtime.outcome(run_id).await {
+            match hosted(local.runtime.clone()).await {
+                // Fenced by another writer: read as another process's.
                 Err(err) if shard_left(&err) => {}
                 answer => return Ok(answer?),
             }
         }
         match self.inner.remote.view(shard).await? {
-            Some(view) => Ok(view.outcome(run_id).await?),
+            Some(view) => Ok(remote(view).await?),
             None => Ok(None),
         }
     }
