@@ -147,18 +147,6 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// - [`Error::RuntimeShutdown`](crate::Error::RuntimeShutdown): the
     ///   Tokio runtime shut down first.
     pub async fn submit(&self, spec: RunSpec) -> Result<SubmitOutcome> {
-        let input_hash = crate::store::keys::sha256(&spec.input).to_vec();
-        self.submit_hashed(spec, input_hash).await
-    }
-
-    /// [`submit`](Self::submit) recording and comparing the run's input
-    /// under `input_hash` instead of the SHA-256 of `spec.input` (a typed
-    /// start's is the hash of its canonical encoding).
-    pub(crate) async fn submit_hashed(
-        &self,
-        spec: RunSpec,
-        input_hash: Vec<u8>,
-    ) -> Result<SubmitOutcome> {
         let core = self.inner.core.clone();
         let span = spans::submit(&core.queue_name, spec.run_id.as_deref());
         let recorded = span.clone();
@@ -166,9 +154,7 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
         detached_unless_handed_over(
             handed_over,
             spans::within(span, async move {
-                let submitted = core
-                    .submit_hashed(spec, input_hash, crate::engine::OnTerminated::Restart, None)
-                    .await;
+                let submitted = core.submit(spec).await;
                 spans::submitted(&recorded, &submitted);
                 submitted
             }),

@@ -666,7 +666,10 @@ where
     /// fenced is read through a reader until this process drops it.
     ///
     /// # Errors
-    /// The errors of [`WorkflowView::status`] and of opening a reader.
+    /// The errors of [`WorkflowView::status`] and of opening a reader; on a
+    /// hosted shard those of
+    /// [`WorkflowRuntime::status`](crate::WorkflowRuntime::status) but the
+    /// store-closed error (the shard is then read through a reader).
     pub async fn status(&self, run_id: &RunId) -> Result<Option<RunStatus>, ClusterError> {
         self.read_run(
             run_id,
@@ -696,17 +699,17 @@ where
     /// when this process hosts it, else (or when the hosted shard is found
     /// fenced by another writer, until it is dropped) `remote` with the
     /// shard's reader; `None` for a shard no reader can open yet.
-    async fn read_run<T, H1, F1, R1, F2>(
+    async fn read_run<T, HostedRead, HostedFut, RemoteRead, RemoteFut>(
         &self,
         run_id: &RunId,
-        hosted: H1,
-        remote: R1,
+        hosted: HostedRead,
+        remote: RemoteRead,
     ) -> Result<Option<T>, ClusterError>
     where
-        H1: FnOnce(crate::WorkflowRuntime<R, H>) -> F1,
-        F1: Future<Output = Result<Option<T>, Error>>,
-        R1: FnOnce(WorkflowView) -> F2,
-        F2: Future<Output = Result<Option<T>, Error>>,
+        HostedRead: FnOnce(crate::WorkflowRuntime<R, H>) -> HostedFut,
+        HostedFut: Future<Output = Result<Option<T>, Error>>,
+        RemoteRead: FnOnce(WorkflowView) -> RemoteFut,
+        RemoteFut: Future<Output = Result<Option<T>, Error>>,
     {
         let shard = self.holding(run_id).await?;
         if let Some(local) = self.local(shard) {

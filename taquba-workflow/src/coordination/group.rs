@@ -21,7 +21,7 @@ use crate::store::keys::RunId;
 
 use crate::coordination::members::{
     GroupMember, GroupStatus, GroupStore, HashedMember, Manifest, MemberResult, MemberState,
-    StoredInputHash, check_member_key, group_status, raw_input_hash, same_set,
+    StoredAttempts, StoredInputHash, check_member_key, group_status, raw_input_hash, same_set,
 };
 
 /// Members a results stream waits on at once. Already terminated members
@@ -181,23 +181,32 @@ impl RunGroup {
     /// [`Error::GroupNotFound`] for a group never submitted; submission
     /// errors.
     pub async fn resume(&self, options: &RunOptions) -> Result<()> {
-        self.resume_hashed(options, raw_input_hash).await
+        self.resume_hashed(options, raw_input_hash, None).await
     }
 
     /// [`resume`](Self::resume) hashing the manifest's inputs with
-    /// `stored_hash`, on a task of its own.
+    /// `stored_hash`, on a task of its own. With `stored_attempts`, options
+    /// that set no attempt limit take the one it reads from the first
+    /// member's stored input (a job's [`Job::max_attempts`](crate::jobs::Job::max_attempts),
+    /// as its group's submission applied it).
     pub(crate) async fn resume_hashed(
         &self,
         options: &RunOptions,
         stored_hash: StoredInputHash,
+        stored_attempts: Option<StoredAttempts>,
     ) -> Result<()> {
-        let (group, options) = (self.clone(), options.clone());
+        let (group, mut options) = (self.clone(), options.clone());
         let span = crate::telemetry::spans::submit_group(&self.core.queue_name, &self.id);
         detached(crate::telemetry::spans::within(span, async move {
             let _lock = group.core.group_locks.lock(&group.id).await;
-            let members = group
-                .manifest()
-                .await?
+            let manifest = group.manifest().await?;
+            if options.max_attempts_per_step.is_none()
+                && let (Some(attempts_of), Some(first)) =
+                    (stored_attempts, manifest.members.first())
+            {
+                options.max_attempts_per_step = attempts_of(&first.input)?;
+            }
+            let members = manifest
                 .members
                 .into_iter()
                 .map(|member| {
@@ -348,24 +357,23 @@ impl RunGroup {
         let manifest = self.manifest().await?;
         loop {
             let members = self.members().await?;
-            let mut not_durable = None;
+            let mut in_flight = Vec::new();
             for member in &members {
                 if member.record.terminated.is_some()
                     && !self
                         .core
                         .read_termination_is_durable(&member.record.run_id)?
                 {
-                    not_durable = Some(member.record.run_id.clone());
-                    break;
+                    in_flight.push(&member.record.run_id);
                 }
             }
-            let Some(run_id) = not_durable else {
+            if in_flight.is_empty() {
                 return Ok(group_status(&self.id, manifest.members.len(), &members));
-            };
-            // Until that end is durable (or no longer in flight here).
-            self.core
-                .durable_read(&run_id, || async { Ok(()) }, |()| true)
-                .await?;
+            }
+            // Every such end at once, then one more read of the members.
+            for run_id in in_flight {
+                self.core.termination_reported(run_id).await?;
+            }
         }
     }
 

@@ -451,6 +451,10 @@ impl HashedMember {
 /// [`HashedMember::input_hash`] is.
 pub(crate) type StoredInputHash = fn(&[u8]) -> Result<Vec<u8>>;
 
+/// The attempt limit the stored input of a group's manifest member carries
+/// (a job's own), if any.
+pub(crate) type StoredAttempts = fn(&[u8]) -> Result<Option<u32>>;
+
 /// [`StoredInputHash`] of a run group: the SHA-256 of the bytes.
 pub(crate) fn raw_input_hash(input: &[u8]) -> Result<Vec<u8>> {
     Ok(sha256(input).to_vec())

@@ -35,11 +35,17 @@ pub(super) enum SubmittedAs<'a> {
 
 impl RuntimeCore {
     /// Submit the plain run `spec` (group members are submitted by
-    /// `group_submit`) with the hash the run's input is recorded and
-    /// compared under given: the SHA-256 of `spec.input` for an untyped
-    /// submission, the hash of the canonical encoding for a job run or a
-    /// typed start (so an equal input whose maps iterate in another order
-    /// is the same input); and
+    /// `group_submit`).
+    pub(crate) async fn submit(&self, spec: RunSpec) -> Result<SubmitOutcome> {
+        let input_hash = sha256(&spec.input).to_vec();
+        self.submit_hashed(spec, input_hash, OnTerminated::Restart, None)
+            .await
+    }
+
+    /// [`submit`](Self::submit) with the hash the run's input is recorded
+    /// and compared under given, instead of the SHA-256 of `spec.input` (a
+    /// job run's is the hash of its canonical encoding, so an equal job
+    /// whose maps iterate in another order is the same input), and
     /// `on_terminated` deciding what a run id that is not active but has a
     /// terminal record means: a new run ([`OnTerminated::Restart`]), or the
     /// recorded run answering the submission ([`OnTerminated::Keep`]:
@@ -237,7 +243,7 @@ impl RuntimeCore {
     /// (no run record, no terminal record).
     ///
     /// # Errors
-    /// As [`submit_hashed`](Self::submit_hashed)'s checks; storage errors.
+    /// As [`submit`](Self::submit)'s checks; storage errors.
     pub(crate) async fn submit_guarded(
         &self,
         spec: RunSpec,

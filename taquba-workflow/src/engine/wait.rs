@@ -200,6 +200,18 @@ impl RuntimeCore {
         }
     }
 
+    /// Wait until no terminating commit of `run_id` is in flight in this
+    /// process (it reported, or failed): a read made after it shows only a
+    /// durable end. See [`durable_read`](Self::durable_read). Read-only, so
+    /// dropping it at any await is safe.
+    ///
+    /// # Errors
+    /// The store-closed error once another process opened the store.
+    pub(crate) async fn termination_reported(&self, run_id: &RunId) -> Result<()> {
+        self.durable_read(run_id, || async { Ok(()) }, |()| true)
+            .await
+    }
+
     /// Whether a termination of `run_id` that a read just showed is durable:
     /// `false` while this process's commit of it is still in flight (its
     /// flush may yet fail; wait for its report).

@@ -561,13 +561,14 @@ fn stored_job_input_hash<J: Job>(input: &[u8]) -> Result<Vec<u8>> {
     input_hash_as(&stored.name, &job)
 }
 
-/// The job a stored job input (a job group's manifest member) holds.
+/// The [`Job::max_attempts`] of the job a stored job input (a job group's
+/// manifest member) holds.
 ///
 /// # Errors
 /// [`Error::Deserialization`] when the input is not a `J`.
-fn stored_job<J: Job>(input: &[u8]) -> Result<J> {
+fn stored_job_attempts<J: Job>(input: &[u8]) -> Result<Option<u32>> {
     let stored: DurableJobInput = durable::decode(input)?;
-    durable::decode(&stored.payload)
+    Ok(durable::decode::<J>(&stored.payload)?.max_attempts())
 }
 
 /// Job `id`'s result from its termination and recorded outcome; `None`
@@ -1111,14 +1112,13 @@ impl<J: Job> JobGroup<J> {
     ///
     /// # Errors
     /// As [`resume`](Self::resume).
-    pub async fn resume_with(&self, mut options: RunOptions) -> Result<()> {
-        if options.max_attempts_per_step.is_none()
-            && let Some(first) = self.group.manifest().await?.members.first()
-        {
-            options.max_attempts_per_step = stored_job::<J>(&first.input)?.max_attempts();
-        }
+    pub async fn resume_with(&self, options: RunOptions) -> Result<()> {
         self.group
-            .resume_hashed(&options, stored_job_input_hash::<J>)
+            .resume_hashed(
+                &options,
+                stored_job_input_hash::<J>,
+                Some(stored_job_attempts::<J>),
+            )
             .await
     }
 

@@ -553,31 +553,21 @@ pub fn encode_step<S: WorkflowStep>(step: &S) -> Result<Vec<u8>> {
     })?)
 }
 
-/// The payload of a run started with `input` ([`encode_step`] of the start
-/// step).
+/// The payload of a run started with `input`: [`encode_step`] of the start
+/// step, with the entries of every map and the elements of every `HashSet`
+/// written sorted (the canonical encoding), so equal inputs give equal
+/// payloads whatever order their maps iterate in, and a submission of the
+/// same input again is the same input (idempotent on `(run_id, input)`).
+/// An input without maps or sets encodes exactly as [`encode_step`] does.
 ///
 /// # Errors
 /// [`Error::Serialization`] when a field cannot be encoded.
 pub fn encode_input<I: WorkflowInput>(input: I) -> Result<Vec<u8>> {
     let step: I::Step = input.into();
-    encode_step(&step)
-}
-
-/// The hash a typed start records and compares its input under: the
-/// SHA-256 of the start step's canonical encoding (maps and sets sorted,
-/// see `store::canonical`), so an equal input whose maps or sets iterate in
-/// another order is the same input. For an input without maps or sets the
-/// canonical encoding is the payload itself, so the hash is the one an
-/// untyped submission of that payload records.
-///
-/// # Errors
-/// [`Error::Serialization`] when a field cannot be encoded.
-fn start_input_hash<S: WorkflowStep>(step: &S) -> Result<Vec<u8>> {
-    let canonical = crate::store::canonical::to_vec(&EnvelopeOut {
-        workflow: S::Workflow::NAME,
-        step,
-    })?;
-    Ok(crate::store::keys::sha256(&canonical).to_vec())
+    Ok(crate::store::canonical::to_vec(&EnvelopeOut {
+        workflow: <I::Step as WorkflowStep>::Workflow::NAME,
+        step: &step,
+    })?)
 }
 
 /// Decodes a step payload of the workflow of step enum `S`.
@@ -942,13 +932,11 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
         input: I,
         spec: RunSpec,
     ) -> Result<WorkflowRun<WorkflowOf<I>, R, H>> {
-        let step: I::Step = input.into();
-        let input_hash = start_input_hash(&step)?;
         let spec = RunSpec {
-            input: encode_step(&step)?,
+            input: encode_input(input)?,
             ..spec
         };
-        let submitted = self.submit_hashed(spec, input_hash).await?;
+        let submitted = self.submit(spec).await?;
         Ok(WorkflowRun {
             runtime: self.clone(),
             run_id: submitted.run_id,
