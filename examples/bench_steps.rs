@@ -67,7 +67,8 @@ struct Args {
     /// CPU of `--jobs` waits on runs parked on a signal, against the same
     /// runtime idle without them), `latency` (sequential submits) or
     /// `goals` (the goal rows, interleaved, in memory and on a
-    /// directory). A case with a
+    /// directory) or `floor` (the CPU row alone beside the queue's floor
+    /// under it, cheap enough for many rounds; see `floor_rows`). A case with a
     /// baseline measures it in the same process, interleaved, and prints
     /// the ratio, unless `--bare`.
     #[arg(long)]
@@ -1215,6 +1216,48 @@ async fn goals(args: &Args) {
     );
 }
 
+/// The CPU row of the goals alone, with the queue's floor under it: `repeat`
+/// interleaved rounds of the raw loop, the shaped loop (the raw loop with
+/// the runtime's layout, see [`raw_shaped_steps`]) and the runtime at
+/// defaults, each on a fresh store, and the medians of the per-round CPU
+/// ratios. Three cases a round instead of the goals' dozen, so many rounds
+/// are cheap; run under `taskset -c 0`, every thread shares one core and
+/// the figures lose most of the scheduler's noise (cross-core wakeups and
+/// migrations that a 2-core VM adds to whichever case they land on).
+async fn floor_rows(kind: StoreKind, args: &Args) {
+    let (mut floor, mut over, mut total) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..args.repeat.max(1) {
+        let raw = raw_loop_once(kind, args, 100, false).await;
+        let shaped = raw_loop_once(kind, args, 100, true).await;
+        let defaults = runtime_steps_once(kind, args, RuntimeCase::plain(None)).await;
+        floor.push(shaped.cpu_us / raw.cpu_us);
+        over.push(defaults.cpu_us / shaped.cpu_us);
+        total.push(defaults.cpu_us / raw.cpu_us);
+    }
+    let total = Spread::of(total);
+    println!(
+        "CPU per step ({}), median [min–max] of {} rounds' ratios:",
+        kind.name(),
+        args.repeat.max(1)
+    );
+    println!(
+        "  the queue's floor (shaped loop) vs raw 100: ×{}",
+        Spread::of(floor)
+    );
+    println!(
+        "  the runtime at defaults vs that floor:      ×{}",
+        Spread::of(over)
+    );
+    println!(
+        "  the runtime at defaults vs raw 100:         ×{total} (goal ≤ 1.50) {}",
+        if total.median <= 1.5 {
+            "met"
+        } else {
+            "NOT met"
+        }
+    );
+}
+
 fn row(label: &str, figure: Figure, baseline: Option<Figure>) {
     match baseline {
         Some(base) => println!(
@@ -1404,6 +1447,10 @@ async fn bench(args: Args) {
                         )
                         .await,
                     );
+                    return;
+                }
+                "floor" => {
+                    floor_rows(kind, &args).await;
                     return;
                 }
                 "jobs" => {

@@ -24,6 +24,7 @@
 pub(crate) mod attempt;
 pub(crate) mod cancel;
 pub(crate) mod children;
+pub(crate) mod dead_count;
 pub(crate) mod fork;
 pub(crate) mod group_forget;
 pub(crate) mod group_submit;
@@ -187,6 +188,8 @@ pub(crate) struct RuntimeCore {
     last_dead_count: AtomicI64,
     /// Maintenance rounds done, for the periodic full reconciliation.
     maintenance_rounds: AtomicU64,
+    /// When maintenance next reads the queue's dead count.
+    pub(crate) dead_count: dead_count::DeadCountSchedule,
     /// Fired once the queue's store is closed to this process for good
     /// (closed, or fenced by another process that opened it): the worker
     /// loop stops and waits fail instead of waiting forever. Shared by
@@ -287,6 +290,7 @@ impl RuntimeCore {
             own_dead_letters: AtomicI64::new(0),
             last_dead_count: AtomicI64::new(-1),
             maintenance_rounds: AtomicU64::new(0),
+            dead_count: dead_count::DeadCountSchedule::default(),
             store_closed,
         }
     }

@@ -38,10 +38,6 @@ const RECONCILE_RETRIES: usize = 4;
 impl RuntimeCore {
     /// One round of maintenance; failures are logged and retried next round.
     pub(crate) async fn maintain(&self) {
-        #[cfg(feature = "metrics")]
-        if let Ok(stats) = self.queue.view().stats(&self.queue_name).await {
-            crate::telemetry::metrics::steps_due(&self.queue_name, stats.pending);
-        }
         if let Err(err) = self.reconcile_if_dead_count_changed().await {
             self.note_error(&err);
             warn!(queue = %self.queue_name, "dead-letter reconciliation failed: {err}");
@@ -98,14 +94,37 @@ impl RuntimeCore {
     /// own dead letters since the last look (always on the first look), and
     /// every [`FULL_RECONCILE_EVERY`] rounds regardless: a dead-retention
     /// sweep removing old dead jobs while a new one arrives leaves the count
-    /// unchanged. A failed pass is retried at the next round.
+    /// unchanged. The count is read when its schedule says
+    /// ([`DeadCountSchedule`](crate::engine::dead_count::DeadCountSchedule):
+    /// every round while reads are cheap, spaced out on a busy store, and
+    /// at the next round after a dead letter the worker could not account
+    /// for). A failed read or pass is retried at the next round.
     async fn reconcile_if_dead_count_changed(&self) -> Result<()> {
-        let dead = self.queue.view().stats(&self.queue_name).await?.dead;
+        let round = self.maintenance_rounds.load(Ordering::Relaxed);
+        let full = round % FULL_RECONCILE_EVERY == FULL_RECONCILE_EVERY - 1;
+        let first = self.last_dead_count.load(Ordering::Relaxed) < 0;
+        if !(self.dead_count.due(round) || first || full) {
+            self.maintenance_rounds.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        let stats = match self.queue.view().stats(&self.queue_name).await {
+            Ok(stats) => stats,
+            Err(err) => {
+                self.dead_count.expect_change();
+                return Err(err.into());
+            }
+        };
+        self.dead_count
+            .read_at(round, started.elapsed(), self.poll_interval);
+        #[cfg(feature = "metrics")]
+        crate::telemetry::metrics::steps_due(&self.queue_name, stats.pending);
+        let dead = stats.dead;
         let own = self.own_dead_letters.swap(0, Ordering::Relaxed);
         let last = self.last_dead_count.swap(dead, Ordering::Relaxed);
-        let round = self.maintenance_rounds.fetch_add(1, Ordering::Relaxed);
+        self.maintenance_rounds.fetch_add(1, Ordering::Relaxed);
         let unexplained = last < 0 || dead > last.saturating_add(own);
-        if unexplained || round % FULL_RECONCILE_EVERY == FULL_RECONCILE_EVERY - 1 {
+        if unexplained || full {
             match self.reconcile_dead_steps().await {
                 Ok(reconciled) if reconciled > 0 => {
                     debug!(queue = %self.queue_name, reconciled, "terminated runs of dead-lettered steps");
@@ -513,5 +532,134 @@ mod tests {
             matches!(status.state, crate::RunState::Terminated(ref t) if t.error.as_deref() == Some("hung")),
             "{status:?}"
         );
+    }
+
+    /// The run record of `run`, present while the run is active.
+    async fn active(core: &RuntimeCore, run: &RunId) -> bool {
+        core.view.run_record(run).await.expect("read").is_some()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_store_spaces_its_dead_count_reads_and_a_foreign_dead_letter_waits_for_the_next()
+    {
+        let store = Arc::new(InMemory::new());
+        let queue = Arc::new(Queue::open(store.clone(), "db").await.expect("open"));
+        let runtime =
+            WorkflowRuntime::builder(queue.clone(), store, Never, NoopTerminalHook).build();
+        let core = runtime.inner.core.clone();
+        let run = runtime.submit(RunSpec::default()).await.expect("submit");
+        core.maintain().await;
+        // As if that read had taken 200 ms: on the default 500 ms poll
+        // interval, the next read is 16 rounds later.
+        let round = core.maintenance_rounds.load(Ordering::Relaxed);
+        core.dead_count
+            .read_at(round - 1, Duration::from_millis(200), core.poll_interval);
+
+        let claim = queue
+            .claim("workflow-steps", Duration::from_secs(30))
+            .await
+            .expect("claim")
+            .expect("the step job");
+        queue
+            .dead_letter(&claim, "hung")
+            .await
+            .expect("dead letter");
+        for _ in 0..15 {
+            core.maintain().await;
+            assert!(
+                active(&core, &run.run_id).await,
+                "the count is not read between its spaced reads"
+            );
+        }
+        core.maintain().await;
+        assert!(
+            !active(&core, &run.run_id).await,
+            "the spaced read found the dead letter and reconciled it"
+        );
+    }
+
+    /// A step that outlives its lease on its only attempt, then fails.
+    struct LateFailure(Arc<tokio::sync::Notify>);
+
+    impl StepRunner for LateFailure {
+        async fn run_step(&self, _: &Step) -> std::result::Result<StepOutcome, StepError> {
+            self.0.notified().await;
+            Err(StepError::permanent("late failure"))
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_the_worker_lost_is_reconciled_at_the_next_round_however_spaced_the_reads() {
+        let clock = taquba::MockClock::new(1_700_000_000_000);
+        let store = Arc::new(InMemory::new());
+        let queue = Arc::new(
+            Queue::open_with_options(
+                store.clone(),
+                "db",
+                taquba::OpenOptions::default()
+                    .clock(Arc::new(clock.clone()))
+                    .flush_interval(Duration::from_millis(1))
+                    .queue_config(
+                        "workflow-steps",
+                        taquba::QueueConfig::default().lease_duration(Duration::from_secs(10)),
+                    ),
+            )
+            .await
+            .expect("open"),
+        );
+        let release = Arc::new(tokio::sync::Notify::new());
+        let poll = Duration::from_millis(50);
+        let runtime = WorkflowRuntime::builder(
+            queue.clone(),
+            store,
+            LateFailure(release.clone()),
+            NoopTerminalHook,
+        )
+        .poll_interval(poll)
+        .build();
+        let core = runtime.inner.core.clone();
+        let worker = runtime.spawn(std::future::pending::<()>());
+        let run = runtime
+            .submit(RunSpec {
+                options: crate::model::RunOptions {
+                    max_attempts_per_step: Some(1),
+                    ..Default::default()
+                },
+                ..Default::default()
+            })
+            .await
+            .expect("submit");
+        // The step runs, and the first rounds have read the count.
+        tokio::time::sleep(4 * poll).await;
+        let round = core.maintenance_rounds.load(Ordering::Relaxed);
+        assert!(round > 0, "maintenance ran");
+        // As if every read took a second: 16 rounds apart.
+        core.dead_count.read_at(round, Duration::from_secs(1), poll);
+        // The step outlives its only lease: the reaper dead-letters it, and
+        // the worker's settlement then finds its claim lost.
+        clock.advance(Duration::from_secs(11));
+        queue.reap_now().await.expect("reap");
+        release.notify_one();
+        for _ in 0..4 {
+            tokio::time::sleep(poll).await;
+        }
+        assert!(
+            core.maintenance_rounds.load(Ordering::Relaxed) < round + 16,
+            "measured before the spaced read was due"
+        );
+        assert!(
+            !active(&core, &run.run_id).await,
+            "the lost claim made the next round read the count and reconcile the run"
+        );
+        let status = runtime
+            .status(&run.run_id)
+            .await
+            .expect("status")
+            .expect("known");
+        assert!(
+            matches!(status.state, crate::RunState::Terminated(ref t) if t.error.as_deref() == Some("lease expired")),
+            "{status:?}"
+        );
+        worker.shutdown().await.expect("shutdown");
     }
 }

@@ -15,7 +15,7 @@
 //! | `taquba_workflow_step_duration_seconds` | histogram | `queue`, `workflow` | wall time of one runner call |
 //! | `taquba_workflow_run_duration_seconds` | histogram | `queue`, `workflow`, `status` | submission to end of a run, on the runtime's clock |
 //! | `taquba_workflow_steps_in_flight` | gauge | `queue` | step (and notification) jobs claimed by this process's worker and not yet settled |
-//! | `taquba_workflow_steps_due` | gauge | `queue` | jobs of the runtime's queue due and waiting for a worker, sampled at each maintenance round |
+//! | `taquba_workflow_steps_due` | gauge | `queue` | jobs of the runtime's queue due and waiting for a worker, sampled with the queue's counts: every maintenance round while reading them is cheap, up to 16 rounds apart on a busy store |
 //! | `taquba_workflow_cluster_shards_hosted` | gauge | `node` | shards of a cluster this process hosts |
 //! | `taquba_workflow_cluster_shard_changes_total` | counter | `node`, `change` | shards this process `opened`, `handed_over` or was `fenced` out of |
 //!

@@ -384,6 +384,11 @@ fn settle<'a>(
             SettleKind::Retry(error) => {
                 let error = cut_to(&error, MAX_TERMINATION_ERROR_LEN);
                 let retried = queue.nack(claim, &error).await.map(|()| None);
+                if retried.is_ok() && claim.job().is_last_attempt() {
+                    // Out of attempts, the nack dead-lettered the step and
+                    // its run is still active: maintenance reconciles it.
+                    core.dead_count.expect_change();
+                }
                 #[cfg(feature = "metrics")]
                 if retried.is_ok() {
                     crate::telemetry::metrics::retried(&core.queue_name);
@@ -422,6 +427,11 @@ fn settle<'a>(
                 let dead_lettered = terminating.finish(dead_letter, |dead| *dead).await;
                 if own && !matches!(dead_lettered, Ok(true)) {
                     core.forget_own_dead_letter();
+                }
+                if !own && matches!(dead_lettered, Ok(true)) {
+                    // A dead letter that left its run active: maintenance
+                    // reconciles it at its next round.
+                    core.dead_count.expect_change();
                 }
                 #[cfg(feature = "metrics")]
                 if matches!(dead_lettered, Ok(true)) {
@@ -491,7 +501,12 @@ fn settle<'a>(
                 }
             }
             Ok(None) => {}
-            Err(taquba::Error::ClaimLost) => report_lost_claim(queue, claim).await,
+            Err(taquba::Error::ClaimLost) => {
+                // The lease expired and the reaper retried the step or, out
+                // of attempts, dead-lettered it with its run still active.
+                core.dead_count.expect_change();
+                report_lost_claim(queue, claim).await;
+            }
             Err(err) => {
                 let err = crate::error::Error::from(err);
                 core.note_error(&err);
