@@ -10,8 +10,9 @@
 //! transaction that terminates it. A run submitted while the key is at its
 //! limit (or has waiters before it) is recorded with its step 0 parked on
 //! [`PARKING_QUEUE`], which no worker claims, and a waiter record
-//! (`workflow/concurrency/waiting/{key}/{seq}`, `seq` a ULID, so waiters
-//! sort in submission order); its admission removes the parked job and
+//! (`workflow/concurrency/waiting/{key}/{seq}`, `seq` a ULID after every
+//! waiter the key has, so waiters sort in submission order even across a
+//! restart whose clock is behind); its admission removes the parked job and
 //! enqueues step 0 on the runtime's queue with the slot record, in one
 //! transaction. The number of a key's active runs is the number of its slot
 //! records, so no commit can leak or double-count a slot.

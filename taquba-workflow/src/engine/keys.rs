@@ -64,15 +64,51 @@ impl RuntimeCore {
         let limit = options.concurrency_limit.unwrap_or(1);
         let lock = self.keys.lock(key).await;
         let admitted = !self.has_waiters(key).await? && self.held_count(key).await? < limit;
+        let seq = match admitted {
+            true => self.new_run_id().to_string(),
+            false => self.waiter_seq(key).await?,
+        };
         Ok(Some(KeySlot {
             _lock: lock,
             concurrency: DurableConcurrency {
                 key: key.to_string(),
                 limit,
-                seq: self.new_run_id().to_string(),
+                seq,
             },
             admitted,
         }))
+    }
+
+    /// The number of a new waiter of `key`, which sorts after every waiter
+    /// the key has: a new ULID, unless a waiter recorded earlier sorts at or
+    /// after it (recorded by a process whose clock was ahead of this one's:
+    /// a restart within the same millisecond, a clock stepped back on
+    /// failover), then the ULID just after the last of those. Read under
+    /// the key's lock, so no other admission or submission of the key
+    /// commits between the read and the waiter's commit. Only waiters from
+    /// this process's future are read, so it is one empty read normally.
+    async fn waiter_seq(&self, key: &str) -> Result<String> {
+        let candidate = self.new_run_id().to_string();
+        let prefix = key_waiting_prefix(key);
+        let from = key_waiting_kv_key(key, &candidate);
+        let view = self.queue.view();
+        let later = view.kv_entries(
+            &prefix,
+            (Bound::Included(from.as_slice()), Bound::Unbounded),
+            SLOT_PAGE,
+        );
+        futures_util::pin_mut!(later);
+        let mut last = None;
+        while let Some((waiter_key, _)) = later.try_next().await? {
+            last = Some(waiter_key);
+        }
+        let after_last = last.and_then(|waiter_key| {
+            let seq = std::str::from_utf8(waiter_key.get(prefix.len()..)?).ok()?;
+            ulid::Ulid::from_string(seq).ok()?.increment()
+        });
+        // A key whose last waiter is not a ULID (no waiter this runtime
+        // records) keeps the candidate, as does the last ULID there is.
+        Ok(after_last.map_or(candidate, |seq| seq.to_string()))
     }
 
     /// Make the submission `effects` of `run_id` (step 0 prepared as
