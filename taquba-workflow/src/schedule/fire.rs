@@ -3,12 +3,23 @@
 //! the test kit whenever the queue is idle) reads the schedules of its
 //! queue and fires those whose next tick is due, on the runtime's clock.
 //!
+//! Which due ticks fire ([`ticks_to_fire`]): a tick the round finds under
+//! [`MISFIRE_THRESHOLD`] past its time is on time and fires, whatever the
+//! [`CatchUp`] policy; a tick the threshold or more past its time is
+//! missed, and the policy says which of those fire (`Skip` none, `One` the
+//! latest, `All` each). A round one poll interval late therefore fires
+//! every tick it finds.
+//!
 //! Each tick is one transaction: the tick's run (run id
 //! `schedule-{name}-{tick ms}`, its record, pointer and step 0) and the
-//! schedule's record advanced past the tick, committed only while the
-//! record is as read. A crash before the commit leaves the tick due (it
-//! fires at the next round), after it the record says it fired, so no tick
-//! is lost or fired twice; two runtimes of one queue over one store race
+//! schedule's record advanced past the tick (its next tick set to the next
+//! tick the round fires, or past now after the last), committed only while
+//! the record is as read. The ticks a round leaves out (missed ticks the
+//! policy does not fire) all come before the first one it fires, so the
+//! first commit moves the record past them. A crash before a commit leaves
+//! that tick and the later ones due (the next round fires them, under the
+//! policy if they are missed by then), after it the record says it fired,
+//! so no tick is fired twice; two runtimes of one queue over one store race
 //! on the record and one of them wins each tick. A run id that already
 //! names a run (active or terminated) counts as the tick fired: the record
 //! is advanced without a second run.
@@ -47,6 +58,28 @@ pub(crate) fn is_tick_run_id(run_id: &str) -> bool {
     crate::schedule::spec::check_name(name).is_ok()
         && !tick.is_empty()
         && tick.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// The ticks of `due` (a schedule's due ticks, oldest first, none after
+/// `now`) that fire at `now` under `policy`, oldest first.
+///
+/// A tick under [`MISFIRE_THRESHOLD`] before `now` is on time: it fires
+/// under every policy. One the threshold or more before `now` is missed:
+/// [`CatchUp::Skip`] fires none of them, [`CatchUp::One`] the latest,
+/// [`CatchUp::All`] each. The missed ticks are a prefix of `due`, so the
+/// ticks left out all come before the first tick fired.
+pub(crate) fn ticks_to_fire(due: &[u64], now: u64, policy: CatchUp) -> Vec<u64> {
+    let threshold = u64::try_from(MISFIRE_THRESHOLD.as_millis()).unwrap_or(u64::MAX);
+    // `due` is sorted and none is after `now`: lateness falls along it.
+    let on_time_from = due.partition_point(|tick| now.saturating_sub(*tick) >= threshold);
+    let (missed, on_time) = due.split_at(on_time_from);
+    let mut fired: Vec<u64> = match policy {
+        CatchUp::Skip => Vec::new(),
+        CatchUp::One => missed.last().copied().into_iter().collect(),
+        CatchUp::All => missed.to_vec(),
+    };
+    fired.extend_from_slice(on_time);
+    fired
 }
 
 impl RuntimeCore {
@@ -95,27 +128,19 @@ impl RuntimeCore {
     }
 
     /// Fire the due ticks of `record` (stored as `bytes`) as of `now`, as
-    /// its catch-up policy says, one transaction per tick.
+    /// [`ticks_to_fire`] says (the on-time ones, and the missed ones its
+    /// catch-up policy fires), one transaction per tick.
     async fn fire(&self, record: DurableSchedule, mut bytes: Vec<u8>, now: u64) -> Result<()> {
         let Some(next) = record.next_fire_ms else {
             return Ok(());
         };
         let ticks = record.spec.ticks(record.anchor_ms)?;
+        // The latest `MAX_CATCH_UP_TICKS` due ticks: the on-time ones (at
+        // most 60, ticks being at least a second apart) all among them.
         let (due, left_out) = ticks.due(next, now, MAX_CATCH_UP_TICKS);
-        let fired: Vec<u64> = match record.spec.catch_up {
-            CatchUp::All => due,
-            CatchUp::One => due.last().copied().into_iter().collect(),
-            CatchUp::Skip => {
-                let threshold = u64::try_from(MISFIRE_THRESHOLD.as_millis()).unwrap_or(u64::MAX);
-                due.last()
-                    .copied()
-                    .filter(|tick| now.saturating_sub(*tick) <= threshold)
-                    .into_iter()
-                    .collect()
-            }
-        };
-        if left_out {
-            warn!(queue = %self.queue_name, schedule = %record.name, "more than {MAX_CATCH_UP_TICKS} ticks were missed; the older ones are skipped");
+        let fired = ticks_to_fire(&due, now, record.spec.catch_up);
+        if left_out && record.spec.catch_up == CatchUp::All {
+            warn!(queue = %self.queue_name, schedule = %record.name, "more than {MAX_CATCH_UP_TICKS} ticks were due; the older ones are skipped");
         }
         let after_now = ticks.after(now);
         let key = schedule_kv_key(&record.name);
@@ -230,5 +255,40 @@ mod tests {
         }
         let long = format!("schedule-{}-1", "n".repeat(MAX_SCHEDULE_NAME_LEN + 1));
         assert!(!is_tick_run_id(&long));
+    }
+
+    const NOW: u64 = 1_700_000_000_000;
+
+    fn late(ms: &[u64]) -> Vec<u64> {
+        ms.iter().map(|late| NOW - late).collect()
+    }
+
+    #[test]
+    fn ticks_found_under_the_threshold_fire_under_every_policy() {
+        // A round one poll interval (3 s) late finds three ticks of a
+        // 1 s interval: none is missed, each fires whatever the policy.
+        let due = late(&[2_000, 1_000, 0]);
+        for policy in [CatchUp::Skip, CatchUp::One, CatchUp::All] {
+            assert_eq!(ticks_to_fire(&due, NOW, policy), due, "{policy}");
+        }
+        assert!(ticks_to_fire(&[], NOW, CatchUp::All).is_empty());
+    }
+
+    #[test]
+    fn the_policy_applies_to_the_missed_ticks_only() {
+        let threshold = u64::try_from(MISFIRE_THRESHOLD.as_millis()).expect("fits");
+        // Missed: 3 min, 2 min and exactly the threshold late. On time: a
+        // millisecond under it, 3 s late, due now.
+        let due = late(&[180_000, 120_000, threshold, threshold - 1, 3_000, 0]);
+        let (missed, on_time) = due.split_at(3);
+        assert_eq!(ticks_to_fire(&due, NOW, CatchUp::Skip), on_time);
+        let mut one = vec![missed[2]];
+        one.extend_from_slice(on_time);
+        assert_eq!(ticks_to_fire(&due, NOW, CatchUp::One), one);
+        assert_eq!(ticks_to_fire(&due, NOW, CatchUp::All), due);
+        // Only missed ticks (a downtime): as before.
+        assert!(ticks_to_fire(missed, NOW, CatchUp::Skip).is_empty());
+        assert_eq!(ticks_to_fire(missed, NOW, CatchUp::One), [missed[2]]);
+        assert_eq!(ticks_to_fire(missed, NOW, CatchUp::All), missed);
     }
 }

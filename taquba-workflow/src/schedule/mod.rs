@@ -20,10 +20,13 @@
 //! between two commits neither loses nor repeats a tick, and a run id that
 //! already names a run is never started again.
 //!
-//! After a downtime the [`CatchUp`] policy decides what the missed ticks
-//! do: [`CatchUp::Skip`] none of them, [`CatchUp::One`] (the default) one
-//! run as of the latest, [`CatchUp::All`] each of them, at most
-//! [`MAX_CATCH_UP_TICKS`].
+//! A tick a round finds under [`MISFIRE_THRESHOLD`] (60 s) past its time
+//! is on time and fires, whatever the policy. A tick found the threshold
+//! or more past its time (after a downtime) is missed, and the
+//! [`CatchUp`] policy decides what the missed ticks do: [`CatchUp::Skip`]
+//! none of them, [`CatchUp::One`] (the default) one run as of the latest,
+//! [`CatchUp::All`] each of them; a round fires at most the latest
+//! [`MAX_CATCH_UP_TICKS`] due ticks.
 //!
 //! Another process pauses and resumes a schedule through the store's inbox
 //! ([`Command::PauseSchedule`](crate::inbox::Command::PauseSchedule),
@@ -88,7 +91,8 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
 
     /// [`schedule`](Self::schedule) with the run options of every tick's
     /// run (headers, priority, attempt limit; `run_at` is refused: the tick
-    /// is the start).
+    /// is the start; a concurrency key or limit is refused: scheduled runs
+    /// run without a key).
     ///
     /// # Cancel safety
     ///
@@ -98,8 +102,11 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     /// As [`schedule`](Self::schedule);
     /// [`Error::ReservedHeaderInSubmit`](crate::Error::ReservedHeaderInSubmit),
     /// [`Error::InvalidRunOptions`](crate::Error::InvalidRunOptions) as for
-    /// a submission; [`Error::InvalidSchedule`](crate::Error::InvalidSchedule)
-    /// for a `run_at`.
+    /// a submission, and naming the value for a
+    /// [`concurrency_key`](RunOptions::concurrency_key) or
+    /// [`concurrency_limit`](RunOptions::concurrency_limit);
+    /// [`Error::InvalidSchedule`](crate::Error::InvalidSchedule) for a
+    /// `run_at`.
     pub async fn schedule_with(
         &self,
         name: &str,

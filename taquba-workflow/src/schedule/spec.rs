@@ -19,29 +19,34 @@ use crate::error::{Error, Result};
 pub const MAX_SCHEDULE_NAME_LEN: usize = 64;
 /// The shortest interval of [`ScheduleSpec::every`]: one second.
 pub const MIN_SCHEDULE_INTERVAL: Duration = Duration::from_secs(1);
-/// The most missed ticks [`CatchUp::All`] fires after a downtime: the
-/// latest 100; older missed ticks are skipped.
+/// The most due ticks one maintenance round fires for a schedule under
+/// [`CatchUp::All`] after a downtime: the latest 100 (on-time ticks
+/// included); older missed ticks are skipped.
 pub const MAX_CATCH_UP_TICKS: usize = 100;
-/// How late a tick may fire and still count as on time under
-/// [`CatchUp::Skip`]: 60 s (the worker looks for due ticks every
-/// [`poll_interval`](crate::WorkflowRuntimeBuilder::poll_interval)).
+/// How late a tick may be found and still count as on time: a tick the
+/// worker finds under 60 s past its time (the worker looks for due ticks
+/// every [`poll_interval`](crate::WorkflowRuntimeBuilder::poll_interval))
+/// fires whatever the [`CatchUp`] policy; one found 60 s or more past its
+/// time is missed, and the policy decides.
 pub const MISFIRE_THRESHOLD: Duration = Duration::from_secs(60);
 
 /// What a schedule does with the ticks it missed while no worker ran (a
-/// downtime, a stopped process).
+/// downtime, a stopped process): the ticks a maintenance round finds
+/// [`MISFIRE_THRESHOLD`] or more past their time. The ticks it finds under
+/// that are on time and each fire, under every policy.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CatchUp {
-    /// Fire none of them: the next run is at the next tick after now. A
-    /// tick fired within [`MISFIRE_THRESHOLD`] of its time is on time, not
-    /// missed.
+    /// Fire none of the missed ticks (the on-time ones still fire): after
+    /// a downtime the next run is at the first tick under
+    /// [`MISFIRE_THRESHOLD`] late.
     Skip,
-    /// Fire one run for all of them, as of the latest missed tick (the
-    /// default).
+    /// Fire one run for all the missed ticks, as of the latest of them
+    /// (the default); the on-time ones fire each after it.
     #[default]
     One,
-    /// Fire every missed tick, oldest first, at most
-    /// [`MAX_CATCH_UP_TICKS`] of them (the latest ones).
+    /// Fire every missed tick, oldest first (then the on-time ones), at
+    /// most [`MAX_CATCH_UP_TICKS`] ticks in all (the latest ones).
     All,
 }
 
@@ -167,8 +172,9 @@ impl ScheduleSpec {
         Ok(self)
     }
 
-    /// What to do with the ticks missed while no worker ran (default
-    /// [`CatchUp::One`]).
+    /// What to do with the ticks missed while no worker ran, those found
+    /// [`MISFIRE_THRESHOLD`] or more past their time (default
+    /// [`CatchUp::One`]); on-time ticks fire under every policy.
     pub fn catch_up(mut self, policy: CatchUp) -> Self {
         self.catch_up = policy;
         self
