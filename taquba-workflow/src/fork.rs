@@ -43,7 +43,14 @@ pub struct ForkOptions {
     pub run_id: Option<RunId>,
     /// Cancel the original run first when it is still active (and wait for
     /// it to end); without it an active run is refused with
-    /// [`Error::RunActive`](crate::Error::RunActive).
+    /// [`Error::RunActive`](crate::Error::RunActive). The step's input is
+    /// read before the cancel, so a fork refused
+    /// ([`Error::StepNotForkable`](crate::Error::StepNotForkable): a step
+    /// the run has not reached, or whose input is no longer recorded)
+    /// leaves the run running, and a step whose only copy of its input is
+    /// its job (a payload over the
+    /// [step input limit](crate::WorkflowRuntimeBuilder::step_input_limit))
+    /// is forked although the cancel deletes the job.
     pub cancel_active: bool,
 }
 

@@ -415,18 +415,29 @@ impl<R: StepRunner, H: TerminalHook> WorkflowRuntime<R, H> {
     ///
     /// Runs whole on a task of its own
     /// ([cancel safety](crate#cancel-safety)). Dropped at any await, the
-    /// fork is made as if the call had been awaited, or nothing was
-    /// committed (with [`ForkOptions::cancel_active`], the original may be
-    /// cancelled without the fork being made: call again with the same
-    /// [`ForkOptions::run_id`]).
+    /// fork is made as if the call had been awaited (with
+    /// [`ForkOptions::cancel_active`], the original's cancel included), or
+    /// nothing was committed. Should the process end after the cancel of
+    /// an active original, the original may be cancelled without the fork
+    /// being made: call again with the same [`ForkOptions::run_id`] (which
+    /// forks the ended run from its records, and is refused when the
+    /// step's only recorded input was the job the cancel deleted).
+    ///
+    /// With [`ForkOptions::cancel_active`], an active original is read
+    /// before it is cancelled: whatever refuses the fork refuses it with
+    /// the original left running, and the step's input is held while the
+    /// run is cancelled and waited for (it does not change once the step is
+    /// enqueued, so the run moving past the step or ending on its own
+    /// meanwhile changes nothing).
     ///
     /// # Errors
     /// - [`Error::RunActive`](crate::Error::RunActive): the original has
     ///   not ended, and [`ForkOptions::cancel_active`] is not set.
     /// - [`Error::StepNotForkable`](crate::Error::StepNotForkable) naming
-    ///   the run and step: an unknown run, a step it never reached, or a
-    ///   step whose input is no longer recorded (see
-    ///   [`WorkflowView::step_input`]).
+    ///   the run and step: an unknown run, a step it never reached (an
+    ///   active run: has not reached yet), or a step whose input is no
+    ///   longer recorded (see [`WorkflowView::step_input`]); for an active
+    ///   original, before it is cancelled.
     /// - [`Error::ForkRunIdTaken`](crate::Error::ForkRunIdTaken): the given
     ///   run id names a run that is not this fork.
     /// - Storage errors; [`Error::RuntimeShutdown`](crate::Error::RuntimeShutdown).

@@ -10,6 +10,7 @@ pub(crate) mod types;
 
 pub use self::keys::{ConcurrencyKey, ConcurrencyKeyDetails, KeyHolder, KeyWaiter, RunConcurrency};
 pub(crate) use self::ops::{DurableRuntimeInfo, DurableWorkerRecord};
+pub(crate) use self::step_input::StepStart;
 pub use self::types::{
     DEFAULT_PAGE_LIMIT, GroupPage, MAX_PAGE_LIMIT, RunDetails, RunFilter, RunPage, RunSummary,
     RuntimeInfo, SignalWait, StatusFilter,

@@ -342,3 +342,80 @@ async fn the_inbox_forks_under_the_commands_id() {
         "{state:?}"
     );
 }
+
+/// A cancelling fork of the run's current step while the step runs, its
+/// payload over the step input limit: the cancel fires the step's token,
+/// the step settles cancelled and its done job (the only copy of its
+/// input) is deleted; the fork is made from the input read before the
+/// cancel. The fork's step gets the payload the original's got.
+#[tokio::test(start_paused = true)]
+async fn a_cancelling_fork_of_a_running_step_with_a_large_payload_forks_it() {
+    let seen = Seen::default();
+    let started = Arc::new(tokio::sync::Notify::new());
+    let runner = {
+        let (seen, started) = (seen.clone(), started.clone());
+        FnRunner(move |step: Step| {
+            let (seen, started) = (seen.clone(), started.clone());
+            async move {
+                seen.lock().unwrap().push((
+                    step.run_id.to_string(),
+                    step.step_number,
+                    step.payload.clone(),
+                ));
+                match step.step_number {
+                    0 => Ok(StepOutcome::continue_now(vec![b'x'; 3000])),
+                    // The original's step 1 runs until it is cancelled.
+                    1 if step.run_id.as_str() == "orig" => {
+                        started.notify_one();
+                        step.cancel_token.cancelled().await;
+                        Ok(StepOutcome::continue_now(Vec::new()))
+                    }
+                    _ => Ok(StepOutcome::Succeed {
+                        result: step.payload.len().to_string().into_bytes(),
+                    }),
+                }
+            }
+        })
+    };
+    let env = TestRuntime::new(runner).await.unwrap();
+    env.submit(spec("orig", b"in")).await.unwrap();
+    let runtime = env.runtime().unwrap();
+    let forking = async {
+        started.notified().await;
+        assert_eq!(
+            runtime.status(&rid("orig")).await.unwrap().unwrap().state,
+            RunState::Running
+        );
+        runtime
+            .fork(
+                &rid("orig"),
+                1,
+                ForkOptions::new().run_id(rid("fork")).cancel_active(true),
+            )
+            .await
+    };
+    let (ran, forked) = tokio::join!(env.run_until_idle(), forking);
+    ran.unwrap();
+    let fork = forked.unwrap();
+    let original = runtime.wait(&rid("orig")).await.unwrap();
+    assert_eq!(original.termination.status, TerminalStatus::Cancelled);
+    // The ended run's records no longer hold step 1's input.
+    let err = runtime
+        .view()
+        .step_input(&rid("orig"), 1)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::StepNotForkable { step: 1, .. }),
+        "{err}"
+    );
+    env.run_until_ended(&fork.run_id).await.unwrap();
+    let end = runtime.wait(&fork.run_id).await.unwrap();
+    assert_eq!(end.termination.status, TerminalStatus::Succeeded);
+    assert_eq!(
+        end.outcome.and_then(|o| o.result).as_deref(),
+        Some(&b"3000"[..])
+    );
+    assert_eq!(runs_of(&seen, "fork", 0), 0);
+    assert_eq!(runs_of(&seen, "fork", 1), 1);
+}
