@@ -247,10 +247,11 @@ fn error_enum(e: Error) {
     // MemberRunIdTaken, InvalidMemoKey, NotWaitingForSignal,
     // InvalidCorrelationKey, MemberKeyTooLong, RuntimeShutdown,
     // InvalidRunOptions, InvalidCommand, CommandRefused, RunActive,
-    // StepNotForkable, ForkRunIdTaken, InvalidSchedule, ScheduleNotFound.
+    // StepNotForkable, ForkRunIdTaken, InvalidSchedule, ScheduleNotFound,
+    // InvalidCode.
     // A 0.13 exhaustive match fails with:
     //   error[E0004]: non-exhaustive patterns: `Error::InvalidChildKey { .. }`,
-    //   `Error::ChildRunIdTaken { .. }`, `Error::StoreOutage(_)` and 15 more
+    //   `Error::ChildRunIdTaken { .. }`, `Error::StoreOutage(_)` and 16 more
     //   not covered
     //
     // match &e {

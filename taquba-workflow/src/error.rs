@@ -272,6 +272,14 @@ pub enum Error {
     /// No schedule has this name.
     #[error("schedule `{0}` not found")]
     ScheduleNotFound(String),
+    /// The runner's code ([`StepRunner::code`](crate::StepRunner::code))
+    /// declares a patch over
+    /// [`MAX_PATCH_ID_LEN`](crate::limits::MAX_PATCH_ID_LEN) bytes, or
+    /// patches over [`MAX_PATCHES_SIZE`](crate::limits::MAX_PATCHES_SIZE)
+    /// bytes together; the message names the workflow and the patch. Every
+    /// submission of the runtime is refused with it, nothing submitted.
+    #[error("invalid code declaration: {0}")]
+    InvalidCode(String),
 }
 
 impl From<taquba::Error> for Error {

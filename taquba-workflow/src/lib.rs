@@ -195,6 +195,7 @@ pub mod limits {
     pub use crate::store::keys::{
         MAX_CONCURRENCY_KEY_LEN, MAX_CORRELATION_KEY_LEN, MAX_MEMBER_KEY_LEN, MAX_RUN_ID_LEN,
     };
+    pub use crate::versioning::{MAX_PATCH_ID_LEN, MAX_PATCHES_SIZE};
     pub use crate::view::{DEFAULT_PAGE_LIMIT, MAX_PAGE_LIMIT};
 
     /// The queue name of a runtime built without

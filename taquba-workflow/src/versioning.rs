@@ -85,7 +85,12 @@ impl CodeInfo {
         self
     }
 
-    /// This code, declaring the patch `id` too.
+    /// This code, declaring the patch `id` too. An id is at most
+    /// [`MAX_PATCH_ID_LEN`] bytes, and one code's ids at most
+    /// [`MAX_PATCHES_SIZE`] bytes together: they are recorded on every run
+    /// the code submits, so a runtime whose code breaks a limit refuses
+    /// each submission with [`Error::InvalidCode`](crate::Error::InvalidCode)
+    /// naming the patch, rather than record a run too large to end.
     pub fn patch(mut self, id: impl Into<String>) -> Self {
         self.patches.insert(id.into());
         self
@@ -139,16 +144,55 @@ impl HostedCode {
 /// The longest version kept, in bytes (a longer one is cut).
 pub(crate) const MAX_VERSION_LEN: usize = 256;
 
+/// The longest patch id a code may declare, in bytes
+/// ([`CodeInfo::patch`]): a runtime whose code declares a longer one
+/// refuses every submission with [`Error::InvalidCode`](crate::Error::InvalidCode).
+pub const MAX_PATCH_ID_LEN: usize = 256;
+
+/// The most bytes of patch ids one workflow's code may declare, the ids'
+/// lengths summed ([`CodeInfo::patch`]): a run records them all, in its
+/// run record and its terminal record. Past it, a runtime refuses every
+/// submission with [`Error::InvalidCode`](crate::Error::InvalidCode).
+pub const MAX_PATCHES_SIZE: usize = 16 << 10;
+
+/// What is wrong with `code` (the code of `whose`), if anything: a patch
+/// id over [`MAX_PATCH_ID_LEN`] bytes, or ids over [`MAX_PATCHES_SIZE`]
+/// bytes together.
+fn code_problem(whose: &str, code: &CodeInfo) -> Option<String> {
+    if let Some(id) = code.patches.iter().find(|id| id.len() > MAX_PATCH_ID_LEN) {
+        return Some(format!(
+            "{whose} declares patch {:?}… of {} bytes, over the {MAX_PATCH_ID_LEN} bytes a patch id may have",
+            crate::history::cut_to(id, 32),
+            id.len()
+        ));
+    }
+    let size: usize = code.patches.iter().map(String::len).sum();
+    (size > MAX_PATCHES_SIZE).then(|| {
+        format!(
+            "{whose} declares {} patches of {size} bytes together, over the {MAX_PATCHES_SIZE} bytes one code may declare",
+            code.patches.len()
+        )
+    })
+}
+
 /// A runner's [`HostedCode`] as the runtime keeps it: each code behind an
 /// `Arc`, so a step's [`RunCode`] shares it.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct CodeTable {
     any: Arc<CodeInfo>,
     workflows: BTreeMap<String, Arc<CodeInfo>>,
+    /// What breaks a limit in the hosted code (see [`code_problem`]), for
+    /// every submission to refuse.
+    problem: Option<String>,
 }
 
 impl CodeTable {
     pub(crate) fn new(hosted: HostedCode) -> Self {
+        let problem = code_problem("the runner's code", &hosted.any).or_else(|| {
+            hosted.workflows.iter().find_map(|(name, code)| {
+                code_problem(&format!("the code of workflow {name:?}"), code)
+            })
+        });
         let keep = |mut code: CodeInfo| {
             code.version = code
                 .version
@@ -162,6 +206,19 @@ impl CodeTable {
                 .into_iter()
                 .map(|(name, code)| (name, keep(code)))
                 .collect(),
+            problem,
+        }
+    }
+
+    /// Refuse a submission when the hosted code breaks a limit.
+    ///
+    /// # Errors
+    /// [`Error::InvalidCode`](crate::Error::InvalidCode) naming the patch
+    /// (or the size) and the workflow whose code declares it.
+    pub(crate) fn check(&self) -> Result<(), crate::Error> {
+        match &self.problem {
+            Some(problem) => Err(crate::Error::InvalidCode(problem.clone())),
+            None => Ok(()),
         }
     }
 
@@ -302,5 +359,34 @@ mod tests {
                 .is_some_and(|v| v.len() <= MAX_VERSION_LEN)
         );
         assert!(table.of(Some("c")).version.is_none());
+    }
+
+    #[test]
+    fn patch_limits_are_checked_per_id_and_per_code() {
+        let at_limit = CodeInfo::new().patch("p".repeat(MAX_PATCH_ID_LEN));
+        assert!(CodeTable::new(HostedCode::all(at_limit)).check().is_ok());
+
+        let long =
+            HostedCode::workflow("w", CodeInfo::new().patch("p".repeat(MAX_PATCH_ID_LEN + 1)));
+        let err = CodeTable::new(long).check().unwrap_err();
+        let message = err.to_string();
+        assert!(matches!(err, crate::Error::InvalidCode(_)), "{err:?}");
+        assert!(
+            message.contains("workflow \"w\"") && message.contains("257 bytes"),
+            "{message}"
+        );
+
+        // 65 ids of 256 bytes: each within its limit, over the code's.
+        let many = (0..65).fold(CodeInfo::new(), |code, i| {
+            code.patch(format!("{i:03}{}", "p".repeat(MAX_PATCH_ID_LEN - 3)))
+        });
+        let message = CodeTable::new(HostedCode::all(many))
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.contains("the runner's code declares 65 patches of 16640 bytes"),
+            "{message}"
+        );
     }
 }

@@ -214,7 +214,7 @@ impl RuntimeCore {
                 &start.options,
                 SubmittedAs::Plain,
                 &SettlementEffects::default(),
-            );
+            )?;
             // The run record names its parent.
             let run_key = run_kv_key(child);
             let record = effects

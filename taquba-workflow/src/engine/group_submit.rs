@@ -310,7 +310,7 @@ async fn commit_chunk(
             options,
             SubmittedAs::Member(&membership),
             &SettlementEffects::default(),
-        );
+        )?;
         // One enqueue per member (step 0), in member order.
         merged.enqueues.extend(effects.enqueues);
         merged.kv_writes.extend(effects.kv_writes);
@@ -481,7 +481,7 @@ async fn submit_member(
             options,
             SubmittedAs::Member(membership),
             &SettlementEffects::default(),
-        );
+        )?;
         if let Some(results) = core
             .commits
             .compare_commit(&member_key, guard.as_deref(), effects)

@@ -185,7 +185,7 @@ impl RuntimeCore {
                 &options,
                 job_key.map_or(SubmittedAs::Plain, SubmittedAs::KeyedJob),
                 &user_effects,
-            );
+            )?;
             if let Some(slot) = &slot {
                 self.keyed_submission(slot, &run_id, &job_id, &mut effects)?;
             }
@@ -264,7 +264,7 @@ impl RuntimeCore {
             &spec.options,
             SubmittedAs::Plain,
             &spec.effects,
-        );
+        )?;
         if let Some(slot) = &slot {
             self.keyed_submission(slot, &run_id, &job_id, &mut effects)?;
         }
@@ -313,6 +313,10 @@ impl RuntimeCore {
     /// then `user_effects`. With the step-0 job id. A keyed job's
     /// idempotency key is carried (cut) in [`HEADER_JOB_KEY`]. With the
     /// run record they write (for the claim path's cache).
+    ///
+    /// # Errors
+    /// [`Error::InvalidCode`] when the runner's code breaks a patch limit
+    /// (its patches could not be recorded).
     pub(super) fn submission_effects(
         &self,
         run_id: &RunId,
@@ -321,12 +325,14 @@ impl RuntimeCore {
         options: &RunOptions,
         submitted_as: SubmittedAs<'_>,
         user_effects: &SettlementEffects,
-    ) -> (SettlementEffects, String, DurableRunRecord) {
+    ) -> Result<(SettlementEffects, String, DurableRunRecord)> {
         let (membership, job_key) = match submitted_as {
             SubmittedAs::Plain => (None, None),
             SubmittedAs::Member(membership) => (Some(membership), None),
             SubmittedAs::KeyedJob(key) => (None, Some(key)),
         };
+        // A code whose patches could not be recorded submits nothing.
+        self.ops.code.check()?;
         let workflow = self.workflow_name_of(&input);
         // The submitting code's version and patches: the run's for good.
         let code = self.ops.code.of(workflow.as_deref());
@@ -399,7 +405,7 @@ impl RuntimeCore {
                     crate::coordination::members::new_counter_value(),
                 );
         }
-        (effects, job_id, record)
+        Ok((effects, job_id, record))
     }
 
     /// The outcome of a committed submission of `run_id` whose step-0 job

@@ -27,8 +27,15 @@ struct Monotonic {
     last: Option<Ulid>,
 }
 
+/// The latest time a ULID can spell, ms since the UNIX epoch (its time
+/// part is 48 bits: the year 10889). A clock past it (a test's mock clock
+/// skipped to a timeout of `Duration::MAX`) is taken as this time, so ids
+/// keep increasing rather than wrap to 1970.
+const MAX_ULID_MS: u64 = (1 << 48) - 1;
+
 impl Monotonic {
     fn next(&mut self, now_ms: u64) -> Ulid {
+        let now_ms = now_ms.min(MAX_ULID_MS);
         let next = match self.generator.generate_from_datetime(at(now_ms)) {
             Ok(next) => next,
             // 2^80 ids in one millisecond (or a random start that close to
@@ -38,7 +45,8 @@ impl Monotonic {
                 let carried = at(self
                     .last
                     .map_or(now_ms, |last| last.timestamp_ms())
-                    .saturating_add(1));
+                    .saturating_add(1)
+                    .min(MAX_ULID_MS));
                 // A fresh generator starts that millisecond at a random
                 // point; its ids count on from there.
                 self.generator = Generator::new();
@@ -91,6 +99,18 @@ impl IdGenerator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_clock_past_the_last_ulid_time_does_not_wrap_the_ids() {
+        let mut ids = Monotonic::default();
+        let now = ids.next(1_700_000_000_000);
+        let far = ids.next(u64::MAX / 2);
+        let farther = ids.next(u64::MAX);
+        assert!(now < far && far < farther, "{now} {far} {farther}");
+        assert_eq!(far.timestamp_ms(), MAX_ULID_MS);
+        // The clock back in range: ids still follow the latest one.
+        assert!(ids.next(1_700_000_000_001) > farther);
+    }
 
     #[test]
     fn ids_increase_within_a_millisecond_and_follow_the_clock() {

@@ -104,7 +104,25 @@ struct Current<R, H> {
     runtime: WorkflowRuntime<R, H>,
     /// The worker loop, while steps are being run.
     worker: Option<Worker>,
+    /// When its queue was opened, on Tokio's clock and on the machine's.
+    opened: (tokio::time::Instant, std::time::Instant),
 }
+
+/// How far the store's own clock of a queue opened at `opened` has run
+/// ahead of the machine's by now. SlateDB's clock is the wall time at
+/// open plus Tokio's time since: under paused Tokio time (the kit's way)
+/// it runs ahead of the wall clock by every sleep the test skipped, and a
+/// store reopened from the wall clock would be behind the ticks the last
+/// one wrote (SlateDB refuses writes past 10 s of that: "invalid clock
+/// tick, must be monotonic"). Zero when Tokio's time is not paused.
+fn store_clock_lead(opened: (tokio::time::Instant, std::time::Instant)) -> Duration {
+    let (tokio_then, machine_then) = opened;
+    tokio_then.elapsed().saturating_sub(machine_then.elapsed())
+}
+
+/// A lead past which a reopened store's clock is first moved on: SlateDB
+/// takes a clock up to 10 s behind its last tick.
+const TOLERATED_LEAD: Duration = Duration::from_secs(1);
 
 /// A running worker loop.
 struct Worker {
@@ -169,6 +187,7 @@ impl<R: StepRunner + 'static, H: TerminalHook + 'static> Harness<R, H> {
             .flush_interval(TICK)
             .default_queue_config(self.settings.config.clone());
         let store: Arc<dyn ObjectStore> = self.store.clone();
+        let opened = (tokio::time::Instant::now(), std::time::Instant::now());
         let queue = Arc::new(
             Queue::open_with_options(store.clone(), QUEUE_PATH, options)
                 .await
@@ -179,6 +198,7 @@ impl<R: StepRunner + 'static, H: TerminalHook + 'static> Harness<R, H> {
             queue,
             runtime,
             worker: None,
+            opened,
         })
     }
 
@@ -332,10 +352,12 @@ impl<R: StepRunner + 'static, H: TerminalHook + 'static> Harness<R, H> {
     /// Drop the runtime as a `kill -9` would and reopen it on the same store.
     pub(crate) async fn crash(&self) -> std::result::Result<(), TestError> {
         let old = self.lock().take();
+        let mut lead = Duration::ZERO;
         if let Some(Current {
             queue,
             runtime,
             worker,
+            opened,
         }) = old
         {
             // Runner calls in flight are dropped with the loop; settlements
@@ -355,12 +377,20 @@ impl<R: StepRunner + 'static, H: TerminalHook + 'static> Harness<R, H> {
             // flight stand, and those steps are delivered again with an
             // attempt spent.
             barrier(&queue).await?;
+            lead = store_clock_lead(opened);
             drop(core);
             // Not closed: the next writer fences this one.
             drop(runtime);
             drop(queue);
         }
         let current = self.open().await?;
+        if lead > TOLERATED_LEAD {
+            // The old store's clock ran ahead of the machine's by `lead`,
+            // which only paused Tokio time does: move the new store's clock
+            // (Tokio's, from the same wall time) as far on, so its first
+            // write is not behind the last one's tick.
+            tokio::time::advance(lead).await;
+        }
         *self.lock() = Some(current);
         Ok(())
     }
