@@ -317,6 +317,25 @@ mod tests {
         move |status| status.current_step == step && status.state == RunState::Pending
     }
 
+    /// Submit run `id` and wait until it waits at step 1 (its large
+    /// payload's step).
+    async fn waiting_at_step_one(
+        runtime: &WorkflowRuntime<Waits, NoopTerminalHook>,
+        id: &str,
+    ) -> RunId {
+        let run_id = RunId::new(id).expect("id");
+        runtime
+            .submit(RunSpec {
+                run_id: Some(run_id.clone()),
+                input: b"zero".to_vec(),
+                ..Default::default()
+            })
+            .await
+            .expect("submit");
+        until(runtime, &run_id, waiting_at(1)).await;
+        run_id
+    }
+
     /// A cancelling fork whose run moves on between the read of the step's
     /// input and the cancel (the step is signalled and settles, its job is
     /// deleted, a later step is current; or the run ends on its own) forks
@@ -328,16 +347,7 @@ mod tests {
         let core = runtime.inner.core.clone();
         let worker = runtime.spawn(std::future::pending::<()>());
         for (id, ends_on_its_own) in [("moved", false), ("ended", true)] {
-            let run_id = RunId::new(id).expect("id");
-            runtime
-                .submit(RunSpec {
-                    run_id: Some(run_id.clone()),
-                    input: b"zero".to_vec(),
-                    ..Default::default()
-                })
-                .await
-                .expect("submit");
-            until(&runtime, &run_id, waiting_at(1)).await;
+            let run_id = waiting_at_step_one(&runtime, id).await;
             let read = core
                 .view
                 .active_step_start(&run_id, 1, core.ops.step_input_limit)
@@ -392,16 +402,7 @@ mod tests {
     async fn a_cancelling_fork_refused_leaves_the_run_active() {
         let runtime = runtime().await;
         let worker = runtime.spawn(std::future::pending::<()>());
-        let run_id = RunId::new("busy").expect("id");
-        runtime
-            .submit(RunSpec {
-                run_id: Some(run_id.clone()),
-                input: b"zero".to_vec(),
-                ..Default::default()
-            })
-            .await
-            .expect("submit");
-        until(&runtime, &run_id, waiting_at(1)).await;
+        let run_id = waiting_at_step_one(&runtime, "busy").await;
         let cancelling = ForkOptions::new().cancel_active(true);
         let err = runtime
             .fork(&run_id, 2, cancelling.clone())

@@ -482,6 +482,20 @@ mod tests {
         }
     }
 
+    /// Claim the runtime's next step job and dead-letter it ("hung"), as
+    /// code other than the worker would.
+    async fn dead_letter_as_other_code(queue: &Queue) {
+        let claim = queue
+            .claim("workflow-steps", Duration::from_secs(30))
+            .await
+            .expect("claim")
+            .expect("the step job");
+        queue
+            .dead_letter(&claim, "hung")
+            .await
+            .expect("dead letter");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_dead_letter_the_count_does_not_show_is_reconciled_by_the_periodic_pass() {
         let store = Arc::new(InMemory::new());
@@ -492,15 +506,7 @@ mod tests {
         let run = runtime.submit(RunSpec::default()).await.expect("submit");
         core.maintain().await;
 
-        let claim = queue
-            .claim("workflow-steps", Duration::from_secs(30))
-            .await
-            .expect("claim")
-            .expect("the step job");
-        queue
-            .dead_letter(&claim, "hung")
-            .await
-            .expect("dead letter");
+        dead_letter_as_other_code(&queue).await;
         // As if a dead-retention sweep had removed another dead job meanwhile:
         // the count the next look compares against has not moved.
         let dead = queue
@@ -555,15 +561,7 @@ mod tests {
         core.dead_count
             .read_at(round - 1, Duration::from_millis(200), core.poll_interval);
 
-        let claim = queue
-            .claim("workflow-steps", Duration::from_secs(30))
-            .await
-            .expect("claim")
-            .expect("the step job");
-        queue
-            .dead_letter(&claim, "hung")
-            .await
-            .expect("dead letter");
+        dead_letter_as_other_code(&queue).await;
         for _ in 0..15 {
             core.maintain().await;
             assert!(
