@@ -37,6 +37,11 @@
 //! * `review_round`: fork/restart, patches and versions, and schedules attacked at the public API: bad input, drops and crashes at each await, races with the run's end, signals and memos across a fork, daylight-saving nights, pause during catch-up.
 //! * `retention_replay`: step-output replay after a lease expiry, and memo retention.
 //! * `review_stop38`: typed jobs' submit/join/wait attacked at the public API: joins before, during and after a job, dropped submits, keyed races, cancels, requeues, lost leases, restarts and takeovers.
+//! * `review_stop39`, `review_stop40`: run ids of every shape through every call; jobs, groups and the cluster attacked at the public API (durable reads of ends, waiters, typed starts).
+//! * `review_stop41_coordination`: child workflows, schedules and per-key concurrency attacked at the public API: children across crashes and cancels, schedule ticks under late rounds and crashes between them, daylight-saving nights, bad specs, keys freed by every ending, waiters across restarts.
+//! * `review_stop41_code`: versioning and patches across deploys, the test kit (crashes after skipped time, far timeouts), fork from the active run (cancelling first, refusals), history bounds.
+//! * `review_stop41_conformance`: the 0.13 behaviours a drop-in user relies on, each against the seed: submit and delivery fields, the status lifecycle, cancels of running and backing-off steps, KV effects, hooks, memo retention, groups and jobs.
+//! * `review_stop41_inbox`: inbox command objects written as a tool in another language would (ids in lower case, in the object's name or its field).
 //! * `run_ids`: run ids validated at their bounds; generated ids are ordered ULIDs.
 //! * `runs`: submission (racing re-submissions), the step loop, panicking runners.
 //! * `schedules`: schedules firing on virtual time, catch-up after a downtime, pause/resume, crashes mid-round, two runtimes racing.
@@ -91,6 +96,10 @@ mod review_stop37;
 mod review_stop38;
 mod review_stop39;
 mod review_stop40;
+mod review_stop41_code;
+mod review_stop41_conformance;
+mod review_stop41_coordination;
+mod review_stop41_inbox;
 mod run_ids;
 mod runs;
 mod schedules;

@@ -1,12 +1,11 @@
 //! Review 41 (b): changing code under running workflows (versions and
 //! patches), the test kit, and fork / history, at the public API.
-mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::rid;
+use crate::common::rid;
 use taquba_workflow::history::{AttemptOutcome, RunHistory};
 use taquba_workflow::testing::{TestError, TestRuntime, Waiting};
 use taquba_workflow::versioning::{CodeInfo, HostedCode};
@@ -1112,20 +1111,23 @@ async fn the_kit_and_the_real_runtime_agree_on_a_timer_chain_with_a_retry() {
     let kit_output = run.output().await.unwrap();
     let kit_history = run.history().await.unwrap();
 
-    let (queue, store, clock) = common::memory_queue().await;
-    let runtime = common::workflow_builder(&queue, &store, &Chain).build();
+    let (queue, store, clock) = crate::common::memory_queue().await;
+    let runtime = crate::common::workflow_builder(&queue, &store, &Chain).build();
     let worker = runtime.spawn(std::future::pending::<()>());
     let real = runtime
         .start_as(rid("chain"), ChainInput { n: 0 }, Default::default())
         .await
         .unwrap();
     for step in 1..=3 {
-        common::until_step("the next timer", &runtime, "chain", step).await;
+        crate::common::until_step("the next timer", &runtime, "chain", step).await;
         // Give the settlement a moment, then let the timer's hour pass.
         tokio::time::sleep(Duration::from_millis(50)).await;
         clock.advance(HOUR);
     }
-    let output = common::within(60, real.wait()).await.unwrap().unwrap();
+    let output = crate::common::within(60, real.wait())
+        .await
+        .unwrap()
+        .unwrap();
     worker.shutdown().await.unwrap();
     assert_eq!(output, kit_output);
     let history = runtime.view().steps(&rid("chain")).await.unwrap().unwrap();
@@ -1190,10 +1192,10 @@ async fn a_forked_group_member_is_a_plain_run_and_a_forgotten_one_is_unknown() {
     let runtime = env.runtime().unwrap();
     let group = runtime.group(rid("g"));
     group
-        .submit(vec![common::member("m", "in")], &Default::default())
+        .submit(vec![crate::common::member("m", "in")], &Default::default())
         .await
         .unwrap();
-    let member = common::member_run_id("g", "m");
+    let member = crate::common::member_run_id("g", "m");
     env.run_until_idle().await.unwrap();
     env.signal_raw(&format!("sig:{member}"), b"s".to_vec())
         .await

@@ -1,12 +1,11 @@
 //! Review 41 (a): child workflows, schedules and per-key concurrency at the
 //! public API, as a new user reads the README and the item docs.
-mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use taquba::object_store::ObjectStore;
 use taquba::object_store::memory::InMemory;
 use taquba::{OpenOptions, Queue, QueueConfig};
