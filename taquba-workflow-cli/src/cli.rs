@@ -211,15 +211,16 @@ pub enum RunsCommand {
     },
     /// Deliver a signal to the run waiting on KEY (or buffer it for the
     /// next waiter).
+    #[command(group(clap::ArgGroup::new("payload").required(true)))]
     Signal {
         /// The signal's correlation key.
         key: String,
         /// The payload as JSON, MessagePack-encoded as
         /// `WorkflowRuntime::signal_value` does.
-        #[arg(long, value_name = "JSON", group = "payload", required = true)]
+        #[arg(long, value_name = "JSON", group = "payload")]
         json: Option<String>,
         /// The payload as a JSON file (`-` for stdin).
-        #[arg(long, value_name = "FILE", group = "payload", required = true)]
+        #[arg(long, value_name = "FILE", group = "payload")]
         file: Option<PathBuf>,
         /// Send the bytes as given instead of MessagePack-encoding the
         /// JSON (for a hand-written runner reading `Step::signal`).

@@ -191,22 +191,50 @@ pub struct Runtime {
     pub view: WorkflowView,
 }
 
-/// The runtime picked among those `recorded` in the store: `--queue` (with
-/// `--memo-prefix` overriding the recorded prefix), else the only one
-/// recorded; a store with none recorded (written before runtimes recorded
-/// themselves) falls back to the runtime's defaults: [`DEFAULT_QUEUE_NAME`]
-/// and [`default_memo_prefix`].
+/// The runtime picked among those `recorded` in the store: `--queue`, else
+/// the only one recorded, with the memo prefix it recorded (`--memo-prefix`
+/// may only repeat it). A store with none recorded (written before
+/// runtimes recorded themselves) takes both flags as given, else the
+/// runtime's defaults: [`DEFAULT_QUEUE_NAME`] and [`default_memo_prefix`].
 ///
 /// # Errors
-/// [`CliError::Usage`] when several runtimes are recorded and `--queue`
-/// picks none of them, listing them.
+/// - [`CliError::Usage`] when several runtimes are recorded and no
+///   `--queue` picks one, listing them.
+/// - [`CliError::Refused`] when the store records runtimes and `--queue`
+///   names none of them, or `--memo-prefix` is not the picked runtime's:
+///   no process reads such a runtime's inbox (a command sent there would
+///   wait forever) and its records are not the store's. The message names
+///   the value and lists what the store records.
 pub fn choose_runtime(
     recorded: &[RuntimeInfo],
     queue: Option<&str>,
     memo_prefix: Option<&str>,
 ) -> CliResult<(String, String, Option<RuntimeInfo>)> {
+    let listed = || {
+        recorded
+            .iter()
+            .map(|r| {
+                format!(
+                    "queue {:?} with memo prefix {:?}",
+                    r.queue_name, r.memo_prefix
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
     let info = match queue {
-        Some(queue) => recorded.iter().find(|r| r.queue_name == queue).cloned(),
+        Some(queue) if !recorded.is_empty() => {
+            match recorded.iter().find(|r| r.queue_name == queue) {
+                Some(info) => Some(info.clone()),
+                None => {
+                    return Err(CliError::Refused(format!(
+                        "the store records no runtime on queue {queue:?} (it records {}): pass one of them to --queue",
+                        listed()
+                    )));
+                }
+            }
+        }
+        Some(_) => None,
         None => match recorded {
             [] => None,
             [one] => Some(one.clone()),
@@ -228,6 +256,14 @@ pub fn choose_runtime(
         (None, None) => DEFAULT_QUEUE_NAME.to_string(),
     };
     let memo_prefix = match (memo_prefix, &info) {
+        (Some(prefix), Some(info)) if prefix != info.memo_prefix => {
+            return Err(CliError::Refused(format!(
+                "--memo-prefix {prefix:?} is not the memo prefix of the runtime on queue {:?}, which records {:?}: no process reads a command sent under it (the store records {})",
+                info.queue_name,
+                info.memo_prefix,
+                listed()
+            )));
+        }
         (Some(prefix), _) => prefix.to_string(),
         (None, Some(info)) => info.memo_prefix.clone(),
         (None, None) => default_memo_prefix(&queue_name),

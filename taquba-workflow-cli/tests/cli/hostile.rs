@@ -205,14 +205,31 @@ async fn the_liveness_hints_read_what_moves() {
     let owner = Owner::open(dir.path()).await;
     // Commits a step after another for as long as the test runs.
     owner.start("busy-hint", 1_000_000, "ok", &[]).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    // A signal to a memo prefix no owner polls is never applied, while
-    // the owner commits.
+    // A second runtime of the store that ran once and stopped: its inbox
+    // is polled by no process.
+    let stopped = taquba_workflow::WorkflowRuntime::builder(
+        owner.queue.clone(),
+        owner.store.clone(),
+        crate::common::Demo {
+            hold: owner.hold.clone(),
+            healed: owner.healed.clone(),
+        },
+        taquba_workflow::NoopTerminalHook,
+    )
+    .queue_name("stopped-q")
+    .build();
+    let worker = stopped.spawn(std::future::pending::<()>());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    worker.shutdown().await.unwrap();
+    // The owner's stop below waits for the queue's last holder.
+    drop(stopped);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A signal to that runtime is never applied, while the owner commits.
     let waited = run(cli(
         dir.path(),
         &[
-            "--memo-prefix",
-            "nobody-memo",
+            "--queue",
+            "stopped-q",
             "runs",
             "signal",
             "k",

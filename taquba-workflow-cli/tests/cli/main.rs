@@ -12,7 +12,9 @@
 //! commands, `store info`, the dashboard), `privilege` (what the read
 //! and steering commands write: nothing, and only the inbox), `hostile`
 //! (hostile inbox entries, far-future times, `--offline` against a busy
-//! owner, the liveness hints), and with
+//! owner, the liveness hints), `review_stop41` (a review's: commands for
+//! a runtime the store does not record, bad values and their exit codes,
+//! duplicated commands, listings racing the writer), and with
 //! feature `aws` `s3` (a bucket store, run by `.ci/s3.sh`).
 
 mod cluster;
@@ -24,6 +26,7 @@ mod keys;
 mod login;
 mod privilege;
 mod read;
+mod review_stop41;
 #[cfg(feature = "aws")]
 mod s3;
 mod schedules;

@@ -201,7 +201,9 @@ pub(crate) fn decode(id: &CommandId, bytes: &[u8]) -> Result<Received> {
             wire.format
         )));
     }
-    if wire.id != id.to_string() {
+    // Compared as ULIDs, which are case-insensitive: a tool may spell the
+    // id in lower case, in the object's name or in its field.
+    if wire.id.parse::<CommandId>().ok().as_ref() != Some(id) {
         return Err(Error::InvalidCommand(format!(
             "the object of command {id} holds command {:?}",
             wire.id
