@@ -247,13 +247,13 @@ impl ChildrenHandle {
         let parent = self.parent.clone().ok_or(Error::EffectsSealed)?;
         let run_id = child_run_id(&parent, key)?;
         crate::engine::RuntimeCore::check_submission(&options, &Default::default())?;
-        if let Some(concurrency_key) = &options.concurrency_key {
-            // A key's admission reads and commits under the key's lock; a
-            // child commits inside its parent's settlement instead.
-            return Err(Error::InvalidRunOptions(format!(
-                "concurrency_key {concurrency_key:?} is set on the child `{run_id}`: child runs do not take concurrency keys"
-            )));
-        }
+        // A key's admission reads and commits under the key's lock; a
+        // child commits inside its parent's settlement instead.
+        crate::coordination::keys::refuse_key(
+            &options,
+            &format!("the child `{run_id}`"),
+            "child runs",
+        )?;
         let mut staging = self.lock();
         if staging.sealed {
             return Err(Error::EffectsSealed);

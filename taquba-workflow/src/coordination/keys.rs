@@ -59,6 +59,35 @@ pub(crate) fn check_options(key: Option<&str>, limit: Option<u32>) -> Result<(),
     }
 }
 
+/// Refuse the concurrency key and limit in `options` of runs that take
+/// none: `on` names what carries the options (`the child `p--c``,
+/// `schedule "s"`, `a group's submission`), `runs` those runs (`child
+/// runs`). Such runs commit outside a key's lock (in a parent's
+/// settlement, a schedule's tick, a group's batch), so a key would be
+/// dropped or double-counted.
+///
+/// # Errors
+/// [`Error::InvalidRunOptions`] naming the key (its first 64 bytes) or the
+/// limit, and `on`.
+pub(crate) fn refuse_key(
+    options: &crate::model::RunOptions,
+    on: &str,
+    runs: &str,
+) -> Result<(), Error> {
+    if let Some(key) = &options.concurrency_key {
+        let shown = crate::history::cut_to(key, 64);
+        return Err(Error::InvalidRunOptions(format!(
+            "concurrency_key {shown:?} is set on {on}: {runs} do not take concurrency keys"
+        )));
+    }
+    if let Some(limit) = options.concurrency_limit {
+        return Err(Error::InvalidRunOptions(format!(
+            "concurrency_limit {limit} is set on {on}: {runs} do not take concurrency keys or limits"
+        )));
+    }
+    Ok(())
+}
+
 /// Check a concurrency key (see [`check_options`]).
 ///
 /// # Errors

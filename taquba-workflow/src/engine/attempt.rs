@@ -124,16 +124,11 @@ impl RuntimeCore {
         let input = RecordedInput::of(job, self.ops.step_input_limit);
         // So does the signal that woke it: the two share the limit, so an
         // entry keeps at most the limit of input bytes.
-        let limit = self.ops.step_input_limit;
-        let inline = match input {
-            RecordedInput::Payload(payload) => payload.len(),
-            _ => 0,
-        };
         let signal = claimed
             .signal
             .get()
             .map(Vec::as_slice)
-            .filter(|signal| limit > 0 && inline.saturating_add(signal.len()) <= limit);
+            .filter(|signal| input.keeps_signal(signal, self.ops.step_input_limit));
         // The settling code's version, kept when it is not the run's start.
         let version = self
             .ops

@@ -113,11 +113,7 @@ pub(crate) async fn submit_members(
     options: &RunOptions,
 ) -> Result<()> {
     RuntimeCore::check_submission(options, &SettlementEffects::default())?;
-    if let Some(key) = &options.concurrency_key {
-        return Err(crate::error::Error::InvalidRunOptions(format!(
-            "concurrency_key {key:?} is set on a group's submission: group members do not take concurrency keys"
-        )));
-    }
+    crate::coordination::keys::refuse_key(options, "a group's submission", "group members")?;
     let counter_key = group_submissions_kv_key(group_id);
     let state = read_state(core, group_id, &counter_key).await?;
     submit_from(core, group_id, members, options, state).await

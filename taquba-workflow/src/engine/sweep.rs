@@ -100,11 +100,10 @@ impl RuntimeCore {
     /// at the next round after a dead letter the worker could not account
     /// for). A failed read or pass is retried at the next round.
     async fn reconcile_if_dead_count_changed(&self) -> Result<()> {
-        let round = self.maintenance_rounds.load(Ordering::Relaxed);
+        let round = self.maintenance_rounds.fetch_add(1, Ordering::Relaxed);
         let full = round % FULL_RECONCILE_EVERY == FULL_RECONCILE_EVERY - 1;
         let first = self.last_dead_count.load(Ordering::Relaxed) < 0;
         if !(self.dead_count.due(round) || first || full) {
-            self.maintenance_rounds.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
         let started = std::time::Instant::now();
@@ -122,7 +121,6 @@ impl RuntimeCore {
         let dead = stats.dead;
         let own = self.own_dead_letters.swap(0, Ordering::Relaxed);
         let last = self.last_dead_count.swap(dead, Ordering::Relaxed);
-        self.maintenance_rounds.fetch_add(1, Ordering::Relaxed);
         let unexplained = last < 0 || dead > last.saturating_add(own);
         if unexplained || full {
             match self.reconcile_dead_steps().await {

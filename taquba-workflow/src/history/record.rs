@@ -121,6 +121,18 @@ impl<'a> RecordedInput<'a> {
             Self::Job(job_id)
         }
     }
+
+    /// Whether an entry recording this input under `limit` bytes also
+    /// keeps the signal `signal`: the two share the limit (the payload kept
+    /// inline and the signal at most `limit` bytes together), and a limit
+    /// of 0 keeps neither.
+    pub(crate) fn keeps_signal(&self, signal: &[u8], limit: usize) -> bool {
+        let inline = match self {
+            Self::Payload(payload) => payload.len(),
+            Self::None | Self::Job(_) => 0,
+        };
+        limit > 0 && inline.saturating_add(signal.len()) <= limit
+    }
 }
 
 fn is_zero(n: &u32) -> bool {

@@ -31,27 +31,6 @@ pub(super) async fn read(
     Ok(Some((durable::decode(&bytes)?, bytes.to_vec())))
 }
 
-/// Refuse a concurrency key or limit in the options of schedule `name`:
-/// scheduled runs take no key (as child runs and group members take none),
-/// and the record keeps none, so an accepted one would be dropped.
-///
-/// # Errors
-/// [`Error::InvalidRunOptions`] naming the option and its value.
-fn check_no_concurrency(name: &str, options: &RunOptions) -> Result<()> {
-    if let Some(key) = &options.concurrency_key {
-        let shown = crate::history::cut_to(key, 64);
-        return Err(Error::InvalidRunOptions(format!(
-            "concurrency_key {shown:?} is set on schedule {name:?}: scheduled runs do not take concurrency keys"
-        )));
-    }
-    if let Some(limit) = options.concurrency_limit {
-        return Err(Error::InvalidRunOptions(format!(
-            "concurrency_limit {limit} is set on schedule {name:?}: scheduled runs do not take concurrency keys or limits"
-        )));
-    }
-    Ok(())
-}
-
 impl WorkflowView {
     /// Every schedule in the store, in name order (the schedules of every
     /// runtime over it: [`ScheduleInfo::queue_name`] says whose).
@@ -98,7 +77,12 @@ impl RuntimeCore {
                 "schedule {name:?} has a run_at option: its ticks give each run's start"
             )));
         }
-        check_no_concurrency(name, &options)?;
+        // Ticks commit outside a key's lock, and the record keeps no key.
+        crate::coordination::keys::refuse_key(
+            &options,
+            &format!("schedule {name:?}"),
+            "scheduled runs",
+        )?;
         Self::check_submission(&options, &SettlementEffects::default())?;
         let key = schedule_kv_key(name);
         for _ in 0..CHANGE_RACE_RETRIES {

@@ -12,7 +12,7 @@ use taquba::JobRecord;
 
 use crate::error::{Error, Result};
 use crate::history::read::execution_entries;
-use crate::history::record::DurableStepEntry;
+use crate::history::record::{DurableStepEntry, RecordedInput};
 use crate::store::durable::{
     DurableCurrentStep, DurableForkLink, DurableTermination, PendingHistory,
 };
@@ -298,6 +298,7 @@ impl WorkflowView {
         limit: usize,
     ) -> Result<Option<Vec<u8>>> {
         let delivered = job.headers.contains_key(HEADER_SIGNAL_DELIVERED);
+        let input = RecordedInput::of(job, limit);
         if limit == 0 || !(delivered || job.headers.contains_key(HEADER_SIGNAL_WAIT)) {
             return Ok(None);
         }
@@ -311,12 +312,9 @@ impl WorkflowView {
             None if delivered => None,
             None => job.woken_at.and(job.wake_payload.clone()),
         };
-        // `job` is read in its stored form: an inline payload is there.
-        let inline = match &job.payload_ref {
-            None if job.payload.len() <= limit => job.payload.len(),
-            _ => 0,
-        };
-        Ok(signal.filter(|signal| inline.saturating_add(signal.len()) <= limit))
+        // `job` is read in its stored form: an inline payload is there, as
+        // in the claimed job a settlement records.
+        Ok(signal.filter(|signal| input.keeps_signal(signal, limit)))
     }
 }
 
